@@ -1,0 +1,394 @@
+package agentproto
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
+)
+
+// drainGrace is how long output is still collected after a process has
+// exited, for when a background child keeps its stdout or stderr open.
+const drainGrace = 100 * time.Millisecond
+
+var (
+	devNullOnce sync.Once
+	devNull     *os.File
+	devNullErr  error
+)
+
+func openDevNull() (*os.File, error) {
+	devNullOnce.Do(func() { devNull, devNullErr = os.Open(os.DevNull) })
+	return devNull, devNullErr
+}
+
+// startFailure is an ExecResult for a process that could not be started.
+func startFailure(code int, err error) *ExecResult {
+	return &ExecResult{ExitCode: code, Error: err.Error()}
+}
+
+// plan is a checked, ready-to-start exec.
+type plan struct {
+	path string
+	argv []string
+	attr *os.ProcAttr
+}
+
+// prepare resolves user, environment, working directory and executable. A
+// failure is returned as a result to send back (exit code 126 or 127).
+func (s *Server) prepare(er *ExecRequest) (*plan, *ExecResult) {
+	for _, e := range er.Env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return nil, startFailure(126, fmt.Errorf("bad environment entry %q: want KEY=VALUE", e))
+		}
+	}
+	var u *userInfo
+	var userEnv []string
+	if er.User != "" {
+		var err error
+		if u, err = lookupUser(er.User); err != nil {
+			return nil, startFailure(126, err)
+		}
+		if u.Home != "" {
+			userEnv = append(userEnv, "HOME="+u.Home)
+		}
+		if u.Name != "" {
+			userEnv = append(userEnv, "USER="+u.Name, "LOGNAME="+u.Name)
+		}
+	}
+	base := s.BaseEnv
+	if base == nil {
+		base = DefaultEnv
+	}
+	env := mergeEnv(base, userEnv, er.Env)
+
+	cwd := er.Cwd
+	if cwd == "" {
+		cwd = "/"
+		if u != nil && u.Home != "" {
+			if fi, err := os.Stat(u.Home); err == nil && fi.IsDir() {
+				cwd = u.Home
+			}
+		}
+	} else if fi, err := os.Stat(cwd); err != nil {
+		return nil, startFailure(126, fmt.Errorf("chdir %s: %w", cwd, errors.Unwrap(err)))
+	} else if !fi.IsDir() {
+		return nil, startFailure(126, fmt.Errorf("chdir %s: not a directory", cwd))
+	}
+
+	path, err := lookPath(er.Argv[0], envValue(env, "PATH"), cwd)
+	if err != nil {
+		code := 126
+		if errors.Is(err, fs.ErrNotExist) {
+			code = 127
+		}
+		return nil, startFailure(code, err)
+	}
+
+	sys := &syscall.SysProcAttr{Setpgid: true}
+	if u != nil {
+		sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
+		if sys.Credential.Groups == nil {
+			sys.Credential.Groups = []uint32{}
+		}
+	}
+	return &plan{
+		path: path,
+		argv: er.Argv,
+		attr: &os.ProcAttr{Dir: cwd, Env: env, Sys: sys},
+	}, nil
+}
+
+// errNotFound mimics exec.ErrNotFound's message.
+type errNotFound struct{ name string }
+
+func (e *errNotFound) Error() string   { return "executable file not found: " + e.name }
+func (e *errNotFound) Is(t error) bool { return t == fs.ErrNotExist }
+
+// lookPath finds an executable like a shell would, using the PATH of the
+// process being started. A name with a slash is used as is.
+func lookPath(name, pathEnv, cwd string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	if name == "" {
+		return "", &errNotFound{name}
+	}
+	var denied string
+	for _, dir := range filepath.SplitList(pathEnv) {
+		if dir == "" {
+			dir = "."
+		}
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(cwd, dir)
+		}
+		p := filepath.Join(dir, name)
+		fi, err := os.Stat(p)
+		if err != nil || fi.IsDir() {
+			continue
+		}
+		if fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+		if denied == "" {
+			denied = p
+		}
+	}
+	if denied != "" {
+		return "", fmt.Errorf("exec %s: permission denied", denied)
+	}
+	return "", &errNotFound{name}
+}
+
+// startError maps an error from starting a process to a result.
+func startError(path string, err error) *ExecResult {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		err = fmt.Errorf("exec %s: %w", path, errno)
+		if errno == syscall.ENOENT || errno == syscall.ENOTDIR {
+			return startFailure(127, err)
+		}
+	}
+	return startFailure(126, err)
+}
+
+// exec runs one process for the stream st and reports its end.
+func (c *serverConn) exec(st *yamux.Stream, fr *frameReader, fw *frameWriter, req *request) {
+	er := req.Exec
+	if er == nil || len(er.Argv) == 0 {
+		sendError(fw, fmt.Errorf("exec: empty argv: %w", ErrInvalid))
+		return
+	}
+	// The process stays registered until its result is sent, so Shutdown
+	// returns only once the host has been told.
+	p := &process{done: make(chan struct{}), finished: make(chan struct{})}
+	defer close(p.finished)
+	if err := c.s.addProc(p); err != nil {
+		close(p.done)
+		sendExit(fw, startFailure(126, err))
+		return
+	}
+	defer c.s.removeProc(p)
+	sendExit(fw, c.run(st, fr, fw, req.ID, er, p))
+}
+
+func sendExit(fw *frameWriter, res *ExecResult) {
+	if b, err := json.Marshal(res); err == nil {
+		fw.write(frameExit, b)
+	}
+}
+
+func (c *serverConn) run(st *yamux.Stream, fr *frameReader, fw *frameWriter, id uint64, er *ExecRequest, p *process) *ExecResult {
+	s := c.s
+	pl, fail := s.prepare(er)
+	if fail != nil {
+		close(p.done)
+		return fail
+	}
+
+	// Pipes; the child's ends are closed once it has started.
+	var stdinR, stdinW *os.File
+	var err error
+	if er.Stdin {
+		if stdinR, stdinW, err = os.Pipe(); err != nil {
+			close(p.done)
+			return startFailure(126, fmt.Errorf("stdin pipe: %w", err))
+		}
+	} else if stdinR, err = openDevNull(); err != nil {
+		close(p.done)
+		return startFailure(126, err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		closeAll(stdinR, stdinW)
+		close(p.done)
+		return startFailure(126, fmt.Errorf("stdout pipe: %w", err))
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		closeAll(stdinR, stdinW, outR, outW)
+		close(p.done)
+		return startFailure(126, fmt.Errorf("stderr pipe: %w", err))
+	}
+	pl.attr.Files = []*os.File{stdinR, outW, errW}
+
+	exitCh := make(chan syscall.WaitStatus, 1)
+	start := func() (int, error) {
+		proc, err := os.StartProcess(pl.path, pl.argv, pl.attr)
+		if err != nil {
+			return 0, err
+		}
+		pid := proc.Pid
+		proc.Release()
+		return pid, nil
+	}
+	var pid int
+	if s.Reaper != nil {
+		pid, err = s.Reaper.start(start, func(ws syscall.WaitStatus) {
+			p.setExited()
+			exitCh <- ws
+		})
+	} else {
+		pid, err = start()
+	}
+	if er.Stdin {
+		stdinR.Close()
+	}
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		closeAll(stdinW, outR, errR)
+		close(p.done)
+		return startError(pl.path, err)
+	}
+	p.setPID(pid)
+	if s.Reaper == nil {
+		go waitPID(p, pid, exitCh)
+	}
+	if s.isClosing() { // Shutdown may have missed it
+		p.signal(syscall.SIGTERM)
+	}
+	if err := c.register(id, p); err != nil {
+		p.signal(syscall.SIGKILL)
+	}
+	defer c.unregister(id)
+
+	if er.Timeout > 0 {
+		t := time.AfterFunc(er.Timeout, p.timeout)
+		defer t.Stop()
+	}
+
+	var pumps sync.WaitGroup
+	pumps.Add(2)
+	go pump(&pumps, outR, fw, frameStdout)
+	go pump(&pumps, errR, fw, frameStderr)
+
+	// Frames from the host: stdin, stdin-close, signal. The end of the
+	// stream before the process exits means the host is gone: kill.
+	go func() {
+		stdin := stdinW
+		defer func() {
+			if stdin != nil {
+				stdin.Close()
+			}
+		}()
+		for {
+			t, b, err := fr.next()
+			if err != nil {
+				p.signal(syscall.SIGKILL)
+				return
+			}
+			switch t {
+			case frameStdin:
+				if stdin != nil {
+					if _, err := stdin.Write(b); err != nil {
+						stdin.Close()
+						stdin = nil
+					}
+				}
+			case frameStdinClose:
+				if stdin != nil {
+					stdin.Close()
+					stdin = nil
+				}
+			case frameSignal:
+				if len(b) == 1 && b[0] >= 1 && b[0] <= 64 {
+					p.signal(syscall.Signal(b[0]))
+				}
+			default:
+				c.log.Debug("exec: unexpected frame from host", "type", t)
+				p.signal(syscall.SIGKILL)
+				return
+			}
+		}
+	}()
+
+	ws := <-exitCh
+	close(p.done)
+	// Unblock a stdin write the process will never read, and stop waiting
+	// for output that a background child may hold open.
+	if stdinW != nil {
+		stdinW.Close()
+	}
+	deadline := time.Now().Add(drainGrace)
+	outR.SetReadDeadline(deadline)
+	errR.SetReadDeadline(deadline)
+	pumps.Wait()
+	outR.Close()
+	errR.Close()
+	// Stop the host-frame reader.
+	st.SetReadDeadline(time.Unix(1, 0))
+
+	p.mu.Lock()
+	res := &ExecResult{TimedOut: p.timedOut}
+	p.mu.Unlock()
+	switch {
+	case ws.Signaled():
+		res.ExitCode = 128 + int(ws.Signal())
+		res.Signal = unix.SignalName(ws.Signal())
+	default:
+		res.ExitCode = ws.ExitStatus()
+	}
+	return res
+}
+
+// waitPID waits for a child that is not managed by a Reaper: it marks the
+// process exited while it is still a zombie, so its pid cannot have been
+// reused by then, and only then reaps it.
+func waitPID(p *process, pid int, exitCh chan<- syscall.WaitStatus) {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	p.setExited()
+	var ws syscall.WaitStatus
+	for {
+		_, err := syscall.Wait4(pid, &ws, 0, nil)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	exitCh <- ws
+}
+
+// pump sends what r yields as frames of type t until EOF or its deadline.
+// If the host stops taking frames it keeps draining r so the process never
+// blocks on a full pipe.
+func pump(wg *sync.WaitGroup, r *os.File, fw *frameWriter, t frameType) {
+	defer wg.Done()
+	buf, put := getChunk()
+	broken := false
+	defer func() { put(broken) }()
+	for {
+		n, err := r.Read(buf[headerSize:])
+		if n > 0 && !broken {
+			if fw.writeBuf(t, buf[:headerSize+n]) != nil {
+				broken = true
+				buf = make([]byte, headerSize+chunkSize) // the old one may still be queued
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func closeAll(fs ...*os.File) {
+	for _, f := range fs {
+		if f != nil {
+			f.Close()
+		}
+	}
+}

@@ -1,0 +1,162 @@
+// Package api holds the wire types of the cagebox HTTP+JSON API and its
+// OpenAPI document. It has no logic.
+package api
+
+import (
+	_ "embed"
+	"time"
+)
+
+// OpenAPI is the API's OpenAPI 3 document, served at /openapi.json.
+//
+//go:embed openapi.json
+var OpenAPI []byte
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Error string `json:"error"`
+	// Kind is a stable machine-readable kind: not_found, invalid, denied,
+	// conflict, unavailable, unauthorized, internal.
+	Kind string `json:"kind"`
+}
+
+// CreateSandboxRequest creates and starts a sandbox.
+type CreateSandboxRequest struct {
+	// Runtime is a runtime name or "auto" (the default).
+	Runtime string `json:"runtime,omitempty"`
+	// Image is an image name ("default" when empty).
+	Image string `json:"image,omitempty"`
+	// MemoryBytes, CPUs, PIDs and DiskBytes are limits (0 = default).
+	MemoryBytes int64   `json:"memory_bytes,omitempty"`
+	CPUs        float64 `json:"cpus,omitempty"`
+	PIDs        int64   `json:"pids,omitempty"`
+	DiskBytes   int64   `json:"disk_bytes,omitempty"`
+	// Timeout is the maximum lifetime (Go duration, e.g. "10m"); the
+	// daemon destroys the sandbox when it passes. Empty = the daemon's default.
+	Timeout string `json:"timeout,omitempty"`
+	// IdleTimeout destroys the sandbox after this long without API activity.
+	IdleTimeout string `json:"idle_timeout,omitempty"`
+	// Env is the base environment of every process (KEY=VALUE).
+	Env []string `json:"env,omitempty"`
+}
+
+// Resources are a sandbox's limits as applied.
+type Resources struct {
+	MemoryBytes int64   `json:"memory_bytes"`
+	CPUs        float64 `json:"cpus"`
+	PIDs        int64   `json:"pids"`
+	DiskBytes   int64   `json:"disk_bytes"`
+}
+
+// Sandbox describes a sandbox.
+type Sandbox struct {
+	ID        string    `json:"id"`
+	Tenant    string    `json:"tenant"`
+	Runtime   string    `json:"runtime"`
+	Class     string    `json:"class"`
+	Image     string    `json:"image"`
+	Status    string    `json:"status"`
+	Error     string    `json:"error,omitempty"`
+	Resources Resources `json:"resources"`
+	CreatedAt time.Time `json:"created_at"`
+	// ExpiresAt is when the maximum lifetime ends.
+	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
+	IdleTimeout string     `json:"idle_timeout,omitempty"`
+	LastActive  time.Time  `json:"last_active"`
+}
+
+// ExecRequest is the first line of an exec request body; when Stdin is
+// true the rest of the body is the process's standard input.
+type ExecRequest struct {
+	Argv    []string `json:"argv"`
+	Env     []string `json:"env,omitempty"`
+	Cwd     string   `json:"cwd,omitempty"`
+	User    string   `json:"user,omitempty"`
+	Timeout string   `json:"timeout,omitempty"`
+	Stdin   bool     `json:"stdin,omitempty"`
+}
+
+// ExecFrame is one line of an exec response (application/x-ndjson).
+type ExecFrame struct {
+	// Stream is "stdout", "stderr", "exit" (the last frame) or "error".
+	Stream string `json:"stream"`
+	Data   []byte `json:"data,omitempty"`
+	// Set on the exit frame.
+	ExitCode  *int   `json:"exit_code,omitempty"`
+	Signal    string `json:"signal,omitempty"`
+	TimedOut  bool   `json:"timed_out,omitempty"`
+	OOMKilled bool   `json:"oom_killed,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// Runtime describes an isolation runtime on this host.
+type Runtime struct {
+	Name      string `json:"name"`
+	Class     string `json:"class"`
+	Available bool   `json:"available"`
+	// Reason says why it is not available here.
+	Reason string `json:"reason,omitempty"`
+	// Detail is e.g. the OCI runtime binary in use.
+	Detail string `json:"detail,omitempty"`
+	// Default is true for the runtime "auto" picks.
+	Default bool `json:"default,omitempty"`
+}
+
+// Image describes a cached guest image.
+type Image struct {
+	Name      string    `json:"name"`
+	SizeBytes int64     `json:"size_bytes"`
+	CreatedAt time.Time `json:"created_at"`
+	Digest    string    `json:"digest"`
+	Source    string    `json:"source,omitempty"`
+}
+
+// FileInfo is an entry of a directory listing.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Size    int64     `json:"size"`
+	Mode    string    `json:"mode"`
+	ModTime time.Time `json:"mod_time"`
+	IsDir   bool      `json:"is_dir"`
+}
+
+// Tenant is an owner of sandboxes, secrets, policies and events.
+type Tenant struct {
+	ID           string    `json:"id"`
+	Name         string    `json:"name"`
+	MinIsolation string    `json:"min_isolation,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+// CreateTenantRequest creates a tenant (admin only).
+type CreateTenantRequest struct {
+	Name         string `json:"name"`
+	MinIsolation string `json:"min_isolation,omitempty"`
+}
+
+// APIKey is returned once, when a key is created; only its hash is stored.
+type APIKey struct {
+	ID     string `json:"id"`
+	Tenant string `json:"tenant"`
+	Prefix string `json:"prefix"`
+	// Key is the secret; present only in the answer to its creation.
+	Key       string    `json:"key,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Event is an audit event.
+type Event struct {
+	Seq     int64     `json:"seq"`
+	Time    time.Time `json:"time"`
+	Tenant  string    `json:"tenant"`
+	Sandbox string    `json:"sandbox,omitempty"`
+	Kind    string    `json:"kind"`
+	Data    any       `json:"data,omitempty"`
+}
+
+// Health is the daemon's health.
+type Health struct {
+	Version   string `json:"version"`
+	Tenant    string `json:"tenant"`
+	Sandboxes int    `json:"sandboxes"`
+}

@@ -1,0 +1,239 @@
+// Command bench measures cagebox against the baselines the issues name and
+// prints the figures side by side, with ratios, in one run:
+//
+//   - cold create → first exec (p50/p99): cagebox (API → daemon → runtime →
+//     agent → `true`) vs a bare `runc run` (or crun) of an equivalent bundle
+//     (same image, same seccomp/namespaces/limits) running /bin/true;
+//   - exec round trip of `true` in a running sandbox (p50/p99), through the
+//     daemon API and directly over the agent protocol.
+//
+// Run as root: `make bench` (or `go run ./bench -n 30`).
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/cagebox/cagebox/agentproto"
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/client"
+	"github.com/cagebox/cagebox/internal/daemon"
+	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/isolation"
+	"github.com/cagebox/cagebox/isolation/container"
+	"github.com/cagebox/cagebox/isolation/oci"
+)
+
+func main() {
+	n := flag.Int("n", 30, "cold starts per side")
+	execN := flag.Int("exec", 300, "exec round trips")
+	agent := flag.String("agent", "bin/cagebox-agent", "static cagebox-agent binary")
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fail("bench: run as root")
+	}
+	agentPath, err := filepath.Abs(*agent)
+	if err != nil {
+		fail(err)
+	}
+	if _, err := os.Stat(agentPath); err != nil {
+		fail(fmt.Errorf("%v: run `make build` first", err))
+	}
+	home, err := os.MkdirTemp("", "cbx-bench")
+	if err != nil {
+		fail(err)
+	}
+	defer os.RemoveAll(home)
+	cache := &image.Cache{Dir: filepath.Join(home, "images")}
+	img, err := cache.BuildBusybox(context.Background(), "default")
+	if err != nil {
+		fail(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- daemon.Run(ctx, daemon.Config{
+			Home: home, AgentPath: agentPath,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready:  func() { close(ready) },
+		})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		fail(err)
+	}
+	c := client.Unix(daemon.SocketPath(home))
+	rt := container.New(container.Options{StateRoot: filepath.Join(home, "oci")})
+
+	fmt.Printf("cagebox bench — %s, %d CPUs, image busybox (%d KiB)\n\n", rt.Detail(), numCPU(), img.SizeBytes>>10)
+
+	// Warm caches on both sides once.
+	coldCagebox(c)
+	bareRun(rt.Binary(), img.Path, agentPath, home)
+
+	var cb, bare []time.Duration
+	for i := 0; i < *n; i++ {
+		// Interleave so both sides see the same machine state.
+		cb = append(cb, coldCagebox(c))
+		bare = append(bare, bareRun(rt.Binary(), img.Path, agentPath, home))
+	}
+	p50c, p99c := pct(cb, 50), pct(cb, 99)
+	p50b, p99b := pct(bare, 50), pct(bare, 99)
+	fmt.Println("cold create → first exec (n =", *n, ")")
+	fmt.Printf("  %-44s p50 %8s  p99 %8s\n", "cagebox (API create + exec true)", ms(p50c), ms(p99c))
+	fmt.Printf("  %-44s p50 %8s  p99 %8s\n", "bare "+filepath.Base(rt.Binary())+" run of an equivalent bundle", ms(p50b), ms(p99b))
+	fmt.Printf("  ratio cagebox/bare                           p50 %7.2fx  p99 %7.2fx   (goal ≤ 1.15x)\n\n", ratio(p50c, p50b), ratio(p99c, p99b))
+
+	sb, err := c.Create(context.Background(), &api.CreateSandboxRequest{})
+	if err != nil {
+		fail(err)
+	}
+	var viaAPI []time.Duration
+	for i := 0; i < *execN; i++ {
+		t0 := time.Now()
+		res, err := c.Exec(context.Background(), sb.ID, &api.ExecRequest{Argv: []string{"true"}}, nil, io.Discard, io.Discard)
+		if err != nil || *res.ExitCode != 0 {
+			fail(fmt.Errorf("exec: %v", err))
+		}
+		viaAPI = append(viaAPI, time.Since(t0))
+	}
+	direct := directExec(rt, img.Path, agentPath, home, *execN)
+	fmt.Println("exec round trip of `true` in a running sandbox (n =", *execN, ")")
+	fmt.Printf("  %-44s p50 %8s  p99 %8s   (goal p50 ≤ 2 ms)\n", "CLI path: API → daemon → agent", ms(pct(viaAPI, 50)), ms(pct(viaAPI, 99)))
+	fmt.Printf("  %-44s p50 %8s  p99 %8s\n", "agent protocol only (host → agent)", ms(pct(direct, 50)), ms(pct(direct, 99)))
+	_ = c.Remove(context.Background(), sb.ID)
+	cancel()
+	<-done
+}
+
+func coldCagebox(c *client.Client) time.Duration {
+	ctx := context.Background()
+	t0 := time.Now()
+	sb, err := c.Create(ctx, &api.CreateSandboxRequest{})
+	if err != nil {
+		fail(err)
+	}
+	res, err := c.Exec(ctx, sb.ID, &api.ExecRequest{Argv: []string{"true"}}, nil, io.Discard, io.Discard)
+	d := time.Since(t0)
+	if err != nil || *res.ExitCode != 0 {
+		fail(fmt.Errorf("exec: %v", err))
+	}
+	if err := c.Remove(ctx, sb.ID); err != nil {
+		fail(err)
+	}
+	return d
+}
+
+// bareRun times `runc run` of a bundle equivalent to a sandbox's (same
+// namespaces, seccomp, limits, mounts; the image root read-only, so without
+// cagebox's overlay and agent) whose process is /bin/true.
+func bareRun(bin, rootfs, agentPath, home string) time.Duration {
+	dir, err := os.MkdirTemp(home, "bare")
+	if err != nil {
+		fail(err)
+	}
+	defer os.RemoveAll(dir)
+	id := "bare-" + randHex()
+	spec := &isolation.Spec{ID: id, AgentPath: agentPath, RootFS: rootfs}
+	sp := oci.Spec(spec, oci.BundleOptions{RootFS: rootfs, RunDir: dir, CgroupsPath: "/cagebox-bench/" + id, ReadonlyRoot: true})
+	sp.Process.Args = []string{"/bin/true"}
+	// The bare bundle has no agent: drop the agent mounts.
+	var mounts = sp.Mounts[:0]
+	for _, m := range sp.Mounts {
+		if m.Destination != oci.GuestAgentPath && m.Destination != oci.GuestRunDir {
+			mounts = append(mounts, m)
+		}
+	}
+	sp.Mounts = mounts
+	if err := oci.WriteBundle(dir, sp); err != nil {
+		fail(err)
+	}
+	root := filepath.Join(home, "bare-oci")
+	t0 := time.Now()
+	cmd := exec.Command(bin, "--root", root, "run", "--bundle", dir, id)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fail(fmt.Errorf("bare run: %v: %s", err, out))
+	}
+	return time.Since(t0)
+}
+
+func directExec(rt *container.Runtime, rootfs, agentPath, home string, n int) []time.Duration {
+	ctx := context.Background()
+	id := "direct-" + randHex()
+	tok := randHex()
+	sb, err := rt.Create(ctx, &isolation.Spec{ID: id, StateDir: filepath.Join(home, "direct", id), RootFS: rootfs, AgentPath: agentPath, AgentToken: tok})
+	if err != nil {
+		fail(err)
+	}
+	defer sb.Destroy(ctx)
+	if err := sb.Start(ctx); err != nil {
+		fail(err)
+	}
+	conn, err := sb.DialAgent(ctx)
+	if err != nil {
+		fail(err)
+	}
+	cl, err := agentproto.NewClient(ctx, conn, tok)
+	if err != nil {
+		fail(err)
+	}
+	defer cl.Close()
+	var out []time.Duration
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		if _, err := cl.Exec(ctx, &agentproto.ExecRequest{Argv: []string{"true"}}, nil, io.Discard, io.Discard); err != nil {
+			fail(err)
+		}
+		out = append(out, time.Since(t0))
+	}
+	return out
+}
+
+func randHex() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func pct(d []time.Duration, p int) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := (len(s)*p + 99) / 100
+	if i > 0 {
+		i--
+	}
+	return s[i]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/1e6) }
+
+func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
+
+func numCPU() int {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	n := 0
+	for i := 0; i+9 < len(b); i++ {
+		if string(b[i:i+9]) == "processor" {
+			n++
+		}
+	}
+	return n
+}
+
+func fail(v any) {
+	fmt.Fprintln(os.Stderr, "bench:", v)
+	os.Exit(1)
+}

@@ -1,0 +1,294 @@
+// Package client is the Go client of the cagebox API, used by the CLI and
+// the end-to-end tests.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/cagebox/cagebox/api"
+)
+
+// Client talks to one daemon.
+type Client struct {
+	base string
+	key  string
+	http *http.Client
+}
+
+// Unix returns a client for the daemon's unix socket (admin tenant).
+func Unix(sock string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+		MaxIdleConnsPerHost: 8,
+	}
+	return &Client{base: "http://cagebox", http: &http.Client{Transport: tr}}
+}
+
+// TCP returns a client for a daemon's TCP listener, authenticating with key.
+func TCP(baseURL, key string) *Client {
+	return &Client{base: strings.TrimRight(baseURL, "/"), key: key, http: &http.Client{}}
+}
+
+// Error is an API error answer.
+type Error struct {
+	Status int
+	Kind   string
+	Msg    string
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+// IsNotFound reports whether err is a not-found answer.
+func IsNotFound(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Status == http.StatusNotFound
+}
+
+func (c *Client) req(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
+	r, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.key != "" {
+		r.Header.Set("Authorization", "Bearer "+c.key)
+	}
+	return r, nil
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	r, err := c.req(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		r.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(r)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return decodeError(resp)
+	}
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func decodeError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var e api.Error
+	if json.Unmarshal(b, &e) == nil && e.Error != "" {
+		return &Error{Status: resp.StatusCode, Kind: e.Kind, Msg: e.Error}
+	}
+	return &Error{Status: resp.StatusCode, Msg: fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(b)))}
+}
+
+// Health asks the daemon how it is.
+func (c *Client) Health(ctx context.Context) (*api.Health, error) {
+	var h api.Health
+	return &h, c.do(ctx, "GET", "/v1/health", nil, &h)
+}
+
+// Runtimes lists runtimes.
+func (c *Client) Runtimes(ctx context.Context) ([]api.Runtime, error) {
+	var out []api.Runtime
+	return out, c.do(ctx, "GET", "/v1/runtimes", nil, &out)
+}
+
+// Images lists cached images.
+func (c *Client) Images(ctx context.Context) ([]api.Image, error) {
+	var out []api.Image
+	return out, c.do(ctx, "GET", "/v1/images", nil, &out)
+}
+
+// Create creates and starts a sandbox.
+func (c *Client) Create(ctx context.Context, req *api.CreateSandboxRequest) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	return &sb, c.do(ctx, "POST", "/v1/sandboxes", req, &sb)
+}
+
+// List lists sandboxes.
+func (c *Client) List(ctx context.Context) ([]api.Sandbox, error) {
+	var out []api.Sandbox
+	return out, c.do(ctx, "GET", "/v1/sandboxes", nil, &out)
+}
+
+// Get inspects a sandbox.
+func (c *Client) Get(ctx context.Context, id string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	return &sb, c.do(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id), nil, &sb)
+}
+
+// Remove destroys a sandbox.
+func (c *Client) Remove(ctx context.Context, id string) error {
+	return c.do(ctx, "DELETE", "/v1/sandboxes/"+url.PathEscape(id), nil, nil)
+}
+
+// Stop stops a sandbox.
+func (c *Client) Stop(ctx context.Context, id string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	return &sb, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/stop", nil, &sb)
+}
+
+// Pause freezes a sandbox.
+func (c *Client) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	return &sb, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/pause", nil, &sb)
+}
+
+// Resume thaws a sandbox.
+func (c *Client) Resume(ctx context.Context, id string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	return &sb, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/resume", nil, &sb)
+}
+
+// Exec runs a command, streaming its output; it returns the exit frame.
+// stdin is attached when req.Stdin is true.
+func (c *Client) Exec(ctx context.Context, id string, req *api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*api.ExecFrame, error) {
+	line, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	line = append(line, '\n')
+	var body io.Reader = bytes.NewReader(line)
+	if req.Stdin && stdin != nil {
+		body = io.MultiReader(body, stdin)
+	}
+	r, err := c.req(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/exec", body)
+	if err != nil {
+		return nil, err
+	}
+	r.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.http.Do(r)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return nil, decodeError(resp)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 8<<20)
+	for sc.Scan() {
+		var f api.ExecFrame
+		if err := json.Unmarshal(sc.Bytes(), &f); err != nil {
+			return nil, fmt.Errorf("exec stream: %w", err)
+		}
+		switch f.Stream {
+		case "stdout":
+			if _, err := stdout.Write(f.Data); err != nil {
+				return nil, err
+			}
+		case "stderr":
+			if _, err := stderr.Write(f.Data); err != nil {
+				return nil, err
+			}
+		case "exit":
+			return &f, nil
+		case "error":
+			return nil, &Error{Status: 500, Kind: "internal", Msg: f.Error}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("exec stream: %w", err)
+	}
+	return nil, errors.New("exec stream ended without an exit frame (did the daemon stop?)")
+}
+
+// WriteFile writes a file into a sandbox.
+func (c *Client) WriteFile(ctx context.Context, id, path string, mode uint32, data io.Reader) error {
+	q := url.Values{"path": {path}, "mode": {fmt.Sprintf("%o", mode)}}
+	r, err := c.req(ctx, "PUT", "/v1/sandboxes/"+url.PathEscape(id)+"/files?"+q.Encode(), data)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(r)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return decodeError(resp)
+	}
+	return nil
+}
+
+// ReadFile reads a file from a sandbox.
+func (c *Client) ReadFile(ctx context.Context, id, path string) ([]byte, error) {
+	q := url.Values{"path": {path}}
+	r, err := c.req(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id)+"/files?"+q.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(r)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return nil, decodeError(resp)
+	}
+	return io.ReadAll(resp.Body)
+}
+
+// Events lists audit events (sandbox "" = all of the tenant's).
+func (c *Client) Events(ctx context.Context, sandbox string, after int64) ([]api.Event, error) {
+	q := url.Values{}
+	if sandbox != "" {
+		q.Set("sandbox", sandbox)
+	}
+	if after > 0 {
+		q.Set("after", fmt.Sprint(after))
+	}
+	var out []api.Event
+	return out, c.do(ctx, "GET", "/v1/events?"+q.Encode(), nil, &out)
+}
+
+// CreateTenant creates a tenant (admin only).
+func (c *Client) CreateTenant(ctx context.Context, req *api.CreateTenantRequest) (*api.Tenant, error) {
+	var t api.Tenant
+	return &t, c.do(ctx, "POST", "/v1/tenants", req, &t)
+}
+
+// CreateKey creates an API key for a tenant (admin only).
+func (c *Client) CreateKey(ctx context.Context, tenant string) (*api.APIKey, error) {
+	var k api.APIKey
+	return &k, c.do(ctx, "POST", "/v1/tenants/"+url.PathEscape(tenant)+"/keys", nil, &k)
+}
+
+// Raw sends a request and returns the response (tests of malformed input).
+func (c *Client) Raw(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Response, error) {
+	r, err := c.req(ctx, method, path, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		r.Header.Set("Content-Type", contentType)
+	}
+	return c.http.Do(r)
+}

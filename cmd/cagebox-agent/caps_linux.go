@@ -1,0 +1,99 @@
+//go:build linux
+
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"github.com/cagebox/cagebox/agentproto"
+	"golang.org/x/sys/unix"
+)
+
+// Securebits (linux/securebits.h).
+const (
+	secbitNoroot                  = 1 << 0
+	secbitNorootLocked            = 1 << 1
+	secbitNoSetuidFixupLocked     = 1 << 3
+	secbitKeepCapsLocked          = 1 << 5
+	secbitNoCapAmbientRaise       = 1 << 6
+	secbitNoCapAmbientRaiseLocked = 1 << 7
+
+	// agentSecurebits makes root gain no capabilities on execve (NOROOT),
+	// keeps the uid-change fixup on (so a switch away from uid 0 clears
+	// capabilities), forbids ambient capabilities, and locks all of it.
+	agentSecurebits = secbitNoroot | secbitNorootLocked |
+		secbitNoSetuidFixupLocked | secbitKeepCapsLocked |
+		secbitNoCapAmbientRaise | secbitNoCapAmbientRaiseLocked
+)
+
+// keptCaps are the capabilities the agent keeps, to run processes as other
+// users (SysProcAttr.Credential).
+const keptCaps = 1<<unix.CAP_SETUID | 1<<unix.CAP_SETGID
+
+// dropCapabilities arranges that processes the agent starts, as root or not,
+// have no capabilities in any set, and that the agent keeps only CAP_SETUID
+// and CAP_SETGID. Credentials are per thread in Linux, so every step is
+// applied to all threads of the process (which requires a cgo-free build).
+// Each step is attempted; the errors of those that failed are returned.
+func dropCapabilities() error {
+	var errs []error
+	step := func(what string, trap uintptr, a ...uintptr) {
+		var args [6]uintptr
+		copy(args[:], a)
+		if _, _, e := syscall.AllThreadsSyscall6(trap, args[0], args[1], args[2], args[3], args[4], args[5]); e != 0 {
+			errs = append(errs, fmt.Errorf("%s: %w", what, e))
+		}
+	}
+	step("set no_new_privs", unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1)
+	if cur, err := unix.PrctlRetInt(unix.PR_GET_SECUREBITS, 0, 0, 0, 0); err != nil || cur&agentSecurebits != agentSecurebits {
+		step("set securebits", unix.SYS_PRCTL, unix.PR_SET_SECUREBITS, agentSecurebits)
+	}
+	for c := 0; c <= lastCap(); c++ {
+		if in, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0); err == nil && in == 0 {
+			continue
+		}
+		step("drop capability "+strconv.Itoa(c)+" from bounding set", unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c))
+	}
+	step("clear ambient capabilities", unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL)
+
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		errs = append(errs, fmt.Errorf("capget: %w", err))
+	} else {
+		keep := data[0].Permitted & keptCaps
+		data[0] = unix.CapUserData{Effective: keep, Permitted: keep}
+		data[1] = unix.CapUserData{}
+		step("set capabilities", unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])))
+	}
+	return errors.Join(errs...)
+}
+
+// lastCap is the highest capability number the kernel knows.
+func lastCap() int {
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 && n < 64 {
+			return n
+		}
+	}
+	return unix.CAP_LAST_CAP
+}
+
+// startReaper makes the agent reap orphans: as PID 1 they come to it; any
+// other process first has to become a child subreaper.
+func startReaper(log *slog.Logger) (*agentproto.Reaper, error) {
+	if os.Getpid() != 1 {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return nil, fmt.Errorf("become child subreaper: %w", err)
+		}
+	}
+	return agentproto.NewReaper(log), nil
+}

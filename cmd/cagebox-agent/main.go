@@ -1,0 +1,188 @@
+// Command cagebox-agent is the PID 1 of every cagebox sandbox guest. It
+// serves the host's agentproto connections (exec, files, health) over a unix
+// socket, an inherited file descriptor or a character device, reaps orphaned
+// processes, and forwards SIGTERM/SIGINT to the processes it started before
+// exiting.
+//
+// It must stay small and static (CGO_ENABLED=0): a test guards that it links
+// nothing but the standard library, golang.org/x/sys, yamux and agentproto.
+//
+// Usage:
+//
+//	cagebox-agent --listen unix:/run/cagebox/agent.sock --token-file /run/cagebox/token
+//
+// Every flag can also be given in the environment (CAGEBOX_AGENT_LISTEN,
+// CAGEBOX_AGENT_TOKEN_FILE, CAGEBOX_AGENT_ENV_FILE, CAGEBOX_AGENT_GRACE,
+// CAGEBOX_AGENT_LOG_LEVEL); processes started by the agent never see the
+// agent's own environment.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cagebox/cagebox/agentproto"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+func envOr(key, def string) string {
+	if v, ok := os.LookupEnv(key); ok {
+		return v
+	}
+	return def
+}
+
+func run(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cagebox-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", envOr("CAGEBOX_AGENT_LISTEN", ""), "where to serve: unix:PATH, fd:N or dev:PATH (vsock:PORT later)")
+	tokenFile := fs.String("token-file", envOr("CAGEBOX_AGENT_TOKEN_FILE", ""), "file holding the connection token; removed once read")
+	envFile := fs.String("env-file", envOr("CAGEBOX_AGENT_ENV_FILE", ""), "base environment for processes, KEY=VALUE lines (default: PATH, HOME=/root, LANG=C.UTF-8)")
+	graceStr := fs.String("grace", envOr("CAGEBOX_AGENT_GRACE", "10s"), "on SIGTERM, how long processes get to exit before they are killed")
+	logLevel := fs.String("log-level", envOr("CAGEBOX_AGENT_LOG_LEVEL", "info"), "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "cagebox-agent: bad --log-level: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	grace, err := time.ParseDuration(*graceStr)
+	if err != nil || grace < 0 {
+		log.Error("bad --grace", "value", *graceStr)
+		return 2
+	}
+	if *listen == "" || *tokenFile == "" {
+		log.Error("--listen and --token-file are required")
+		return 2
+	}
+	l, err := parseListen(*listen)
+	if err != nil {
+		log.Error("bad --listen", "err", err)
+		return 2
+	}
+
+	// Read the token before dropping capabilities: removing the file may
+	// need them.
+	token, err := readToken(*tokenFile, log)
+	if err != nil {
+		log.Error("read token", "err", err)
+		return 1
+	}
+	env := agentproto.DefaultEnv
+	if *envFile != "" {
+		if env, err = readEnvFile(*envFile); err != nil {
+			log.Error("read env file", "err", err)
+			return 1
+		}
+	}
+
+	if err := dropCapabilities(); err != nil {
+		log.Warn("could not fully drop capabilities; continuing", "err", err)
+	} else {
+		log.Debug("capabilities dropped")
+	}
+	reaper, err := startReaper(log)
+	if err != nil {
+		log.Warn("no reaper; orphans will not be reaped", "err", err)
+	}
+	srv := &agentproto.Server{Token: token, BaseEnv: env, Logger: log, Reaper: reaper}
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	sigs := make(chan os.Signal, 4)
+	// Handle (rather than ignore) the signals that would otherwise end the
+	// agent: an ignored signal stays ignored in the processes it starts.
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- l.serve(ctx, srv, log) }()
+	log.Info("agent started", "version", agentproto.Version, "pid", os.Getpid(), "listen", *listen)
+
+	for {
+		select {
+		case err := <-serveErr:
+			if err != nil {
+				log.Error("serve", "err", err)
+				return 1
+			}
+			// A one-shot connection ended; PID 1 must stay up until told
+			// to stop.
+			serveErr = nil
+		case sig := <-sigs:
+			s := sig.(syscall.Signal)
+			if s != syscall.SIGTERM && s != syscall.SIGINT {
+				log.Debug("ignoring signal", "signal", s)
+				continue
+			}
+			log.Info("shutting down", "signal", s, "procs", srv.Procs(), "grace", grace)
+			stop()
+			gctx, cancel := context.WithTimeout(context.Background(), grace)
+			err := srv.Shutdown(gctx, s)
+			cancel()
+			if err != nil {
+				log.Warn("processes killed after grace period", "grace", grace)
+			}
+			return 0
+		}
+	}
+}
+
+// readToken reads the token and removes the file so that processes in the
+// guest cannot read it later. The token is never logged.
+func readToken(path string, log *slog.Logger) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	if err := os.Remove(path); err != nil {
+		log.Warn("could not remove token file", "path", path, "err", err)
+	}
+	token := strings.TrimSpace(string(b))
+	if token == "" {
+		return "", fmt.Errorf("token file %s is empty", path)
+	}
+	return token, nil
+}
+
+// readEnvFile reads KEY=VALUE lines; blank lines and # comments are skipped.
+func readEnvFile(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	env := []string{}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if k, _, ok := strings.Cut(line, "="); !ok || k == "" {
+			return nil, fmt.Errorf("%s:%d: want KEY=VALUE", path, n)
+		}
+		env = append(env, line)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(env) == 0 {
+		return nil, errors.New("env file " + path + " is empty")
+	}
+	return env, nil
+}

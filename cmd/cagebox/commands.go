@@ -1,0 +1,617 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/client"
+	"github.com/cagebox/cagebox/internal/daemon"
+	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/isolation"
+)
+
+func (g *globals) client() *client.Client {
+	if g.host != "" {
+		return client.TCP(g.host, g.apiKey)
+	}
+	return client.Unix(daemon.SocketPath(g.home))
+}
+
+// ensureDaemon starts a daemon in the background when none answers on the
+// unix socket, and says so on stderr.
+func (g *globals) ensureDaemon(ctx context.Context) (*client.Client, error) {
+	c := g.client()
+	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err := c.Health(hctx)
+	cancel()
+	if err == nil || g.host != "" {
+		return c, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(g.home, 0o700); err != nil {
+		return nil, fmt.Errorf("create %s: %w", g.home, err)
+	}
+	logPath := filepath.Join(g.home, "daemon.log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open daemon log: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(self, "daemon", "--home", g.home)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start daemon: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "cagebox: no daemon was running; started one (pid %d, log %s)\n", cmd.Process.Pid, logPath)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			return nil, fmt.Errorf("the daemon exited at once (%v); see %s", err, logPath)
+		case <-time.After(50 * time.Millisecond):
+		}
+		hctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := c.Health(hctx)
+		cancel()
+		if err == nil {
+			return c, nil
+		}
+	}
+	return nil, fmt.Errorf("the daemon did not answer within 20s; see %s", logPath)
+}
+
+func daemonCmd(g *globals) *cobra.Command {
+	var listen, agent, minIso, timeout, logLevel string
+	cmd := &cobra.Command{
+		Use:   "daemon",
+		Short: "Run the cagebox daemon",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if agent == "" {
+				agent = defaultAgentPath()
+			}
+			floor := isolation.Namespaces
+			if minIso != "" {
+				c, err := isolation.ParseClass(minIso)
+				if err != nil {
+					return fmt.Errorf("--min-isolation: %w", err)
+				}
+				floor = c
+			}
+			var def time.Duration
+			if timeout != "" {
+				d, err := time.ParseDuration(timeout)
+				if err != nil {
+					return fmt.Errorf("--default-timeout: %q is not a duration such as 1h", timeout)
+				}
+				def = d
+			}
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			return daemon.Run(cmd.Context(), daemon.Config{
+				Home: g.home, Listen: listen, AgentPath: agent, MinIsolation: floor,
+				DefaultTimeout: def, Logger: log,
+			})
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "", "also serve the API on this TCP address (API keys required), e.g. 127.0.0.1:7070")
+	cmd.Flags().StringVar(&agent, "agent", os.Getenv("CAGEBOX_AGENT"), "path of the static cagebox-agent binary (default: beside this binary)")
+	cmd.Flags().StringVar(&minIso, "min-isolation", "", "isolation floor: namespaces, app-kernel or hypervisor")
+	cmd.Flags().StringVar(&timeout, "default-timeout", "", "maximum lifetime of sandboxes created without --timeout (default unlimited)")
+	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+func defaultAgentPath() string {
+	self, err := os.Executable()
+	if err != nil {
+		return "cagebox-agent"
+	}
+	return filepath.Join(filepath.Dir(self), "cagebox-agent")
+}
+
+type createFlags struct {
+	runtime, image, memory, timeout, idle, disk string
+	cpus                                        float64
+	pids                                        int64
+	env                                         []string
+}
+
+func (f *createFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.runtime, "runtime", "auto", "runtime name, or auto for the strongest available (cagebox runtimes)")
+	cmd.Flags().StringVar(&f.image, "image", "default", "guest image (cagebox image ls)")
+	cmd.Flags().StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G (default 512M)")
+	cmd.Flags().Float64Var(&f.cpus, "cpus", 0, "CPU limit in cores, e.g. 0.5 or 2 (default 1)")
+	cmd.Flags().Int64Var(&f.pids, "pids", 0, "process limit (default 512)")
+	cmd.Flags().StringVar(&f.disk, "disk", "", "size of the writable layer, e.g. 1G (default 1G)")
+	cmd.Flags().StringVar(&f.timeout, "timeout", "", "maximum lifetime, e.g. 10m; the daemon destroys the sandbox after it")
+	cmd.Flags().StringVar(&f.idle, "idle-timeout", "", "destroy the sandbox after this long without activity, e.g. 5m")
+	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+}
+
+func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
+	req := &api.CreateSandboxRequest{Runtime: f.runtime, Image: f.image, CPUs: f.cpus, PIDs: f.pids, Env: f.env}
+	if f.memory != "" {
+		n, err := parseSize(f.memory)
+		if err != nil {
+			return nil, fmt.Errorf("--memory: %w", err)
+		}
+		req.MemoryBytes = n
+	}
+	if f.disk != "" {
+		n, err := parseSize(f.disk)
+		if err != nil {
+			return nil, fmt.Errorf("--disk: %w", err)
+		}
+		req.DiskBytes = n
+	}
+	if f.cpus < 0 {
+		return nil, fmt.Errorf("--cpus: %v must be positive", f.cpus)
+	}
+	if f.pids < 0 {
+		return nil, fmt.Errorf("--pids: %d must be positive", f.pids)
+	}
+	for _, d := range []struct{ flag, v string }{{"--timeout", f.timeout}, {"--idle-timeout", f.idle}} {
+		if d.v == "" {
+			continue
+		}
+		if v, err := time.ParseDuration(d.v); err != nil || v <= 0 {
+			return nil, fmt.Errorf("%s: %q is not a duration such as 30s, 10m or 2h", d.flag, d.v)
+		}
+	}
+	req.Timeout, req.IdleTimeout = f.timeout, f.idle
+	for _, kv := range f.env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return nil, fmt.Errorf("--env: %q is not KEY=VALUE", kv)
+		}
+	}
+	return req, nil
+}
+
+// parseSize parses 512M, 2G, 1.5GiB, 65536 (bytes).
+func parseSize(s string) (int64, error) {
+	t := strings.TrimSpace(strings.ToUpper(s))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "B"), "I")
+	mult := int64(1)
+	if n := len(t); n > 0 {
+		switch t[n-1] {
+		case 'K':
+			mult, t = 1<<10, t[:n-1]
+		case 'M':
+			mult, t = 1<<20, t[:n-1]
+		case 'G':
+			mult, t = 1<<30, t[:n-1]
+		case 'T':
+			mult, t = 1<<40, t[:n-1]
+		}
+	}
+	v, err := strconv.ParseFloat(t, 64)
+	if err != nil || v <= 0 {
+		return 0, fmt.Errorf("%q is not a size such as 512M or 2G", s)
+	}
+	return int64(v * float64(mult)), nil
+}
+
+// stdinAttached: pipes and files are forwarded; a terminal or /dev/null is not.
+func stdinAttached() bool {
+	fi, err := os.Stdin.Stat()
+	if err != nil {
+		return false
+	}
+	return fi.Mode()&os.ModeCharDevice == 0
+}
+
+// runExec runs argv and turns its result into the CLI's exit code.
+func runExec(ctx context.Context, c *client.Client, id string, argv []string, env []string, cwd, user, timeout string) error {
+	req := &api.ExecRequest{Argv: argv, Env: env, Cwd: cwd, User: user, Timeout: timeout, Stdin: stdinAttached()}
+	res, err := c.Exec(ctx, id, req, os.Stdin, os.Stdout, os.Stderr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return &exitError{code: 130, msg: "interrupted"}
+		}
+		return &exitError{code: 125, msg: err.Error()}
+	}
+	code := 0
+	if res.ExitCode != nil {
+		code = *res.ExitCode
+	}
+	msg := ""
+	switch {
+	case code == 127 && res.Error != "":
+		msg = fmt.Sprintf("%s: command not found in the sandbox (%s)", argv[0], res.Error)
+	case res.Error != "":
+		msg = res.Error
+	case res.OOMKilled:
+		msg = "the command was killed for exceeding the sandbox's memory limit (raise --memory)"
+	case res.TimedOut:
+		msg = "the command timed out and was killed"
+	}
+	if code == 0 && msg == "" {
+		return nil
+	}
+	return &exitError{code: code, msg: msg}
+}
+
+func runCmd(g *globals) *cobra.Command {
+	var f createFlags
+	var keep bool
+	var cwd, user string
+	cmd := &cobra.Command{
+		Use:   "run [flags] -- CMD [ARGS...]",
+		Short: "Run a command in a new sandbox and remove it afterwards",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req, err := f.request()
+			if err != nil {
+				return &exitError{code: 125, msg: err.Error()}
+			}
+			ctx := cmd.Context()
+			c, err := g.ensureDaemon(ctx)
+			if err != nil {
+				return &exitError{code: 125, msg: err.Error()}
+			}
+			sb, err := c.Create(ctx, req)
+			if err != nil {
+				return &exitError{code: 125, msg: err.Error()}
+			}
+			if !keep {
+				defer func() {
+					rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					defer cancel()
+					if err := c.Remove(rctx, sb.ID); err != nil {
+						fmt.Fprintf(os.Stderr, "cagebox: remove %s: %v\n", sb.ID, err)
+					}
+				}()
+			} else {
+				fmt.Fprintf(os.Stderr, "cagebox: sandbox %s kept\n", sb.ID)
+			}
+			return runExec(ctx, c, sb.ID, args, nil, cwd, user, "")
+		},
+	}
+	f.add(cmd)
+	cmd.Flags().BoolVar(&keep, "keep", false, "keep the sandbox after the command ends")
+	cmd.Flags().StringVarP(&cwd, "workdir", "w", "", "working directory in the sandbox")
+	cmd.Flags().StringVarP(&user, "user", "u", "", "user in the sandbox (name, uid or uid:gid)")
+	return cmd
+}
+
+func createCmd(g *globals) *cobra.Command {
+	var f createFlags
+	cmd := &cobra.Command{
+		Use:   "create [flags]",
+		Short: "Create and start a sandbox; prints its id",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req, err := f.request()
+			if err != nil {
+				return err
+			}
+			c, err := g.ensureDaemon(cmd.Context())
+			if err != nil {
+				return err
+			}
+			sb, err := c.Create(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			fmt.Println(sb.ID)
+			return nil
+		},
+	}
+	f.add(cmd)
+	return cmd
+}
+
+func execCmd(g *globals) *cobra.Command {
+	var env []string
+	var cwd, user, timeout string
+	cmd := &cobra.Command{
+		Use:   "exec ID -- CMD [ARGS...]",
+		Short: "Run a command in a running sandbox",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if timeout != "" {
+				if d, err := time.ParseDuration(timeout); err != nil || d <= 0 {
+					return &exitError{code: 125, msg: fmt.Sprintf("--timeout: %q is not a duration such as 30s", timeout)}
+				}
+			}
+			return runExec(cmd.Context(), g.client(), args[0], args[1:], env, cwd, user, timeout)
+		},
+	}
+	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	cmd.Flags().StringVarP(&cwd, "workdir", "w", "", "working directory")
+	cmd.Flags().StringVarP(&user, "user", "u", "", "user (name, uid or uid:gid)")
+	cmd.Flags().StringVar(&timeout, "timeout", "", "kill the command after this long, e.g. 30s")
+	return cmd
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func lsCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List sandboxes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := g.client().List(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(l)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tTENANT\tRUNTIME\tIMAGE\tSTATUS\tCREATED\tEXPIRES")
+			for _, s := range l {
+				exp := "-"
+				if s.ExpiresAt != nil {
+					exp = time.Until(*s.ExpiresAt).Round(time.Second).String()
+				}
+				status := s.Status
+				if s.Error != "" {
+					status += " (" + s.Error + ")"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.Tenant, s.Runtime, s.Image, status, s.CreatedAt.Local().Format(time.DateTime), exp)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func inspectCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect ID",
+		Short: "Show a sandbox as JSON",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.client().Get(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printJSON(sb)
+		},
+	}
+}
+
+func simpleCmd(g *globals, use, short string, fn func(context.Context, *client.Client, string) error) *cobra.Command {
+	return &cobra.Command{
+		Use:   use + " ID [ID...]",
+		Short: short,
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var errs []error
+			for _, id := range args {
+				if err := fn(cmd.Context(), g.client(), id); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				fmt.Println(id)
+			}
+			return errors.Join(errs...)
+		},
+	}
+}
+
+func stopCmd(g *globals) *cobra.Command {
+	return simpleCmd(g, "stop", "Stop a sandbox's processes", func(ctx context.Context, c *client.Client, id string) error {
+		_, err := c.Stop(ctx, id)
+		return err
+	})
+}
+
+func rmCmd(g *globals) *cobra.Command {
+	return simpleCmd(g, "rm", "Destroy a sandbox and remove it", func(ctx context.Context, c *client.Client, id string) error {
+		return c.Remove(ctx, id)
+	})
+}
+
+func pauseCmd(g *globals) *cobra.Command {
+	return simpleCmd(g, "pause", "Freeze a sandbox", func(ctx context.Context, c *client.Client, id string) error {
+		_, err := c.Pause(ctx, id)
+		return err
+	})
+}
+
+func resumeCmd(g *globals) *cobra.Command {
+	return simpleCmd(g, "resume", "Thaw a paused sandbox", func(ctx context.Context, c *client.Client, id string) error {
+		_, err := c.Resume(ctx, id)
+		return err
+	})
+}
+
+func runtimesCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "runtimes",
+		Short: "List isolation runtimes, their class and whether they run here",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var l []api.Runtime
+			c := g.client()
+			hctx, cancel := context.WithTimeout(cmd.Context(), time.Second)
+			_, herr := c.Health(hctx)
+			cancel()
+			if herr == nil || g.host != "" {
+				var err error
+				if l, err = c.Runtimes(cmd.Context()); err != nil {
+					return err
+				}
+			} else {
+				// No daemon: describe this host directly.
+				daemon.RegisterRuntimes(g.home)
+				l = daemon.RuntimeList(isolation.Namespaces)
+			}
+			if asJSON {
+				return printJSON(l)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tCLASS\tAVAILABLE\tDETAIL")
+			for _, r := range l {
+				avail := "yes"
+				if !r.Available {
+					avail = "no"
+				}
+				if r.Default {
+					avail += " (auto)"
+				}
+				detail := r.Detail
+				if r.Reason != "" {
+					detail = r.Reason
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name, r.Class, avail, detail)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func imageCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "image", Short: "Manage guest images"}
+	var force bool
+	var pkgs []string
+	build := &cobra.Command{
+		Use:   "build [NAME]",
+		Short: "Build a guest image (default: the Debian image \"default\"; \"busybox\": a tiny test image)",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := "default"
+			if len(args) == 1 {
+				name = args[0]
+			}
+			cache := &image.Cache{Dir: filepath.Join(g.home, "images")}
+			start := time.Now()
+			var img *image.Image
+			var err error
+			if name == "busybox" {
+				img, err = cache.BuildBusybox(cmd.Context(), name)
+			} else {
+				img, err = cache.Build(cmd.Context(), image.BuildOptions{Name: name, Packages: pkgs, Progress: os.Stderr, Force: force})
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "image %s ready in %s (%d MiB, %s)\n", img.Name, time.Since(start).Round(time.Second), img.SizeBytes>>20, img.Digest)
+			return nil
+		},
+	}
+	build.Flags().BoolVar(&force, "force", false, "rebuild even if the image exists")
+	build.Flags().StringSliceVar(&pkgs, "packages", nil, "Debian packages to install (default: sh, coreutils, curl, python3, ca-certificates, procps)")
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List cached images",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cache := &image.Cache{Dir: filepath.Join(g.home, "images")}
+			l, err := cache.List()
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSIZE\tCREATED\tDIGEST")
+			for _, i := range l {
+				d := i.Digest
+				if len(d) > 19 {
+					d = d[:19]
+				}
+				fmt.Fprintf(tw, "%s\t%dMiB\t%s\t%s\n", i.Name, i.SizeBytes>>20, i.CreatedAt.Local().Format(time.DateTime), d)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.AddCommand(build, ls)
+	return cmd
+}
+
+func eventsCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "events [ID]",
+		Short: "Show audit events (of one sandbox)",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := ""
+			if len(args) == 1 {
+				id = args[0]
+			}
+			evs, err := g.client().Events(cmd.Context(), id, 0)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(evs)
+			}
+			for _, e := range evs {
+				data, _ := json.Marshal(e.Data)
+				fmt.Printf("%s %-8s %-22s %s %s\n", e.Time.Local().Format(time.RFC3339), e.Tenant, e.Kind, e.Sandbox, data)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func tenantCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "tenant", Short: "Manage tenants and their API keys (admin)"}
+	var minIso string
+	create := &cobra.Command{
+		Use:  "create NAME",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			t, err := g.client().CreateTenant(cmd.Context(), &api.CreateTenantRequest{Name: args[0], MinIsolation: minIso})
+			if err != nil {
+				return err
+			}
+			return printJSON(t)
+		},
+	}
+	create.Flags().StringVar(&minIso, "min-isolation", "", "the tenant's isolation floor")
+	key := &cobra.Command{
+		Use:   "key TENANT",
+		Short: "Create an API key (printed once)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			k, err := g.client().CreateKey(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Println(k.Key)
+			return nil
+		},
+	}
+	cmd.AddCommand(create, key)
+	return cmd
+}

@@ -1,0 +1,162 @@
+// Package daemon wires the cagebox daemon together: store, images,
+// runtimes, sandbox manager and the HTTP API on a unix socket (admin) and
+// optionally TCP (API keys). It owns the lifecycle contexts.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/sandbox"
+	"github.com/cagebox/cagebox/internal/store"
+	"github.com/cagebox/cagebox/internal/store/sqlite"
+	"github.com/cagebox/cagebox/isolation"
+	"github.com/cagebox/cagebox/isolation/container"
+)
+
+// Config configures the daemon.
+type Config struct {
+	// Home is the state directory ($CAGEBOX_HOME).
+	Home string
+	// Listen is an optional TCP address for the API (API keys required).
+	Listen string
+	// AgentPath is the static cagebox-agent binary.
+	AgentPath    string
+	MinIsolation isolation.Class
+	// DefaultTimeout is the maximum lifetime of sandboxes created without one.
+	DefaultTimeout time.Duration
+	Logger         *slog.Logger
+	// Ready, if set, is called once the API answers.
+	Ready func()
+}
+
+// SocketPath is the API's unix socket under home.
+func SocketPath(home string) string { return filepath.Join(home, "cagebox.sock") }
+
+// RegisterRuntimes registers the runtimes built into this binary.
+func RegisterRuntimes(home string) {
+	if _, ok := isolation.Lookup(container.Name); !ok {
+		isolation.Register(container.New(container.Options{StateRoot: filepath.Join(home, "oci")}))
+	}
+}
+
+// Run serves until ctx ends. Sandboxes keep running after it returns; the
+// next daemon re-attaches to them.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := os.MkdirAll(cfg.Home, 0o700); err != nil {
+		return fmt.Errorf("create home %s: %w", cfg.Home, err)
+	}
+	if _, err := os.Stat(cfg.AgentPath); err != nil {
+		return fmt.Errorf("cagebox-agent binary: %w (build it with `make build`, or pass --agent)", err)
+	}
+	st, err := sqlite.Open(filepath.Join(cfg.Home, "cagebox.db"))
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer st.Close()
+	RegisterRuntimes(cfg.Home)
+	images := &image.Cache{Dir: filepath.Join(cfg.Home, "images")}
+	mgr := sandbox.New(sandbox.Config{
+		Store: st, Images: images, StateDir: filepath.Join(cfg.Home, "sandboxes"),
+		AgentPath: cfg.AgentPath, Logger: log, MinIsolation: cfg.MinIsolation,
+		DefaultTimeout: cfg.DefaultTimeout,
+	})
+	if err := os.MkdirAll(filepath.Join(cfg.Home, "sandboxes"), 0o700); err != nil {
+		return err
+	}
+	if err := mgr.Recover(ctx); err != nil {
+		return fmt.Errorf("recover sandboxes: %w", err)
+	}
+	defer mgr.Close()
+	srv := NewServer(st, mgr, images, log)
+
+	sock := SocketPath(cfg.Home)
+	if err := removeStaleSocket(sock); err != nil {
+		return err
+	}
+	// The socket is created 0600 from the start (umask), not chmod-ed after.
+	old := umask(0o177)
+	ul, err := net.Listen("unix", sock)
+	umask(old)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", sock, err)
+	}
+	defer os.Remove(sock)
+	unixSrv := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second,
+		ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return ViaUnix(ctx) }}
+	errc := make(chan error, 2)
+	go func() { errc <- unixSrv.Serve(ul) }()
+	var tcpSrv *http.Server
+	if cfg.Listen != "" {
+		tl, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+		}
+		tcpSrv = &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- tcpSrv.Serve(tl) }()
+		log.Info("api on tcp (API keys required)", "addr", tl.Addr().String())
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go mgr.RunReaper(rctx, time.Second)
+	log.Info("cagebox daemon ready", "socket", sock, "home", cfg.Home, "sandboxes", mgr.Count())
+	if cfg.Ready != nil {
+		cfg.Ready()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	_ = unixSrv.Shutdown(sctx)
+	if tcpSrv != nil {
+		_ = tcpSrv.Shutdown(sctx)
+	}
+	log.Info("cagebox daemon stopped; sandboxes keep running")
+	return nil
+}
+
+// removeStaleSocket removes a socket no daemon answers on, and refuses to
+// start when one does.
+func removeStaleSocket(sock string) error {
+	if _, err := os.Stat(sock); err != nil {
+		return nil
+	}
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("another daemon answers on %s: stop it first", sock)
+	}
+	return os.Remove(sock)
+}
+
+// NewAPIKey makes a key ("cbk_" + 32 random bytes hex) and its stored record.
+func NewAPIKey(tenant string) (string, *store.APIKey) {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	key := "cbk_" + hex.EncodeToString(b)
+	idb := make([]byte, 6)
+	_, _ = rand.Read(idb)
+	return key, &store.APIKey{
+		ID: "key-" + hex.EncodeToString(idb), TenantID: tenant, Hash: HashKey(key),
+		Prefix: key[:12], CreatedAt: time.Now().UTC(),
+	}
+}

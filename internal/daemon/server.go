@@ -1,0 +1,660 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/sandbox"
+	"github.com/cagebox/cagebox/internal/store"
+	"github.com/cagebox/cagebox/isolation"
+)
+
+// Version is the daemon's version.
+const Version = "0.1.0"
+
+// Request limits.
+const (
+	maxJSONBody   = 1 << 20
+	maxFileRead   = 64 << 20
+	maxFileWrite  = 256 << 20
+	defaultGrace  = 5 * time.Second
+	adminTenantID = "admin"
+)
+
+// Route is one API endpoint. The table is the single source the mux and
+// the OpenAPI consistency test read.
+type Route struct {
+	Method, Path string
+	Admin        bool // only the admin tenant may call it
+	handler      func(*Server, http.ResponseWriter, *http.Request, *store.Tenant) error
+}
+
+// Routes lists every endpoint of the API.
+func Routes() []Route {
+	return []Route{
+		{Method: "GET", Path: "/v1/health", handler: (*Server).health},
+		{Method: "GET", Path: "/v1/runtimes", handler: (*Server).runtimes},
+		{Method: "GET", Path: "/v1/images", handler: (*Server).listImages},
+		{Method: "POST", Path: "/v1/sandboxes", handler: (*Server).createSandbox},
+		{Method: "GET", Path: "/v1/sandboxes", handler: (*Server).listSandboxes},
+		{Method: "GET", Path: "/v1/sandboxes/{id}", handler: (*Server).getSandbox},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}", handler: (*Server).removeSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/exec", handler: (*Server).exec},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/stop", handler: (*Server).stop},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/pause", handler: (*Server).pause},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/resume", handler: (*Server).resume},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/files", handler: (*Server).readFile},
+		{Method: "PUT", Path: "/v1/sandboxes/{id}/files", handler: (*Server).writeFile},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/dir", handler: (*Server).listDir},
+		{Method: "GET", Path: "/v1/events", handler: (*Server).listEvents},
+		{Method: "POST", Path: "/v1/tenants", Admin: true, handler: (*Server).createTenant},
+		{Method: "GET", Path: "/v1/tenants", Admin: true, handler: (*Server).listTenants},
+		{Method: "POST", Path: "/v1/tenants/{id}/keys", Admin: true, handler: (*Server).createKey},
+	}
+}
+
+// Server is the HTTP API.
+type Server struct {
+	store   store.Store
+	mgr     *sandbox.Manager
+	images  *image.Cache
+	log     *slog.Logger
+	handler http.Handler
+}
+
+type ctxKey int
+
+const viaUnixKey ctxKey = 1
+
+// NewServer builds the API handler.
+func NewServer(st store.Store, mgr *sandbox.Manager, images *image.Cache, log *slog.Logger) *Server {
+	s := &Server{store: st, mgr: mgr, images: images, log: log}
+	mux := http.NewServeMux()
+	for _, r := range Routes() {
+		r := r
+		mux.HandleFunc(r.Method+" "+r.Path, func(w http.ResponseWriter, req *http.Request) {
+			tenant, err := s.authenticate(req)
+			if err == nil && r.Admin && tenant.ID != adminTenantID {
+				err = fmt.Errorf("%w: %s %s is for the admin only", errdefs.ErrDenied, r.Method, r.Path)
+			}
+			if err == nil {
+				err = r.handler(s, w, req, tenant)
+			}
+			if err != nil {
+				s.writeError(w, req, err)
+			}
+		})
+	}
+	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(api.OpenAPI)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		s.writeError(w, req, fmt.Errorf("%w: no endpoint %s %s (see /openapi.json)", errdefs.ErrNotFound, req.Method, req.URL.Path))
+	})
+	s.handler = mux
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// ViaUnix marks a connection's context as coming over the unix socket (the
+// admin tenant; the socket's 0600 mode is the access control).
+func ViaUnix(ctx context.Context) context.Context { return context.WithValue(ctx, viaUnixKey, true) }
+
+// HashKey is how API keys are stored: sha256 of the whole key. Keys are 32
+// random bytes, so a fast hash is enough (no dictionary to guess from).
+func HashKey(key string) []byte {
+	h := sha256.Sum256([]byte(key))
+	return h[:]
+}
+
+func (s *Server) authenticate(r *http.Request) (*store.Tenant, error) {
+	if v, _ := r.Context().Value(viaUnixKey).(bool); v {
+		return s.store.GetTenant(r.Context(), adminTenantID)
+	}
+	auth := r.Header.Get("Authorization")
+	key, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok || key == "" {
+		return nil, fmt.Errorf("%w: send an API key as 'Authorization: Bearer cbk_…' (cagebox tenant key creates one)", errdefs.ErrUnauthorized)
+	}
+	k, err := s.store.APIKeyByHash(r.Context(), HashKey(key))
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("%w: unknown or revoked API key", errdefs.ErrUnauthorized)
+		}
+		return nil, err
+	}
+	return s.store.GetTenant(r.Context(), k.TenantID)
+}
+
+// scope is the tenant filter for store queries: the admin sees every tenant.
+func scope(t *store.Tenant) string {
+	if t.ID == adminTenantID {
+		return ""
+	}
+	return t.ID
+}
+
+func kindOf(err error) string {
+	switch errdefs.HTTPStatus(err) {
+	case http.StatusNotFound:
+		return "not_found"
+	case http.StatusBadRequest:
+		return "invalid"
+	case http.StatusUnauthorized:
+		return "unauthorized"
+	case http.StatusForbidden:
+		return "denied"
+	case http.StatusConflict:
+		return "conflict"
+	case http.StatusServiceUnavailable:
+		return "unavailable"
+	}
+	return "internal"
+}
+
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	code := errdefs.HTTPStatus(err)
+	if code >= 500 {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeJSON(w, code, api.Error{Error: err.Error(), Kind: kindOf(err)})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// decode reads a bounded JSON body, rejecting unknown fields and trailing data.
+func decode(r *http.Request, v any) error {
+	body := http.MaxBytesReader(nil, r.Body, maxJSONBody)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return fmt.Errorf("%w: empty body: send a JSON object", errdefs.ErrInvalid)
+		}
+		return fmt.Errorf("%w: invalid JSON: %v", errdefs.ErrInvalid, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("%w: invalid JSON: data after the object", errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	writeJSON(w, 200, api.Health{Version: Version, Tenant: t.ID, Sandboxes: s.mgr.Count()})
+	return nil
+}
+
+func (s *Server) runtimes(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	writeJSON(w, 200, RuntimeList(s.mgr.Floor(t)))
+	return nil
+}
+
+// RuntimeList describes every registered runtime.
+func RuntimeList(floor isolation.Class) []api.Runtime {
+	var out []api.Runtime
+	def, _ := isolation.Pick("auto", floor)
+	for _, rt := range isolation.All() {
+		a := api.Runtime{Name: rt.Name(), Class: rt.Class().String(), Available: true}
+		if err := rt.Available(); err != nil {
+			a.Available, a.Reason = false, err.Error()
+		} else if rt.Class() < floor {
+			a.Reason = fmt.Sprintf("below the isolation floor %s", floor)
+		}
+		if d, ok := rt.(interface{ Detail() string }); ok {
+			a.Detail = d.Detail()
+		}
+		a.Default = def != nil && def.Name() == rt.Name()
+		out = append(out, a)
+	}
+	return out
+}
+
+func (s *Server) listImages(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	imgs, err := s.images.List()
+	if err != nil {
+		return err
+	}
+	out := []api.Image{}
+	for _, i := range imgs {
+		out = append(out, api.Image{Name: i.Name, SizeBytes: i.SizeBytes, CreatedAt: i.CreatedAt, Digest: i.Digest, Source: i.Source})
+	}
+	writeJSON(w, 200, out)
+	return nil
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	var req api.CreateSandboxRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	sb, err := s.mgr.Create(r.Context(), t, &req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, sb)
+	return nil
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	l, err := s.mgr.List(r.Context(), scope(t))
+	if err != nil {
+		return err
+	}
+	if l == nil {
+		l = []*api.Sandbox{}
+	}
+	writeJSON(w, 200, l)
+	return nil
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	sb, err := s.mgr.Get(r.Context(), scope(t), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, sb)
+	return nil
+}
+
+func (s *Server) removeSandbox(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	if err := s.mgr.Remove(r.Context(), scope(t), r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func graceOf(r *http.Request) (time.Duration, error) {
+	g := r.URL.Query().Get("grace")
+	if g == "" {
+		return defaultGrace, nil
+	}
+	d, err := time.ParseDuration(g)
+	if err != nil || d < 0 || d > 10*time.Minute {
+		return 0, fmt.Errorf("%w: grace: %q is not a duration between 0 and 10m", errdefs.ErrInvalid, g)
+	}
+	return d, nil
+}
+
+func (s *Server) stop(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	grace, err := graceOf(r)
+	if err != nil {
+		return err
+	}
+	sb, err := s.mgr.Stop(r.Context(), scope(t), r.PathValue("id"), grace)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, sb)
+	return nil
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	sb, err := s.mgr.Pause(r.Context(), scope(t), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, sb)
+	return nil
+}
+
+func (s *Server) resume(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	sb, err := s.mgr.Resume(r.Context(), scope(t), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, sb)
+	return nil
+}
+
+// frameWriter turns writes into ExecFrames on a shared, flushed ndjson
+// stream.
+type frameWriter struct {
+	stream string
+	out    *ndjson
+}
+
+func (f *frameWriter) Write(p []byte) (int, error) {
+	if err := f.out.send(&api.ExecFrame{Stream: f.stream, Data: p}); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+type ndjson struct {
+	// mu serialises frames from stdout and stderr.
+	mu sync.Mutex
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (n *ndjson) send(f *api.ExecFrame) error {
+	b, err := json.Marshal(f)
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, err := n.w.Write(b); err != nil {
+		return err
+	}
+	return n.rc.Flush()
+}
+
+// exec: the body's first line is an api.ExecRequest; with stdin the rest
+// of the body is the process's input. The answer is a stream of
+// api.ExecFrame lines, the last one "exit" (or "error").
+func (s *Server) exec(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	br := bufio.NewReaderSize(r.Body, 64<<10)
+	line, err := readLine(br, maxJSONBody)
+	if err != nil {
+		return fmt.Errorf("%w: exec: read request line: %v", errdefs.ErrInvalid, err)
+	}
+	var req api.ExecRequest
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return fmt.Errorf("%w: exec: invalid JSON: %v", errdefs.ErrInvalid, err)
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.EnableFullDuplex()
+	out := &ndjson{w: w, rc: rc}
+	started := false
+	stdout := &lazyHeader{fw: &frameWriter{stream: "stdout", out: out}, start: func() { startStream(w, &started, out) }}
+	stderr := &lazyHeader{fw: &frameWriter{stream: "stderr", out: out}, start: func() { startStream(w, &started, out) }}
+	res, err := s.mgr.Exec(r.Context(), scope(t), r.PathValue("id"), &req, br, sandbox.ExecOutput{Stdout: stdout, Stderr: stderr})
+	out.mu.Lock()
+	headerSent := started
+	out.mu.Unlock()
+	if err != nil {
+		if !headerSent {
+			return err
+		}
+		return out.send(&api.ExecFrame{Stream: "error", Error: err.Error()})
+	}
+	startStream(w, &started, out)
+	return out.send(res)
+}
+
+// lazyHeader sends the 200 header only with the first output, so an exec
+// that fails before starting still gets a proper 4xx.
+type lazyHeader struct {
+	fw    *frameWriter
+	start func()
+}
+
+func (l *lazyHeader) Write(p []byte) (int, error) {
+	l.start()
+	return l.fw.Write(p)
+}
+
+func startStream(w http.ResponseWriter, started *bool, out *ndjson) {
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	if *started {
+		return
+	}
+	*started = true
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+}
+
+func readLine(br *bufio.Reader, max int) ([]byte, error) {
+	var line []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		line = append(line, chunk...)
+		if len(line) > max {
+			return nil, fmt.Errorf("request line longer than %d bytes", max)
+		}
+		if err == nil {
+			return line, nil
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if errors.Is(err, io.EOF) && len(line) > 0 {
+			return line, nil
+		}
+		return nil, err
+	}
+}
+
+func pathParam(r *http.Request) (string, error) {
+	p := r.URL.Query().Get("path")
+	if p == "" || !strings.HasPrefix(p, "/") {
+		return "", fmt.Errorf("%w: path: give an absolute path in the sandbox (?path=/work/file)", errdefs.ErrInvalid)
+	}
+	return p, nil
+}
+
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	p, err := pathParam(r)
+	if err != nil {
+		return err
+	}
+	// Buffer so an error (not found, too big) still gets its status code.
+	var buf bytes.Buffer
+	if err := s.mgr.ReadFile(r.Context(), scope(t), r.PathValue("id"), p, &buf, maxFileRead); err != nil {
+		return agentErr(err)
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	_, _ = w.Write(buf.Bytes())
+	return nil
+}
+
+// agentErr classifies errors the agent reports about the guest's files.
+func agentErr(err error) error {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "no such file or directory"):
+		return fmt.Errorf("%w: %v", errdefs.ErrNotFound, err)
+	case strings.Contains(msg, "is a directory"), strings.Contains(msg, "not a directory"),
+		strings.Contains(msg, "exceeds"), strings.Contains(msg, "too large"), strings.Contains(msg, "permission denied"):
+		return fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
+	}
+	return err
+}
+
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	p, err := pathParam(r)
+	if err != nil {
+		return err
+	}
+	mode := os.FileMode(0o644)
+	if m := r.URL.Query().Get("mode"); m != "" {
+		v, err := strconv.ParseUint(m, 8, 32)
+		if err != nil || v > 0o7777 {
+			return fmt.Errorf("%w: mode: %q is not an octal file mode such as 0644", errdefs.ErrInvalid, m)
+		}
+		mode = os.FileMode(v)
+	}
+	body := http.MaxBytesReader(w, r.Body, maxFileWrite)
+	if err := s.mgr.WriteFile(r.Context(), scope(t), r.PathValue("id"), p, mode, body); err != nil {
+		return agentErr(err)
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) listDir(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	p, err := pathParam(r)
+	if err != nil {
+		return err
+	}
+	l, err := s.mgr.ListDir(r.Context(), scope(t), r.PathValue("id"), p)
+	if err != nil {
+		return agentErr(err)
+	}
+	out := []api.FileInfo{}
+	for _, f := range l {
+		out = append(out, api.FileInfo{Name: f.Name, Size: f.Size, Mode: f.Mode.String(), ModTime: f.ModTime, IsDir: f.IsDir})
+	}
+	writeJSON(w, 200, out)
+	return nil
+}
+
+func toAPIEvent(e *store.Event) api.Event {
+	ev := api.Event{Seq: e.Seq, Time: e.Time, Tenant: e.TenantID, Sandbox: e.SandboxID, Kind: e.Kind}
+	if len(e.Data) > 0 {
+		ev.Data = json.RawMessage(e.Data)
+	}
+	return ev
+}
+
+// listEvents: ?sandbox=ID&after=SEQ&follow=1. With follow the answer is an
+// ndjson stream that stays open.
+func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	q := r.URL.Query()
+	var after int64
+	if a := q.Get("after"); a != "" {
+		v, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || v < 0 {
+			return fmt.Errorf("%w: after: %q is not an event sequence number", errdefs.ErrInvalid, a)
+		}
+		after = v
+	}
+	sbID := q.Get("sandbox")
+	if sbID != "" {
+		if _, err := s.mgr.Get(r.Context(), scope(t), sbID); err != nil {
+			return err
+		}
+	}
+	follow := q.Get("follow") == "1" || q.Get("follow") == "true"
+	var ch <-chan *store.Event
+	if follow {
+		var cancel func()
+		ch, cancel = s.mgr.Events().Subscribe(scope(t))
+		defer cancel()
+	}
+	evs, err := s.store.ListEvents(r.Context(), scope(t), sbID, after, 1000)
+	if err != nil {
+		return err
+	}
+	if !follow {
+		out := make([]api.Event, 0, len(evs))
+		for _, e := range evs {
+			out = append(out, toAPIEvent(e))
+		}
+		writeJSON(w, 200, out)
+		return nil
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(200)
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	for _, e := range evs {
+		_ = enc.Encode(toAPIEvent(e))
+		after = e.Seq
+	}
+	_ = rc.Flush()
+	for {
+		select {
+		case <-r.Context().Done():
+			return nil
+		case e, ok := <-ch:
+			if !ok {
+				return nil // too slow; the client resumes with ?after=
+			}
+			if e.Seq <= after || (sbID != "" && e.SandboxID != sbID) {
+				continue
+			}
+			if err := enc.Encode(toAPIEvent(e)); err != nil {
+				return nil
+			}
+			_ = rc.Flush()
+		}
+	}
+}
+
+func (s *Server) createTenant(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	var req api.CreateTenantRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if !validName(req.Name) {
+		return fmt.Errorf("%w: name: %q must be 1-63 characters of a-z, 0-9, '-' or '_'", errdefs.ErrInvalid, req.Name)
+	}
+	if req.MinIsolation != "" {
+		if _, err := isolation.ParseClass(req.MinIsolation); err != nil {
+			return fmt.Errorf("%w: min_isolation: %v", errdefs.ErrInvalid, err)
+		}
+	}
+	tn := &store.Tenant{ID: req.Name, Name: req.Name, MinIsolation: req.MinIsolation, CreatedAt: time.Now().UTC()}
+	if err := s.store.CreateTenant(r.Context(), tn); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return fmt.Errorf("%w: tenant %q exists", errdefs.ErrConflict, req.Name)
+		}
+		return err
+	}
+	writeJSON(w, http.StatusCreated, api.Tenant{ID: tn.ID, Name: tn.Name, MinIsolation: tn.MinIsolation, CreatedAt: tn.CreatedAt})
+	return nil
+}
+
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) listTenants(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	ts, err := s.store.ListTenants(r.Context())
+	if err != nil {
+		return err
+	}
+	out := []api.Tenant{}
+	for _, tn := range ts {
+		out = append(out, api.Tenant{ID: tn.ID, Name: tn.Name, MinIsolation: tn.MinIsolation, CreatedAt: tn.CreatedAt})
+	}
+	writeJSON(w, 200, out)
+	return nil
+}
+
+func (s *Server) createKey(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	tid := r.PathValue("id")
+	if _, err := s.store.GetTenant(r.Context(), tid); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("%w: no tenant %q", errdefs.ErrNotFound, tid)
+		}
+		return err
+	}
+	key, rec := NewAPIKey(tid)
+	if err := s.store.CreateAPIKey(r.Context(), rec); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, api.APIKey{ID: rec.ID, Tenant: tid, Prefix: rec.Prefix, Key: key, CreatedAt: rec.CreatedAt})
+	return nil
+}

@@ -1,0 +1,202 @@
+// Package image builds and caches guest images: root filesystem trees that a
+// runtime uses as the read-only lower layer of a sandbox (or packs into an
+// ext4 disk for a VM).
+//
+// The cache lives in one directory ($CAGEBOX_HOME/images). Each image is a
+// directory named for the image, holding the tree and its metadata:
+//
+//	images/NAME/rootfs       the root filesystem
+//	images/NAME/image.json   metadata (Image without Path)
+//
+// Builds happen in a hidden temporary directory beside the target
+// (images/.build-NAME-*) and are renamed into place only when complete, so a
+// reader never sees a half-built image and a failed or cancelled build leaves
+// nothing behind.
+//
+// The default image is made with debootstrap from the host's Debian mirror
+// (see Cache.Build); a tiny busybox image for fast tests comes from the host's
+// static busybox (see Cache.BuildBusybox).
+package image
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+)
+
+// DefaultName is the name of the default guest image.
+const DefaultName = "default"
+
+// ErrNotFound means the named image is not in the cache.
+var ErrNotFound = errors.New("image not found")
+
+// ErrInvalid means a request was malformed: a bad image or package name.
+var ErrInvalid = errors.New("invalid image request")
+
+// ErrBusy means another build or removal of the same image is under way.
+var ErrBusy = errors.New("image busy")
+
+const (
+	rootfsDir    = "rootfs"
+	metadataFile = "image.json"
+)
+
+// Image describes one cached guest image.
+type Image struct {
+	Name      string    `json:"name"`
+	Path      string    `json:"-"`          // the rootfs directory; derived from the cache location
+	SizeBytes int64     `json:"size_bytes"` // disk usage of the rootfs (allocated blocks, hard links once)
+	CreatedAt time.Time `json:"created_at"`
+	Packages  []string  `json:"packages,omitempty"`
+	Source    string    `json:"source"` // e.g. "debootstrap bookworm http://deb.debian.org/debian"
+	// Digest is "sha256:HEX" over a deterministic walk of the rootfs (paths,
+	// types, modes, owners, sizes, symlink targets and file contents). Two
+	// images with the same digest have the same tree.
+	Digest string `json:"digest"`
+}
+
+// Cache is a directory of images. The zero value is not usable: set Dir
+// ($CAGEBOX_HOME/images). Methods are safe for concurrent use, also across
+// processes: builds and removals of one name are serialised with a lock file.
+type Cache struct {
+	Dir string
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// ValidateName reports whether name is a valid image name: lowercase
+// [a-z0-9][a-z0-9._-]{0,62}, and not "." or ".." or anything with a slash.
+func ValidateName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("image name is empty: %w", ErrInvalid)
+	case strings.ContainsAny(name, `/\`) || strings.Contains(name, ".."):
+		return fmt.Errorf("image name %q must not contain slashes or \"..\": %w", name, ErrInvalid)
+	case !nameRE.MatchString(name):
+		return fmt.Errorf("image name %q is invalid (use 1-63 characters of lowercase a-z, 0-9, '.', '_', '-', starting with a letter or digit): %w", name, ErrInvalid)
+	}
+	return nil
+}
+
+func (c *Cache) dir(name string) string { return filepath.Join(c.Dir, name) }
+
+func (c *Cache) check() error {
+	if c == nil || c.Dir == "" {
+		return errors.New("image cache: no directory configured")
+	}
+	return nil
+}
+
+// Get returns the named image, or an error wrapping ErrNotFound that says how
+// to build it.
+func (c *Cache) Get(name string) (*Image, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	return c.load(name)
+}
+
+func (c *Cache) load(name string) (*Image, error) {
+	dir := c.dir(name)
+	b, err := os.ReadFile(filepath.Join(dir, metadataFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("image %q: %w (run `cagebox image build %s`)", name, ErrNotFound, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read image %q: %w", name, err)
+	}
+	img := new(Image)
+	if err := json.Unmarshal(b, img); err != nil {
+		return nil, fmt.Errorf("read image %q metadata: %w", name, err)
+	}
+	if img.Name != name {
+		return nil, fmt.Errorf("image %q: metadata names %q", name, img.Name)
+	}
+	img.Path = filepath.Join(dir, rootfsDir)
+	if _, err := os.Stat(img.Path); err != nil {
+		return nil, fmt.Errorf("image %q: rootfs missing: %w (run `cagebox image build --force %s`)", name, err, name)
+	}
+	return img, nil
+}
+
+// List returns the cached images sorted by name. A missing cache directory is
+// an empty list. Directories without metadata are skipped.
+func (c *Cache) List() ([]*Image, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(c.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list images: %w", err)
+	}
+	var out []*Image
+	for _, e := range ents {
+		if !e.IsDir() || ValidateName(e.Name()) != nil {
+			continue // temp dirs and lock files start with '.'
+		}
+		img, err := c.load(e.Name())
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, img)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Remove deletes the named image. It fails with ErrBusy while the image is
+// being built, and wraps ErrNotFound if there is no such image.
+func (c *Cache) Remove(name string) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	if err := ValidateName(name); err != nil {
+		return err
+	}
+	unlock, err := c.tryLock(name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	dir := c.dir(name)
+	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove image %q: %w", name, ErrNotFound)
+	}
+	// Move it out of the way first so that readers never see half a tree.
+	trash, err := os.MkdirTemp(c.Dir, ".rm-"+name+"-")
+	if err != nil {
+		return fmt.Errorf("remove image %q: %w", name, err)
+	}
+	if err := os.Rename(dir, filepath.Join(trash, name)); err != nil {
+		os.Remove(trash)
+		return fmt.Errorf("remove image %q: %w", name, err)
+	}
+	if err := removeTree(trash); err != nil {
+		return fmt.Errorf("remove image %q: %w", name, err)
+	}
+	return nil
+}
+
+func writeMetadata(dir string, img *Image) error {
+	b, err := json.MarshalIndent(img, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, metadataFile), append(b, '\n'), 0o644)
+}

@@ -1,0 +1,587 @@
+// Package sqlite is the single-host implementation of store.Store, on
+// SQLite through modernc.org/sqlite (pure Go, no cgo).
+//
+// Durability: the database runs in WAL mode with synchronous=FULL, so every
+// committed transaction has been fsynced to the WAL before the call returns.
+// (synchronous=NORMAL in WAL mode cannot corrupt the file, but the last
+// commits may roll back after a power loss; the daemon acts on what it
+// wrote — a VM started, a key handed out — so a commit it was told about
+// must survive. The cost is one fsync per write, which the control plane's
+// write rate easily affords.)
+//
+// Concurrency: all writes go through one connection (a pool of size one)
+// whose transactions BEGIN IMMEDIATE, so writers queue in Go instead of
+// racing for the SQLite write lock and failing with SQLITE_BUSY. Reads use a
+// separate pool of query-only connections, which WAL lets run alongside the
+// writer. busy_timeout covers the remaining waits (another process, WAL
+// checkpoints).
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/cagebox/cagebox/internal/store"
+)
+
+var _ store.Store = (*Store)(nil)
+
+// busyTimeout is how long a connection waits for a lock held by another
+// connection (or process) before giving up with SQLITE_BUSY.
+const busyTimeout = 10 * time.Second
+
+// Store is a store.Store in one SQLite database file.
+type Store struct {
+	path string
+	w    *sql.DB // the single writer connection
+	r    *sql.DB // query-only readers
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open opens (creating it, mode 0600, if missing) the database at path,
+// applies pending schema migrations and makes sure the admin tenant exists.
+// A database written by a newer cagebox (with migrations this one does not
+// know) is refused.
+func Open(path string) (*Store, error) {
+	return openWith(context.Background(), path, migrations)
+}
+
+func openWith(ctx context.Context, path string, migs []migration) (_ *Store, err error) {
+	if path == "" || path == ":memory:" || strings.HasPrefix(path, "file:") || strings.ContainsRune(path, '?') {
+		return nil, fmt.Errorf("open store: invalid database path %q: want a plain file path without '?'", path)
+	}
+	// SQLite would create the file with the umask's mode; create it first
+	// so that it (and the -wal/-shm files, which SQLite gives the main
+	// file's mode) is private to the daemon.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+
+	s := &Store{path: path}
+	defer func() {
+		if err != nil {
+			_ = s.Close()
+		}
+	}()
+
+	common := url.Values{}
+	common.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
+	common.Add("_pragma", "foreign_keys(1)")
+	common.Add("_pragma", "synchronous(FULL)")
+
+	wq := clone(common)
+	wq.Add("_pragma", "journal_mode(WAL)")
+	wq.Set("_txlock", "immediate")
+	if s.w, err = sql.Open("sqlite", path+"?"+wq.Encode()); err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	s.w.SetMaxOpenConns(1)
+	s.w.SetMaxIdleConns(1)
+	s.w.SetConnMaxLifetime(0)
+	s.w.SetConnMaxIdleTime(0)
+
+	var mode string
+	if err := s.w.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	if !strings.EqualFold(mode, "wal") {
+		return nil, fmt.Errorf("open store %s: journal mode is %q, want wal (is the file on a filesystem without shared memory?)", path, mode)
+	}
+
+	rq := clone(common)
+	rq.Add("_pragma", "query_only(1)")
+	if s.r, err = sql.Open("sqlite", path+"?"+rq.Encode()); err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	n := max(4, runtime.GOMAXPROCS(0))
+	s.r.SetMaxOpenConns(n)
+	s.r.SetMaxIdleConns(n)
+
+	if err := migrate(ctx, s.w, path, migs); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	if _, err := s.w.ExecContext(ctx,
+		`INSERT INTO tenants (id, name, min_isolation, created_at) VALUES (?, ?, '', ?) ON CONFLICT (id) DO NOTHING`,
+		store.AdminTenantID, store.AdminTenantID, toNanos(now())); err != nil {
+		return nil, fmt.Errorf("open store %s: seed admin tenant: %w", path, err)
+	}
+	return s, nil
+}
+
+// Close closes the database. It is safe to call more than once.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		var errs []error
+		if s.r != nil {
+			errs = append(errs, s.r.Close())
+		}
+		if s.w != nil {
+			errs = append(errs, s.w.Close())
+		}
+		if err := errors.Join(errs...); err != nil {
+			s.closeErr = fmt.Errorf("close store %s: %w", s.path, err)
+		}
+	})
+	return s.closeErr
+}
+
+// ---- tenants ----
+
+// CreateTenant implements store.Store.
+func (s *Store) CreateTenant(ctx context.Context, t *store.Tenant) error {
+	if t.CreatedAt.IsZero() {
+		t.CreatedAt = now()
+	}
+	t.CreatedAt = store.NormTime(t.CreatedAt)
+	_, err := s.w.ExecContext(ctx, `INSERT INTO tenants (id, name, min_isolation, created_at) VALUES (?, ?, ?, ?)`,
+		t.ID, t.Name, t.MinIsolation, toNanos(t.CreatedAt))
+	if err != nil {
+		return fmt.Errorf("create tenant %q: %w", t.ID, mapErr(err))
+	}
+	return nil
+}
+
+// GetTenant implements store.Store.
+func (s *Store) GetTenant(ctx context.Context, id string) (*store.Tenant, error) {
+	t, err := scanTenant(s.r.QueryRowContext(ctx,
+		`SELECT id, name, min_isolation, created_at FROM tenants WHERE id = ?`, id))
+	if err != nil {
+		return nil, fmt.Errorf("tenant %q: %w", id, mapErr(err))
+	}
+	return t, nil
+}
+
+// ListTenants implements store.Store.
+func (s *Store) ListTenants(ctx context.Context) ([]*store.Tenant, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT id, name, min_isolation, created_at FROM tenants ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list tenants: %w", err)
+	}
+	out, err := scanAll(rows, scanTenant)
+	if err != nil {
+		return nil, fmt.Errorf("list tenants: %w", err)
+	}
+	return out, nil
+}
+
+func scanTenant(r scanner) (*store.Tenant, error) {
+	var t store.Tenant
+	var created int64
+	if err := r.Scan(&t.ID, &t.Name, &t.MinIsolation, &created); err != nil {
+		return nil, err
+	}
+	t.CreatedAt = fromNanos(created)
+	return &t, nil
+}
+
+// ---- API keys ----
+
+const apiKeyCols = `id, tenant_id, hash, prefix, created_at, revoked_at`
+
+// CreateAPIKey implements store.Store.
+func (s *Store) CreateAPIKey(ctx context.Context, k *store.APIKey) error {
+	if len(k.Hash) == 0 {
+		return fmt.Errorf("create api key %q: empty hash", k.ID)
+	}
+	if k.CreatedAt.IsZero() {
+		k.CreatedAt = now()
+	}
+	k.CreatedAt = store.NormTime(k.CreatedAt)
+	var revoked any
+	if k.RevokedAt != nil {
+		r := store.NormTime(*k.RevokedAt)
+		k.RevokedAt = &r
+		revoked = toNanos(r)
+	}
+	_, err := s.w.ExecContext(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (?, ?, ?, ?, ?, ?)`,
+		k.ID, k.TenantID, k.Hash, k.Prefix, toNanos(k.CreatedAt), revoked)
+	if err != nil {
+		if isFK(err) {
+			return fmt.Errorf("create api key %q: tenant %q: %w", k.ID, k.TenantID, store.ErrNotFound)
+		}
+		return fmt.Errorf("create api key %q: %w", k.ID, mapErr(err))
+	}
+	return nil
+}
+
+// APIKeyByHash implements store.Store.
+func (s *Store) APIKeyByHash(ctx context.Context, hash []byte) (*store.APIKey, error) {
+	k, err := scanAPIKey(s.r.QueryRowContext(ctx,
+		`SELECT `+apiKeyCols+` FROM api_keys WHERE hash = ? AND revoked_at IS NULL`, hash))
+	if err != nil {
+		// Never put the hash (or the secret) in the error.
+		return nil, fmt.Errorf("api key: %w", mapErr(err))
+	}
+	return k, nil
+}
+
+// RevokeAPIKey implements store.Store.
+func (s *Store) RevokeAPIKey(ctx context.Context, id string) error {
+	res, err := s.w.ExecContext(ctx,
+		`UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?`, toNanos(now()), id)
+	if err != nil {
+		return fmt.Errorf("revoke api key %q: %w", id, err)
+	}
+	if err := wantOneRow(res); err != nil {
+		return fmt.Errorf("revoke api key %q: %w", id, err)
+	}
+	return nil
+}
+
+// ListAPIKeys implements store.Store.
+func (s *Store) ListAPIKeys(ctx context.Context, tenantID string) ([]*store.APIKey, error) {
+	var rows *sql.Rows
+	var err error
+	if tenantID == "" {
+		rows, err = s.r.QueryContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys ORDER BY created_at, id`)
+	} else {
+		rows, err = s.r.QueryContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys WHERE tenant_id = ? ORDER BY created_at, id`, tenantID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list api keys of tenant %q: %w", tenantID, err)
+	}
+	out, err := scanAll(rows, scanAPIKey)
+	if err != nil {
+		return nil, fmt.Errorf("list api keys of tenant %q: %w", tenantID, err)
+	}
+	return out, nil
+}
+
+func scanAPIKey(r scanner) (*store.APIKey, error) {
+	var k store.APIKey
+	var created int64
+	var revoked sql.NullInt64
+	if err := r.Scan(&k.ID, &k.TenantID, &k.Hash, &k.Prefix, &created, &revoked); err != nil {
+		return nil, err
+	}
+	k.CreatedAt = fromNanos(created)
+	k.RevokedAt = fromNullNanos(revoked)
+	return &k, nil
+}
+
+// ---- sandboxes ----
+
+const sandboxCols = `id, tenant_id, runtime, image, status, spec, state, error,
+	created_at, updated_at, expires_at, idle_timeout, last_active`
+
+// CreateSandbox implements store.Store.
+func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	if err := checkJSON(sb.Spec, sb.State); err != nil {
+		return fmt.Errorf("create sandbox %q: %w", sb.ID, err)
+	}
+	if sb.CreatedAt.IsZero() {
+		sb.CreatedAt = now()
+	}
+	sb.CreatedAt = store.NormTime(sb.CreatedAt)
+	sb.UpdatedAt = store.NormTime(now())
+	if sb.LastActive.IsZero() {
+		sb.LastActive = sb.CreatedAt
+	}
+	sb.LastActive = store.NormTime(sb.LastActive)
+	expires := normPtr(&sb.ExpiresAt)
+	_, err := s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sb.ID, sb.TenantID, sb.Runtime, sb.Image, sb.Status, jsonArg(sb.Spec), jsonArg(sb.State), sb.Error,
+		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), expires, int64(sb.IdleTimeout), toNanos(sb.LastActive))
+	if err != nil {
+		if isFK(err) {
+			return fmt.Errorf("create sandbox %q: tenant %q: %w", sb.ID, sb.TenantID, store.ErrNotFound)
+		}
+		return fmt.Errorf("create sandbox %q: %w", sb.ID, mapErr(err))
+	}
+	return nil
+}
+
+// GetSandbox implements store.Store.
+func (s *Store) GetSandbox(ctx context.Context, tenantID, id string) (*store.Sandbox, error) {
+	var row *sql.Row
+	if tenantID == "" {
+		row = s.r.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id)
+	} else {
+		row = s.r.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ? AND tenant_id = ?`, id, tenantID)
+	}
+	sb, err := scanSandbox(row)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %q: %w", id, mapErr(err))
+	}
+	return sb, nil
+}
+
+// ListSandboxes implements store.Store.
+func (s *Store) ListSandboxes(ctx context.Context, tenantID string) ([]*store.Sandbox, error) {
+	var rows *sql.Rows
+	var err error
+	if tenantID == "" {
+		rows, err = s.r.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY created_at, id`)
+	} else {
+		rows, err = s.r.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE tenant_id = ? ORDER BY created_at, id`, tenantID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes of tenant %q: %w", tenantID, err)
+	}
+	out, err := scanAll(rows, scanSandbox)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes of tenant %q: %w", tenantID, err)
+	}
+	return out, nil
+}
+
+// UpdateSandbox implements store.Store. LastActive only moves forward, as
+// in TouchSandbox, so a read-modify-write does not undo a concurrent touch;
+// the row's TenantID, CreatedAt and LastActive are written back into sb.
+func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	if err := checkJSON(sb.Spec, sb.State); err != nil {
+		return fmt.Errorf("update sandbox %q: %w", sb.ID, err)
+	}
+	updated := store.NormTime(now())
+	last := toNanos(store.NormTime(sb.LastActive))
+	expires := normPtr(&sb.ExpiresAt)
+	q := `UPDATE sandboxes SET runtime = ?, image = ?, status = ?, spec = ?, state = ?, error = ?,
+		updated_at = ?, expires_at = ?, idle_timeout = ?,
+		last_active = CASE WHEN last_active < ? THEN ? ELSE last_active END
+		WHERE id = ?`
+	args := []any{sb.Runtime, sb.Image, sb.Status, jsonArg(sb.Spec), jsonArg(sb.State), sb.Error,
+		toNanos(updated), expires, int64(sb.IdleTimeout), last, last, sb.ID}
+	if sb.TenantID != "" {
+		q += ` AND tenant_id = ?`
+		args = append(args, sb.TenantID)
+	}
+	q += ` RETURNING tenant_id, created_at, last_active`
+	var tenant string
+	var created, active int64
+	if err := s.w.QueryRowContext(ctx, q, args...).Scan(&tenant, &created, &active); err != nil {
+		return fmt.Errorf("update sandbox %q: %w", sb.ID, mapErr(err))
+	}
+	sb.TenantID = tenant
+	sb.CreatedAt = fromNanos(created)
+	sb.UpdatedAt = updated
+	sb.LastActive = fromNanos(active)
+	return nil
+}
+
+// TouchSandbox implements store.Store.
+func (s *Store) TouchSandbox(ctx context.Context, id string, t time.Time) error {
+	n := toNanos(store.NormTime(t))
+	res, err := s.w.ExecContext(ctx,
+		`UPDATE sandboxes SET last_active = CASE WHEN last_active < ? THEN ? ELSE last_active END WHERE id = ?`, n, n, id)
+	if err != nil {
+		return fmt.Errorf("touch sandbox %q: %w", id, err)
+	}
+	if err := wantOneRow(res); err != nil {
+		return fmt.Errorf("touch sandbox %q: %w", id, err)
+	}
+	return nil
+}
+
+// DeleteSandbox implements store.Store.
+func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	res, err := s.w.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("delete sandbox %q: %w", id, err)
+	}
+	if err := wantOneRow(res); err != nil {
+		return fmt.Errorf("delete sandbox %q: %w", id, err)
+	}
+	return nil
+}
+
+func scanSandbox(r scanner) (*store.Sandbox, error) {
+	var sb store.Sandbox
+	var spec, state sql.NullString
+	var created, updated, idle, active int64
+	var expires sql.NullInt64
+	if err := r.Scan(&sb.ID, &sb.TenantID, &sb.Runtime, &sb.Image, &sb.Status, &spec, &state, &sb.Error,
+		&created, &updated, &expires, &idle, &active); err != nil {
+		return nil, err
+	}
+	sb.Spec = jsonResult(spec)
+	sb.State = jsonResult(state)
+	sb.CreatedAt = fromNanos(created)
+	sb.UpdatedAt = fromNanos(updated)
+	sb.ExpiresAt = fromNullNanos(expires)
+	sb.IdleTimeout = time.Duration(idle)
+	sb.LastActive = fromNanos(active)
+	return &sb, nil
+}
+
+// ---- events ----
+
+// AppendEvent implements store.Store.
+func (s *Store) AppendEvent(ctx context.Context, e *store.Event) error {
+	if err := checkJSON(e.Data); err != nil {
+		return fmt.Errorf("append event %q: %w", e.Kind, err)
+	}
+	if e.Time.IsZero() {
+		e.Time = now()
+	}
+	e.Time = store.NormTime(e.Time)
+	err := s.w.QueryRowContext(ctx,
+		`INSERT INTO events (time, tenant_id, sandbox_id, kind, data) VALUES (?, ?, ?, ?, ?) RETURNING seq`,
+		toNanos(e.Time), e.TenantID, e.SandboxID, e.Kind, jsonArg(e.Data)).Scan(&e.Seq)
+	if err != nil {
+		return fmt.Errorf("append event %q: %w", e.Kind, err)
+	}
+	return nil
+}
+
+// ListEvents implements store.Store.
+func (s *Store) ListEvents(ctx context.Context, tenantID, sandboxID string, afterSeq int64, limit int) ([]*store.Event, error) {
+	q := `SELECT seq, time, tenant_id, sandbox_id, kind, data FROM events WHERE seq > ?`
+	args := []any{afterSeq}
+	if tenantID != "" {
+		q += ` AND tenant_id = ?`
+		args = append(args, tenantID)
+	}
+	if sandboxID != "" {
+		q += ` AND sandbox_id = ?`
+		args = append(args, sandboxID)
+	}
+	q += ` ORDER BY seq`
+	if limit > 0 {
+		q += ` LIMIT ?`
+		args = append(args, limit)
+	}
+	rows, err := s.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
+	}
+	out, err := scanAll(rows, func(r scanner) (*store.Event, error) {
+		var e store.Event
+		var t int64
+		var data sql.NullString
+		if err := r.Scan(&e.Seq, &t, &e.TenantID, &e.SandboxID, &e.Kind, &data); err != nil {
+			return nil, err
+		}
+		e.Time = fromNanos(t)
+		e.Data = jsonResult(data)
+		return &e, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
+	}
+	return out, nil
+}
+
+// ---- helpers ----
+
+func clone(v url.Values) url.Values {
+	out := url.Values{}
+	for k, vs := range v {
+		out[k] = append([]string(nil), vs...)
+	}
+	return out
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanAll[T any](rows *sql.Rows, scan func(scanner) (*T, error)) ([]*T, error) {
+	defer rows.Close()
+	var out []*T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+func now() time.Time { return time.Now() }
+
+// toNanos is the column encoding of a (normalised) time: unix nanoseconds
+// in UTC. Times outside 1678–2262 do not fit; the store never sees them.
+func toNanos(t time.Time) int64 { return t.UnixNano() }
+
+func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+func fromNullNanos(n sql.NullInt64) *time.Time {
+	if !n.Valid {
+		return nil
+	}
+	t := fromNanos(n.Int64)
+	return &t
+}
+
+// normPtr normalises *p in place (if set) and returns its column value.
+func normPtr(p **time.Time) any {
+	if *p == nil {
+		return nil
+	}
+	t := store.NormTime(**p)
+	*p = &t
+	return toNanos(t)
+}
+
+func checkJSON(docs ...json.RawMessage) error {
+	for _, d := range docs {
+		if len(d) > 0 && !json.Valid(d) {
+			return errors.New("invalid json document")
+		}
+	}
+	return nil
+}
+
+func jsonArg(m json.RawMessage) any {
+	if len(m) == 0 {
+		return nil
+	}
+	return string(m)
+}
+
+func jsonResult(s sql.NullString) json.RawMessage {
+	if !s.Valid || s.String == "" {
+		return nil
+	}
+	return json.RawMessage(s.String)
+}
+
+func wantOneRow(res sql.Result) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// mapErr turns a missing row into store.ErrNotFound and a uniqueness
+// violation into store.ErrConflict; other errors pass through.
+func mapErr(err error) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.ErrNotFound
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		switch se.Code() {
+		case sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY, sqlite3.SQLITE_CONSTRAINT_UNIQUE:
+			return store.ErrConflict
+		}
+	}
+	return err
+}
+
+func isFK(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code() == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+}

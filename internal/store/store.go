@@ -1,0 +1,159 @@
+// Package store defines the daemon's persistent state — tenants, API keys,
+// sandboxes and the event log — behind one interface, so that a single-host
+// daemon can keep it in SQLite (package store/sqlite) and a cluster in
+// Postgres. Every implementation must pass the conformance suite in
+// package store/storetest.
+//
+// Conventions every implementation follows:
+//
+//   - Times are normalised to UTC and truncated to microseconds (the
+//     precision Postgres keeps) before they are written, and the normalised
+//     values are written back into the struct the caller passed, so a value
+//     read back compares equal with time.Time.Equal.
+//   - A missing row is an error wrapping ErrNotFound; a duplicate ID (or API
+//     key hash) is an error wrapping ErrConflict. Test with errors.Is.
+//   - Tenant isolation is part of the query: a sandbox or event of another
+//     tenant is not found, never fetched and filtered afterwards.
+//   - JSON columns (Sandbox.Spec, Sandbox.State, Event.Data) round-trip as
+//     equivalent JSON, not necessarily byte for byte (Postgres jsonb may
+//     reformat). An empty value reads back as nil.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Sentinel errors. Implementations wrap them with context, e.g.
+// fmt.Errorf("sandbox %q: %w", id, ErrNotFound).
+var (
+	// ErrNotFound means the row does not exist, or belongs to another
+	// tenant, or (for API keys) has been revoked.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict means a row with the same identity already exists.
+	ErrConflict = errors.New("already exists")
+)
+
+// AdminTenantID is the tenant every store creates when it is opened. It owns
+// the daemon's own (unix socket) access.
+const AdminTenantID = "admin"
+
+// Tenant is an isolation boundary: API keys, sandboxes and events belong to
+// exactly one tenant.
+type Tenant struct {
+	ID   string
+	Name string
+	// MinIsolation is the weakest isolation class this tenant's sandboxes
+	// may use ("" for no floor).
+	MinIsolation string
+	CreatedAt    time.Time // set by CreateTenant when zero
+}
+
+// APIKey authenticates a tenant over TCP. Only a hash of the secret is
+// stored.
+type APIKey struct {
+	ID        string
+	TenantID  string
+	Hash      []byte // sha256 of the secret; unique across all keys
+	Prefix    string // first characters of the secret, for display
+	CreatedAt time.Time
+	RevokedAt *time.Time // nil while the key is valid
+}
+
+// Sandbox is the persisted record of one sandbox.
+type Sandbox struct {
+	ID       string
+	TenantID string
+	Runtime  string
+	Image    string
+	// Status is one of "creating", "running", "paused", "stopped",
+	// "failed", "destroyed"; the store keeps it as text and gives it no
+	// meaning.
+	Status string
+	Spec   json.RawMessage // the create request as given; never secrets
+	State  json.RawMessage // the runtime's recovery state
+	Error  string          // why the sandbox failed, for the user
+
+	CreatedAt time.Time // set by CreateSandbox when zero; never changed
+	UpdatedAt time.Time // set by the store on every create and update
+	// ExpiresAt is the end of the sandbox's maximum lifetime (nil: none).
+	ExpiresAt   *time.Time
+	IdleTimeout time.Duration
+	LastActive  time.Time // CreatedAt when zero at create
+}
+
+// Event is one entry of the append-only event log.
+type Event struct {
+	Seq       int64 // assigned by AppendEvent; strictly increasing
+	Time      time.Time
+	TenantID  string // "" for events not tied to a tenant
+	SandboxID string // "" for events not tied to a sandbox
+	Kind      string
+	Data      json.RawMessage
+}
+
+// Store is the daemon's persistent state. Implementations are safe for
+// concurrent use.
+type Store interface {
+	// CreateTenant inserts t, setting CreatedAt when zero. ErrConflict if
+	// the ID exists.
+	CreateTenant(ctx context.Context, t *Tenant) error
+	// GetTenant returns the tenant or ErrNotFound.
+	GetTenant(ctx context.Context, id string) (*Tenant, error)
+	// ListTenants returns all tenants ordered by CreatedAt, then ID.
+	ListTenants(ctx context.Context) ([]*Tenant, error)
+
+	// CreateAPIKey inserts k, setting CreatedAt when zero. ErrNotFound if
+	// its tenant does not exist; ErrConflict if the ID or Hash exists.
+	CreateAPIKey(ctx context.Context, k *APIKey) error
+	// APIKeyByHash returns the valid key with this hash; ErrNotFound if
+	// there is none or it has been revoked.
+	APIKeyByHash(ctx context.Context, hash []byte) (*APIKey, error)
+	// RevokeAPIKey marks the key revoked now. Revoking a revoked key keeps
+	// the first revocation time. ErrNotFound if the key does not exist.
+	RevokeAPIKey(ctx context.Context, id string) error
+	// ListAPIKeys returns the tenant's keys, revoked ones included,
+	// ordered by CreatedAt, then ID. tenantID "" lists every tenant's.
+	ListAPIKeys(ctx context.Context, tenantID string) ([]*APIKey, error)
+
+	// CreateSandbox inserts s, setting CreatedAt (when zero), UpdatedAt
+	// and LastActive (when zero). ErrNotFound if its tenant does not exist;
+	// ErrConflict if the ID exists.
+	CreateSandbox(ctx context.Context, s *Sandbox) error
+	// GetSandbox returns the sandbox. tenantID "" matches any tenant
+	// (admin); otherwise a sandbox of another tenant is ErrNotFound.
+	GetSandbox(ctx context.Context, tenantID, id string) (*Sandbox, error)
+	// ListSandboxes returns the tenant's sandboxes (tenantID "": all)
+	// ordered by CreatedAt, then ID.
+	ListSandboxes(ctx context.Context, tenantID string) ([]*Sandbox, error)
+	// UpdateSandbox replaces the mutable fields of the row with s.ID and
+	// sets s.UpdatedAt. ID, TenantID and CreatedAt never change: when
+	// s.TenantID is not "" it must match the row's tenant, else
+	// ErrNotFound. ErrNotFound if the row is missing.
+	UpdateSandbox(ctx context.Context, s *Sandbox) error
+	// TouchSandbox records activity at t. LastActive never moves
+	// backwards: an older t leaves it unchanged. ErrNotFound if missing.
+	TouchSandbox(ctx context.Context, id string, t time.Time) error
+	// DeleteSandbox removes the row; its events stay. ErrNotFound if
+	// missing.
+	DeleteSandbox(ctx context.Context, id string) error
+
+	// AppendEvent appends e, setting e.Seq and, when zero, e.Time.
+	AppendEvent(ctx context.Context, e *Event) error
+	// ListEvents returns events with Seq > afterSeq in Seq order, at most
+	// limit of them (limit <= 0: no limit). tenantID and sandboxID filter
+	// when not "".
+	ListEvents(ctx context.Context, tenantID, sandboxID string, afterSeq int64, limit int) ([]*Event, error)
+
+	// Close releases the store. It does not cancel anything the daemon
+	// runs.
+	Close() error
+}
+
+// NormTime returns t in UTC truncated to the store's precision
+// (microseconds). Implementations apply it to every time they write.
+func NormTime(t time.Time) time.Time {
+	return t.UTC().Truncate(time.Microsecond)
+}

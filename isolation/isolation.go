@@ -1,0 +1,204 @@
+// Package isolation defines the interface every sandbox runtime implements
+// (containers, gVisor, microVMs), a registry of runtimes by name, and the
+// rubric that orders them by isolation strength.
+package isolation
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Class is the strength of the isolation boundary a runtime offers.
+type Class int
+
+// Isolation classes, weakest first.
+const (
+	Namespaces Class = iota + 1 // shared kernel: namespaces, cgroups, seccomp
+	AppKernel                   // an application kernel (gVisor) between guest and host
+	Hypervisor                  // hardware virtualisation
+)
+
+func (c Class) String() string {
+	switch c {
+	case Namespaces:
+		return "namespaces"
+	case AppKernel:
+		return "app-kernel"
+	case Hypervisor:
+		return "hypervisor"
+	}
+	return fmt.Sprintf("class(%d)", int(c))
+}
+
+// ParseClass parses the names String returns.
+func ParseClass(s string) (Class, error) {
+	for _, c := range []Class{Namespaces, AppKernel, Hypervisor} {
+		if c.String() == s {
+			return c, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown isolation class %q: use namespaces, app-kernel or hypervisor", s)
+}
+
+// Resources are the limits a sandbox is created with. Zero means the
+// runtime's default.
+type Resources struct {
+	MemoryBytes int64   `json:"memory_bytes,omitempty"`
+	CPUs        float64 `json:"cpus,omitempty"`
+	PIDs        int64   `json:"pids,omitempty"`
+	// DiskBytes bounds the per-sandbox writable layer.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// Spec is what a runtime needs to create a sandbox.
+type Spec struct {
+	ID string
+	// StateDir is an empty directory owned by this sandbox; the runtime keeps
+	// everything it creates on the host below it (or records it in State).
+	StateDir string
+	// RootFS is the image's root filesystem directory. It is never written.
+	RootFS string
+	// AgentPath is the host path of the static cagebox-agent binary.
+	AgentPath string
+	// AgentToken authenticates every connection to the agent.
+	AgentToken string
+	// Env is the base environment of processes in the guest.
+	Env       []string
+	Hostname  string
+	Resources Resources
+	// NetNS is the path of a network namespace for the sandbox to join. Empty
+	// means a new namespace with loopback only (no network at all).
+	NetNS string
+}
+
+// State is the serialisable record of a sandbox that a runtime needs to
+// recover it after a daemon restart.
+type State struct {
+	ID      string          `json:"id"`
+	Runtime string          `json:"runtime"`
+	Data    json.RawMessage `json:"data,omitempty"`
+}
+
+// Runtime creates sandboxes of one kind.
+type Runtime interface {
+	Name() string
+	Class() Class
+	// Available is nil, or says why this runtime cannot run here.
+	Available() error
+	// Create prepares a sandbox; ctx bounds setup only, never the sandbox's life.
+	Create(ctx context.Context, spec *Spec) (Sandbox, error)
+	// Recover re-attaches to a sandbox after a daemon restart. It returns an
+	// error wrapping ErrGone when the sandbox no longer runs.
+	Recover(ctx context.Context, st State) (Sandbox, error)
+}
+
+// Sandbox is one isolated guest.
+type Sandbox interface {
+	ID() string
+	// State is stored by the caller before Start returns.
+	State() State
+	Start(ctx context.Context) error
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	Stop(ctx context.Context, grace time.Duration) error
+	// DialAgent returns a byte stream to cagebox-agent in the guest.
+	DialAgent(ctx context.Context) (net.Conn, error)
+	// Destroy is idempotent and leaves nothing behind on the host.
+	Destroy(ctx context.Context) error
+}
+
+// OOMCounter is implemented by sandboxes that can tell how many processes
+// the kernel has killed for running out of the sandbox's memory.
+type OOMCounter interface {
+	OOMKills() (uint64, error)
+}
+
+// Errors runtimes wrap.
+var (
+	ErrGone        = errors.New("sandbox is gone")
+	ErrUnavailable = errors.New("runtime unavailable")
+)
+
+var (
+	// mu guards registry.
+	mu       sync.RWMutex
+	registry = map[string]Runtime{}
+)
+
+// Register adds a runtime; it panics on a duplicate name (a programming error).
+func Register(rt Runtime) {
+	mu.Lock()
+	defer mu.Unlock()
+	if _, dup := registry[rt.Name()]; dup {
+		panic("isolation: runtime registered twice: " + rt.Name())
+	}
+	registry[rt.Name()] = rt
+}
+
+// Lookup finds a registered runtime by name.
+func Lookup(name string) (Runtime, bool) {
+	mu.RLock()
+	defer mu.RUnlock()
+	rt, ok := registry[name]
+	return rt, ok
+}
+
+// All returns every registered runtime, strongest class first, then by name.
+func All() []Runtime {
+	mu.RLock()
+	defer mu.RUnlock()
+	out := make([]Runtime, 0, len(registry))
+	for _, rt := range registry {
+		out = append(out, rt)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Class() != out[j].Class() {
+			return out[i].Class() > out[j].Class()
+		}
+		return out[i].Name() < out[j].Name()
+	})
+	return out
+}
+
+// Pick chooses a runtime. name "auto" (or empty) picks the strongest
+// available runtime whose class is at least floor.
+func Pick(name string, floor Class) (Runtime, error) {
+	if name == "" || name == "auto" {
+		var reasons []string
+		for _, rt := range All() {
+			if rt.Class() < floor {
+				continue
+			}
+			if err := rt.Available(); err != nil {
+				reasons = append(reasons, fmt.Sprintf("%s: %v", rt.Name(), err))
+				continue
+			}
+			return rt, nil
+		}
+		return nil, fmt.Errorf("%w: no runtime of class %s or stronger is available here (%v)", ErrUnavailable, floor, reasons)
+	}
+	rt, ok := Lookup(name)
+	if !ok {
+		return nil, fmt.Errorf("unknown runtime %q: `cagebox runtimes` lists them", name)
+	}
+	if rt.Class() < floor {
+		return nil, fmt.Errorf("runtime %q (%s) is below the isolation floor %s: pick a runtime of class %s or stronger", name, rt.Class(), floor, floor)
+	}
+	if err := rt.Available(); err != nil {
+		return nil, fmt.Errorf("%w: runtime %q: %v", ErrUnavailable, name, err)
+	}
+	return rt, nil
+}
+
+// LeakChecker is implemented by sandboxes that can list what of them is
+// left on the host (cgroups, mounts, state, processes); after Destroy the
+// list must be empty.
+type LeakChecker interface {
+	Leftovers(ctx context.Context) []string
+}

@@ -1,0 +1,484 @@
+// Package isolationtest is the conformance suite every runtime must pass:
+// the same assertions, through the same agent protocol, for containers,
+// gVisor and microVMs.
+package isolationtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cagebox/cagebox/agentproto"
+	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/isolation"
+)
+
+// Options tell the suite what to run sandboxes from.
+type Options struct {
+	// RootFS is an image root with a POSIX shell and coreutils (busybox will do).
+	RootFS string
+	// AgentPath is a static cagebox-agent binary.
+	AgentPath string
+	// StartTimeout bounds create+start+first agent answer (VMs under TCG
+	// need seconds).
+	StartTimeout time.Duration
+}
+
+// Guest is a started sandbox with a connected agent client.
+type Guest struct {
+	Sandbox isolation.Sandbox
+	Client  *agentproto.Client
+	Token   string
+}
+
+// Exec runs argv and returns stdout, stderr and the result.
+func (g *Guest) Exec(t testing.TB, argv ...string) (string, string, *agentproto.ExecResult) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	res, err := g.Client.Exec(ctx, &agentproto.ExecRequest{Argv: argv}, nil, &out, &errb)
+	if err != nil {
+		t.Fatalf("exec %q: %v", argv, err)
+	}
+	return out.String(), errb.String(), res
+}
+
+// Start creates and starts a sandbox and connects to its agent; cleanup
+// destroys it and checks that nothing is left.
+func Start(t testing.TB, rt isolation.Runtime, o Options, res isolation.Resources, env ...string) *Guest {
+	t.Helper()
+	timeout := o.StartTimeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	tok := make([]byte, 16)
+	_, _ = rand.Read(tok)
+	idb := make([]byte, 6)
+	_, _ = rand.Read(idb)
+	id := "t" + hex.EncodeToString(idb)
+	spec := &isolation.Spec{
+		ID:         id,
+		StateDir:   filepath.Join(stateRoot(t), id),
+		RootFS:     o.RootFS,
+		AgentPath:  o.AgentPath,
+		AgentToken: hex.EncodeToString(tok),
+		Env:        env,
+		Hostname:   "conformance",
+		Resources:  res,
+	}
+	sb, err := rt.Create(ctx, spec)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	g := &Guest{Sandbox: sb, Token: spec.AgentToken}
+	t.Cleanup(func() {
+		if g.Client != nil {
+			g.Client.Close()
+		}
+		dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer dcancel()
+		if err := sb.Destroy(dctx); err != nil {
+			t.Errorf("destroy: %v", err)
+		}
+		if lc, ok := sb.(isolation.LeakChecker); ok {
+			if left := lc.Leftovers(dctx); len(left) > 0 {
+				t.Errorf("destroy left things behind: %q", left)
+			}
+		}
+	})
+	if err := sb.Start(ctx); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	g.Client = Connect(t, ctx, sb, spec.AgentToken)
+	return g
+}
+
+// Connect dials the agent and waits until it answers Health.
+func Connect(t testing.TB, ctx context.Context, sb isolation.Sandbox, token string) *agentproto.Client {
+	t.Helper()
+	var lastErr error
+	for ctx.Err() == nil {
+		conn, err := sb.DialAgent(ctx)
+		if err == nil {
+			var c *agentproto.Client
+			c, err = agentproto.NewClient(ctx, conn, token)
+			if err == nil {
+				if _, err = c.Health(ctx); err == nil {
+					return c
+				}
+				c.Close()
+			} else {
+				conn.Close()
+			}
+		}
+		lastErr = err
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("agent never answered: %v", lastErr)
+	return nil
+}
+
+var (
+	stateOnce sync.Once
+	stateDir  string
+)
+
+// stateRoot is a short directory for sandbox state: unix socket paths have
+// a 108-byte limit that t.TempDir() paths can exceed.
+func stateRoot(t testing.TB) string {
+	stateOnce.Do(func() {
+		d, err := os.MkdirTemp("", "cbx")
+		if err != nil {
+			panic(err)
+		}
+		stateDir = d
+	})
+	return stateDir
+}
+
+// Run runs the whole suite against rt.
+func Run(t *testing.T, rt isolation.Runtime, o Options) {
+	if err := rt.Available(); err != nil {
+		t.Skipf("runtime %s not available here: %v", rt.Name(), err)
+	}
+	limits := isolation.Resources{MemoryBytes: 256 << 20, PIDs: 64, CPUs: 1}
+	g := Start(t, rt, o, limits, "CBX_BASE=base-value")
+
+	t.Run("ExecEcho", func(t *testing.T) {
+		out, _, res := g.Exec(t, "echo", "hello", "world")
+		if out != "hello world\n" || res.ExitCode != 0 {
+			t.Fatalf("got %q exit %d", out, res.ExitCode)
+		}
+	})
+	t.Run("ExitCodes", func(t *testing.T) {
+		for _, tc := range []struct {
+			argv []string
+			code int
+		}{
+			{[]string{"true"}, 0},
+			{[]string{"false"}, 1},
+			{[]string{"sh", "-c", "exit 42"}, 42},
+			{[]string{"sh", "-c", "kill -9 $$"}, 137},
+			{[]string{"/no/such/command"}, 127},
+		} {
+			_, _, res := g.Exec(t, tc.argv...)
+			if res.ExitCode != tc.code {
+				t.Errorf("%q: exit %d, want %d (%+v)", tc.argv, res.ExitCode, tc.code, res)
+			}
+		}
+	})
+	t.Run("Stdin", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var out bytes.Buffer
+		payload := strings.Repeat("stdin-line\n", 10000)
+		res, err := g.Client.Exec(ctx, &agentproto.ExecRequest{Argv: []string{"wc", "-l"}, Stdin: true}, strings.NewReader(payload), &out, io.Discard)
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("exec: %v %+v", err, res)
+		}
+		if strings.TrimSpace(out.String()) != "10000" {
+			t.Fatalf("wc -l = %q, want 10000", out.String())
+		}
+	})
+	t.Run("Streaming", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		pr, pw := io.Pipe()
+		done := make(chan error, 1)
+		go func() {
+			_, err := g.Client.Exec(ctx, &agentproto.ExecRequest{Argv: []string{"sh", "-c", "echo first; sleep 3; echo second"}}, nil, pw, io.Discard)
+			pw.CloseWithError(err)
+			done <- err
+		}()
+		start := time.Now()
+		buf := make([]byte, 6)
+		if _, err := io.ReadFull(pr, buf); err != nil || string(buf) != "first\n" {
+			t.Fatalf("read first line: %q %v", buf, err)
+		}
+		if d := time.Since(start); d > 2500*time.Millisecond {
+			t.Fatalf("first line took %v: output is buffered, not streamed", d)
+		}
+		rest, _ := io.ReadAll(pr)
+		if string(rest) != "second\n" {
+			t.Fatalf("rest = %q", rest)
+		}
+		<-done
+	})
+	t.Run("Env", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var out bytes.Buffer
+		_, err := g.Client.Exec(ctx, &agentproto.ExecRequest{Argv: []string{"sh", "-c", "echo $CBX_BASE $CBX_EXEC; pwd"}, Env: []string{"CBX_EXEC=exec-value"}, Cwd: "/tmp"}, nil, &out, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.String() != "base-value exec-value\n/tmp\n" {
+			t.Fatalf("got %q", out.String())
+		}
+	})
+	t.Run("Files", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		data := bytes.Repeat([]byte("0123456789"), 300000) // 3 MB: several frames
+		if err := g.Client.WriteFile(ctx, "/work/sub/data.bin", 0o640, bytes.NewReader(data)); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		var back bytes.Buffer
+		if err := g.Client.ReadFile(ctx, "/work/sub/data.bin", &back, 10<<20); err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		if !bytes.Equal(back.Bytes(), data) {
+			t.Fatalf("read back %d bytes, want %d identical", back.Len(), len(data))
+		}
+		if err := g.Client.ReadFile(ctx, "/work/sub/data.bin", io.Discard, 1000); err == nil {
+			t.Fatal("read over max succeeded")
+		}
+		list, err := g.Client.ListDir(ctx, "/work/sub")
+		if err != nil || len(list) != 1 || list[0].Name != "data.bin" || list[0].Size != int64(len(data)) {
+			t.Fatalf("list: %+v %v", list, err)
+		}
+		out, _, _ := g.Exec(t, "sh", "-c", "stat -c %a /work/sub/data.bin; md5sum < /work/sub/data.bin")
+		if !strings.HasPrefix(out, "640\n") {
+			t.Fatalf("mode/contents in guest: %q", out)
+		}
+		if err := g.Client.ReadFile(ctx, "/no/such/file", io.Discard, 100); err == nil {
+			t.Fatal("reading a missing file succeeded")
+		}
+	})
+	t.Run("ConcurrentExecs", func(t *testing.T) {
+		var wg sync.WaitGroup
+		errs := make(chan error, 16)
+		for i := 0; i < 16; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				var out bytes.Buffer
+				res, err := g.Client.Exec(ctx, &agentproto.ExecRequest{Argv: []string{"sh", "-c", fmt.Sprintf("sleep 0.5; echo %d", i)}}, nil, &out, io.Discard)
+				if err != nil || res.ExitCode != 0 || out.String() != fmt.Sprintf("%d\n", i) {
+					errs <- fmt.Errorf("exec %d: %q %+v %v", i, out.String(), res, err)
+				}
+			}(i)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	})
+	t.Run("Timeout", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		start := time.Now()
+		res, err := g.Client.Exec(ctx, &agentproto.ExecRequest{Argv: []string{"sh", "-c", "sleep 30 & sleep 30"}, Timeout: 500 * time.Millisecond}, nil, io.Discard, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.TimedOut || time.Since(start) > 10*time.Second {
+			t.Fatalf("timeout not enforced: %+v after %v", res, time.Since(start))
+		}
+		out, _, _ := g.Exec(t, "sh", "-c", "cat /proc/[0-9]*/comm 2>/dev/null | grep -c sleep || true")
+		if n, _ := strconv.Atoi(strings.TrimSpace(out)); n > 0 {
+			t.Fatalf("%d sleep processes survived the timeout (the whole group must die)", n)
+		}
+	})
+	t.Run("Confinement", func(t *testing.T) {
+		out, _, _ := g.Exec(t, "sh", "-c", "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status")
+		for _, want := range []string{"CapPrm:\t0000000000000000", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("guest process status lacks %q:\n%s", want, out)
+			}
+		}
+		if !strings.Contains(out, "Seccomp:\t2") && rt.Class() == isolation.Namespaces {
+			t.Errorf("no seccomp filter on guest process:\n%s", out)
+		}
+		for _, attack := range []struct {
+			name string
+			argv []string
+		}{
+			{"mount", []string{"mount", "-t", "tmpfs", "none", "/mnt"}},
+			{"unshare-user", []string{"unshare", "-U", "true"}},
+			{"unshare-net", []string{"unshare", "-n", "true"}},
+			{"chroot", []string{"chroot", "/", "true"}},
+			{"write-sysrq", []string{"sh", "-c", "echo h > /proc/sysrq-trigger"}},
+			{"mknod", []string{"mknod", "/tmp/sda", "b", "8", "0"}},
+		} {
+			out, errOut, res := g.Exec(t, attack.argv...)
+			if res.ExitCode == 0 {
+				t.Errorf("%s succeeded inside the sandbox: %q %q", attack.name, out, errOut)
+			}
+		}
+		out, _, _ = g.Exec(t, "cat", "/proc/net/dev")
+		for _, line := range strings.Split(out, "\n")[2:] {
+			name, _, _ := strings.Cut(strings.TrimSpace(line), ":")
+			if name != "" && name != "lo" {
+				t.Errorf("guest sees network interface %q with no link configured", name)
+			}
+		}
+		out, _, _ = g.Exec(t, "sh", "-c", "ls /proc | grep -c '^[0-9]'")
+		if n, _ := strconv.Atoi(strings.TrimSpace(out)); n > 10 {
+			t.Errorf("guest sees %d processes: host pid namespace leaks", n)
+		}
+		out, _, _ = g.Exec(t, "hostname")
+		if strings.TrimSpace(out) != "conformance" {
+			t.Errorf("hostname %q", out)
+		}
+	})
+	t.Run("PIDsLimit", func(t *testing.T) {
+		// Globbing is a shell builtin: counting needs no fork once the
+		// limit is reached.
+		out, errOut, _ := g.Exec(t, "sh", "-c", "for i in $(seq 1 200); do sleep 10 & done 2>/dev/null; set -- /proc/[0-9]*; echo $#; kill -9 -1")
+		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		if n < 20 || n > 64 {
+			t.Fatalf("guest ran %d processes with a pids limit of 64 (out %q err %q)", n, out, errOut)
+		}
+	})
+	t.Run("MemoryOOM", func(t *testing.T) {
+		var before uint64
+		oc, hasOOM := g.Sandbox.(isolation.OOMCounter)
+		if hasOOM {
+			before, _ = oc.OOMKills()
+		}
+		// Command substitution holds the whole 400 MB in the shell's memory,
+		// over the 256 MiB limit.
+		_, _, res := g.Exec(t, "sh", "-c", "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo ${#x}")
+		if res.ExitCode == 0 {
+			t.Fatalf("allocating 400 MB under a 256 MiB limit succeeded")
+		}
+		if hasOOM {
+			after, err := oc.OOMKills()
+			if err != nil || after <= before {
+				t.Fatalf("OOM kill not reported: before %d after %d err %v (exit %+v)", before, after, err, res)
+			}
+		}
+		if out, _, _ := g.Exec(t, "echo", "alive"); out != "alive\n" {
+			t.Fatalf("agent did not survive the guest OOM: %q", out)
+		}
+	})
+	t.Run("PauseResume", func(t *testing.T) {
+		g.Exec(t, "sh", "-c", "rm -f /tmp/ticks; (while true; do date +%s%N >> /tmp/ticks; sleep 0.05; done) >/dev/null 2>&1 &")
+		time.Sleep(300 * time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := g.Sandbox.Pause(ctx); err != nil {
+			t.Fatalf("pause: %v", err)
+		}
+		time.Sleep(800 * time.Millisecond)
+		if err := g.Sandbox.Resume(ctx); err != nil {
+			t.Fatalf("resume: %v", err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		out, _, _ := g.Exec(t, "sh", "-c", "pkill -f ticks; cat /tmp/ticks")
+		var prev, maxGap int64
+		for _, l := range strings.Fields(out) {
+			v, err := strconv.ParseInt(l, 10, 64)
+			if err != nil {
+				continue
+			}
+			if prev != 0 && v-prev > maxGap {
+				maxGap = v - prev
+			}
+			prev = v
+		}
+		if maxGap < int64(600*time.Millisecond) {
+			t.Fatalf("guest kept running while paused: largest gap between ticks %v", time.Duration(maxGap))
+		}
+	})
+	t.Run("StopAndDestroy", func(t *testing.T) {
+		g2 := Start(t, rt, o, isolation.Resources{})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := g2.Sandbox.Stop(ctx, 2*time.Second); err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+		if err := g2.Sandbox.Destroy(ctx); err != nil {
+			t.Fatalf("destroy: %v", err)
+		}
+		if err := g2.Sandbox.Destroy(ctx); err != nil {
+			t.Fatalf("second destroy (must be idempotent): %v", err)
+		}
+		if lc, ok := g2.Sandbox.(isolation.LeakChecker); ok {
+			if left := lc.Leftovers(ctx); len(left) > 0 {
+				t.Fatalf("left behind: %q", left)
+			}
+		}
+	})
+}
+
+var (
+	agentOnce sync.Once
+	agentPath string
+	agentErr  error
+)
+
+// BuildAgent builds a static cagebox-agent once per test binary.
+func BuildAgent(t testing.TB) string {
+	t.Helper()
+	agentOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "cbx-agent")
+		if err != nil {
+			agentErr = err
+			return
+		}
+		agentPath = filepath.Join(dir, "cagebox-agent")
+		cmd := exec.Command("go", "build", "-trimpath", "-o", agentPath, "github.com/cagebox/cagebox/cmd/cagebox-agent")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			agentErr = fmt.Errorf("build agent: %v: %s", err, out)
+		}
+	})
+	if agentErr != nil {
+		t.Fatal(agentErr)
+	}
+	return agentPath
+}
+
+var (
+	imgOnce sync.Once
+	imgPath string
+	imgErr  error
+)
+
+// BusyboxRoot returns the rootfs of a busybox image: the one under
+// $CAGEBOX_TEST_IMAGES if setup built it, else one built now (under a second).
+func BusyboxRoot(t testing.TB) string {
+	t.Helper()
+	imgOnce.Do(func() {
+		if dir := os.Getenv("CAGEBOX_TEST_IMAGES"); dir != "" {
+			if img, err := (&image.Cache{Dir: dir}).Get("busybox"); err == nil {
+				imgPath = img.Path
+				return
+			}
+		}
+		dir, err := os.MkdirTemp("", "cbx-img")
+		if err != nil {
+			imgErr = err
+			return
+		}
+		img, err := (&image.Cache{Dir: dir}).BuildBusybox(context.Background(), "busybox")
+		if err != nil {
+			imgErr = err
+			return
+		}
+		imgPath = img.Path
+	})
+	if imgErr != nil {
+		t.Fatalf("busybox image: %v", imgErr)
+	}
+	return imgPath
+}

@@ -1,0 +1,187 @@
+// Package oci builds the OCI runtime bundles that the container (runc/crun)
+// and gVisor (runsc) runtimes share: namespaces, capabilities, seccomp,
+// masked paths, cgroup limits and the mounts that put cagebox-agent in the
+// guest as PID 1.
+package oci
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cagebox/cagebox/isolation"
+)
+
+// Paths inside the guest.
+const (
+	GuestAgentPath = "/.cagebox/agent"
+	GuestRunDir    = "/.cagebox/run"
+	// GuestListenFD is the file descriptor the agent's listening socket is
+	// passed on (runc --preserve-fds 1 puts the first extra file at fd 3).
+	GuestListenFD = 3
+)
+
+// Defaults applied when a create request leaves a limit at zero.
+const (
+	DefaultMemoryBytes = 512 << 20
+	DefaultPIDs        = 512
+	DefaultCPUs        = 1.0
+)
+
+// agentCaps are the only capabilities the agent starts with. It uses them to
+// lock securebits (so no process it starts ever regains a capability), to
+// empty the bounding set, and to run commands as other users; everything it
+// execs ends up with no capabilities at all.
+var agentCaps = []string{"CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"}
+
+// BundleOptions are the host paths a bundle refers to.
+type BundleOptions struct {
+	// RootFS is the directory used as the guest root (a writable overlay over
+	// the image for the container runtime).
+	RootFS string
+	// RunDir is the host directory mounted at GuestRunDir (token, env).
+	RunDir string
+	// CgroupsPath is passed to the OCI runtime as linux.cgroupsPath.
+	CgroupsPath string
+	// ReadonlyRoot mounts the root read-only (gVisor uses its own overlay).
+	ReadonlyRoot bool
+}
+
+// Spec returns the OCI runtime spec of a sandbox.
+func Spec(s *isolation.Spec, o BundleOptions) *specs.Spec {
+	mem := s.Resources.MemoryBytes
+	if mem <= 0 {
+		mem = DefaultMemoryBytes
+	}
+	pids := s.Resources.PIDs
+	if pids <= 0 {
+		pids = DefaultPIDs
+	}
+	cpus := s.Resources.CPUs
+	if cpus <= 0 {
+		cpus = DefaultCPUs
+	}
+	period := uint64(100000)
+	quota := int64(cpus * float64(period))
+	swappiness := uint64(0)
+	hostname := s.Hostname
+	if hostname == "" {
+		hostname = "sandbox"
+	}
+
+	namespaces := []specs.LinuxNamespace{
+		{Type: specs.PIDNamespace},
+		{Type: specs.MountNamespace},
+		{Type: specs.IPCNamespace},
+		{Type: specs.UTSNamespace},
+		{Type: specs.CgroupNamespace},
+		{Type: specs.NetworkNamespace, Path: s.NetNS},
+	}
+
+	noFile := uint64(65536)
+	return &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: []string{GuestAgentPath,
+				"--listen", fmt.Sprintf("listener-fd:%d", GuestListenFD),
+				"--token-file", GuestRunDir + "/token",
+				"--env-file", GuestRunDir + "/env",
+			},
+			Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			Cwd: "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding:  agentCaps,
+				Effective: agentCaps,
+				Permitted: agentCaps,
+			},
+			Rlimits: []specs.POSIXRlimit{
+				{Type: "RLIMIT_NOFILE", Hard: noFile, Soft: noFile},
+				{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
+			},
+			NoNewPrivileges: true,
+			OOMScoreAdj:     intPtr(500),
+		},
+		Root:     &specs.Root{Path: o.RootFS, Readonly: o.ReadonlyRoot},
+		Hostname: hostname,
+		Mounts:   mounts(s, o),
+		Linux: &specs.Linux{
+			Namespaces:  namespaces,
+			CgroupsPath: o.CgroupsPath,
+			Resources: &specs.LinuxResources{
+				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+				Memory: &specs.LinuxMemory{
+					Limit:      &mem,
+					Swap:       &mem, // memory+swap = memory: no swap
+					Swappiness: &swappiness,
+				},
+				Pids: &specs.LinuxPids{Limit: &pids},
+				CPU:  &specs.LinuxCPU{Quota: &quota, Period: &period},
+			},
+			Seccomp: Seccomp(),
+			MaskedPaths: []string{
+				"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys",
+				"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+				"/proc/sched_debug", "/proc/scsi", "/sys/firmware",
+				"/sys/devices/virtual/powercap", "/proc/interrupts",
+			},
+			ReadonlyPaths: []string{
+				"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+			},
+		},
+	}
+}
+
+func mounts(s *isolation.Spec, o BundleOptions) []specs.Mount {
+	return []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+		{Destination: GuestAgentPath, Type: "bind", Source: s.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+		{Destination: GuestRunDir, Type: "bind", Source: o.RunDir, Options: []string{"bind", "nosuid", "nodev", "noexec"}},
+	}
+}
+
+func intPtr(i int) *int { return &i }
+
+// WriteBundle writes config.json into dir (created 0700).
+func WriteBundle(dir string, sp *specs.Spec) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create bundle dir: %w", err)
+	}
+	b, err := json.MarshalIndent(sp, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode oci spec: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+		return fmt.Errorf("write oci spec: %w", err)
+	}
+	return nil
+}
+
+// WriteRunDir fills the directory mounted at GuestRunDir: the agent's token
+// (which the agent unlinks after reading) and its base environment.
+func WriteRunDir(dir string, s *isolation.Spec) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create run dir: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "token"), []byte(s.AgentToken), 0o400); err != nil {
+		return fmt.Errorf("write agent token: %w", err)
+	}
+	var env []byte
+	for _, kv := range s.Env {
+		env = append(env, kv...)
+		env = append(env, '\n')
+	}
+	if err := os.WriteFile(filepath.Join(dir, "env"), env, 0o400); err != nil {
+		return fmt.Errorf("write agent env: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what cagebox needs on a Debian 12 host (as root), builds the
+# binaries and the guest images. Safe to run again: it skips what is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup.sh: run as root (sandboxes need namespaces, mounts and cgroups)" >&2
+  exit 1
+fi
+
+pkgs=(runc crun debootstrap e2fsprogs busybox-static iproute2 nftables ca-certificates curl)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+export PATH=$PATH:/usr/local/go/bin
+echo "setup: building bin/cagebox and bin/cagebox-agent"
+make -s build
+
+home=${CAGEBOX_HOME:-/var/lib/cagebox}
+mkdir -p "$home"
+bin/cagebox --home "$home" image build busybox
+bin/cagebox --home "$home" image build default

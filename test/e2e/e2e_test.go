@@ -1,0 +1,410 @@
+// Package e2e drives the real cagebox CLI against a real daemon, with the
+// real container runtime.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/client"
+	"github.com/cagebox/cagebox/isolation/isolationtest"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("e2e: skipped, needs root (namespaces, mounts, cgroups)")
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "cbx-e2e-bin")
+	if err != nil {
+		panic(err)
+	}
+	binDir = dir
+	for _, p := range []string{"cagebox", "cagebox-agent"} {
+		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, p), "github.com/cagebox/cagebox/cmd/"+p)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Printf("build %s: %v\n%s", p, err, out)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// env is one daemon home with its images.
+type env struct {
+	t      *testing.T
+	home   string
+	daemon *exec.Cmd
+	logBuf *bytes.Buffer
+	args   []string
+}
+
+// newEnv makes a home whose image cache holds the busybox image (named
+// "default" too, so the CLI's defaults work without the Debian image).
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	home, err := os.MkdirTemp("", "cbxh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := isolationtest.BusyboxRoot(t)
+	// image dir layout: images/NAME/{rootfs,image.json}; link both names.
+	imgDir := filepath.Dir(root)
+	if err := os.MkdirAll(filepath.Join(home, "images"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"busybox", "default"} {
+		if err := os.Symlink(imgDir, filepath.Join(home, "images", name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := &env{t: t, home: home}
+	t.Cleanup(func() {
+		e.stopDaemon(syscall.SIGTERM)
+		// Remove every sandbox left, then the home.
+		e.startDaemon()
+		c := e.client()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if l, err := c.List(ctx); err == nil {
+			for _, s := range l {
+				_ = c.Remove(ctx, s.ID)
+			}
+		}
+		e.stopDaemon(syscall.SIGTERM)
+		if t.Failed() && e.logBuf != nil {
+			t.Logf("daemon log:\n%s", e.logBuf.String())
+		}
+		os.RemoveAll(home)
+	})
+	return e
+}
+
+func (e *env) client() *client.Client { return client.Unix(filepath.Join(e.home, "cagebox.sock")) }
+
+func (e *env) startDaemon(extra ...string) {
+	e.t.Helper()
+	if e.logBuf == nil {
+		e.logBuf = &bytes.Buffer{}
+	}
+	args := append([]string{"--home", e.home, "daemon", "--agent", filepath.Join(binDir, "cagebox-agent")}, extra...)
+	cmd := exec.Command(filepath.Join(binDir, "cagebox"), args...)
+	cmd.Stdout, cmd.Stderr = e.logBuf, e.logBuf
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.daemon = cmd
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := e.client().Health(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.t.Fatalf("daemon did not come up:\n%s", e.logBuf.String())
+}
+
+func (e *env) stopDaemon(sig syscall.Signal) {
+	if e.daemon == nil {
+		return
+	}
+	_ = e.daemon.Process.Signal(sig)
+	done := make(chan struct{})
+	go func() { _ = e.daemon.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		_ = e.daemon.Process.Kill()
+		<-done
+	}
+	e.daemon = nil
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// cli runs the real CLI.
+func (e *env) cli(stdin string, args ...string) result {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "cagebox"), append([]string{"--home", e.home}, args...)...)
+	cmd.Env = append(os.Environ(), "CAGEBOX_AGENT="+filepath.Join(binDir, "cagebox-agent"))
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		e.t.Fatalf("cagebox %v: %v", args, err)
+	}
+	return result{out.String(), errb.String(), code}
+}
+
+func TestRunBasics(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	for _, tc := range []struct {
+		name       string
+		stdin      string
+		args       []string
+		wantOut    string
+		wantCode   int
+		wantErrSub string
+	}{
+		{"echo", "", []string{"run", "--", "echo", "hi"}, "hi\n", 0, ""},
+		{"exit code", "", []string{"run", "--", "sh", "-c", "echo out; echo err >&2; exit 7"}, "out\n", 7, "err"},
+		{"not found", "", []string{"run", "--", "no-such-command"}, "", 127, "command not found"},
+		{"stdin", "line1\nline2\n", []string{"run", "--", "wc", "-l"}, "2\n", 0, ""},
+		{"env", "", []string{"run", "--env", "FOO=bar", "--", "sh", "-c", "echo $FOO"}, "bar\n", 0, ""},
+		{"workdir", "", []string{"run", "-w", "/tmp", "--", "pwd"}, "/tmp\n", 0, ""},
+		{"bad memory flag", "", []string{"run", "--memory", "lots", "--", "true"}, "", 125, "--memory"},
+		{"bad timeout flag", "", []string{"run", "--timeout", "soon", "--", "true"}, "", 125, "--timeout"},
+		{"unknown runtime", "", []string{"run", "--runtime", "nope", "--", "true"}, "", 125, "unknown runtime"},
+		{"unknown image", "", []string{"run", "--image", "nope", "--", "true"}, "", 125, "image build"},
+		{"oom", "", []string{"run", "--memory", "64M", "--", "sh", "-c", "x=$(head -c 200000000 /dev/zero | tr '\\0' a)"}, "", 137, "memory limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := e.cli(tc.stdin, tc.args...)
+			if r.code != tc.wantCode || r.stdout != tc.wantOut || !strings.Contains(r.stderr, tc.wantErrSub) {
+				t.Fatalf("got code %d stdout %q stderr %q; want code %d stdout %q stderr containing %q", r.code, r.stdout, r.stderr, tc.wantCode, tc.wantOut, tc.wantErrSub)
+			}
+		})
+	}
+	// run removes its sandbox.
+	if r := e.cli("", "ls", "--json"); r.code != 0 || strings.Contains(r.stdout, `"running"`) {
+		t.Fatalf("run left sandboxes behind: %s %s", r.stdout, r.stderr)
+	}
+}
+
+func TestLifecycle(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	r := e.cli("", "create", "--memory", "128M", "--cpus", "0.5", "--pids", "100")
+	if r.code != 0 {
+		t.Fatalf("create: %+v", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	if r := e.cli("", "exec", id, "--", "sh", "-c", "echo state > /tmp/keep"); r.code != 0 {
+		t.Fatalf("exec: %+v", r)
+	}
+	if r := e.cli("", "exec", id, "--", "cat", "/tmp/keep"); r.stdout != "state\n" {
+		t.Fatalf("state not kept between execs: %+v", r)
+	}
+	r = e.cli("", "inspect", id)
+	var sb api.Sandbox
+	if err := json.Unmarshal([]byte(r.stdout), &sb); err != nil || sb.ID != id || sb.Status != "running" || sb.Resources.MemoryBytes != 128<<20 || sb.Resources.PIDs != 100 {
+		t.Fatalf("inspect: %+v %v", r, err)
+	}
+	if r := e.cli("", "ls"); !strings.Contains(r.stdout, id) {
+		t.Fatalf("ls lacks %s: %s", id, r.stdout)
+	}
+	if r := e.cli("", "pause", id); r.code != 0 {
+		t.Fatalf("pause: %+v", r)
+	}
+	if r := e.cli("", "exec", id, "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "paused") {
+		t.Fatalf("exec in a paused sandbox: %+v", r)
+	}
+	if r := e.cli("", "resume", id); r.code != 0 {
+		t.Fatalf("resume: %+v", r)
+	}
+	if r := e.cli("", "stop", id); r.code != 0 {
+		t.Fatalf("stop: %+v", r)
+	}
+	if r := e.cli("", "exec", id, "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "not running") {
+		t.Fatalf("exec in a stopped sandbox: %+v", r)
+	}
+	if r := e.cli("", "rm", id); r.code != 0 {
+		t.Fatalf("rm: %+v", r)
+	}
+	if _, err := os.Stat(filepath.Join(e.home, "sandboxes", id)); !os.IsNotExist(err) {
+		t.Fatalf("state dir of %s left after rm: %v", id, err)
+	}
+	for _, cmd := range [][]string{{"inspect", id}, {"rm", id}, {"exec", id, "--", "true"}, {"stop", id}} {
+		r := e.cli("", cmd...)
+		if r.code == 0 || !strings.Contains(r.stderr, "no sandbox") || !strings.Contains(r.stderr, id) {
+			t.Errorf("%v on a removed sandbox: %+v (want not found naming the id)", cmd, r)
+		}
+	}
+}
+
+func TestAPIRejectsBadInput(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	c := e.client()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		method, path, body string
+		code               int
+		sub                string
+	}{
+		{"POST", "/v1/sandboxes", "{not json", 400, "invalid JSON"},
+		{"POST", "/v1/sandboxes", `{"memory_bytes": "lots"}`, 400, "invalid JSON"},
+		{"POST", "/v1/sandboxes", `{"bogus_field": 1}`, 400, "bogus_field"},
+		{"POST", "/v1/sandboxes", `{"memory_bytes": 1000}`, 400, "memory"},
+		{"POST", "/v1/sandboxes", `{"timeout": "forever"}`, 400, "timeout"},
+		{"POST", "/v1/sandboxes", `{"env": ["NOEQUALS"]}`, 400, "env"},
+		{"POST", "/v1/sandboxes", ``, 400, "empty body"},
+		{"GET", "/v1/sandboxes/sb-nope", "", 404, "sb-nope"},
+		{"POST", "/v1/sandboxes/sb-nope/exec", `{"argv":["true"]}` + "\n", 404, "sb-nope"},
+		{"GET", "/v1/nothing", "", 404, "no endpoint"},
+	} {
+		resp, err := c.Raw(ctx, tc.method, tc.path, "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ae api.Error
+		_ = json.NewDecoder(resp.Body).Decode(&ae)
+		resp.Body.Close()
+		if resp.StatusCode != tc.code || !strings.Contains(ae.Error, tc.sub) {
+			t.Errorf("%s %s %q: %d %q, want %d containing %q", tc.method, tc.path, tc.body, resp.StatusCode, ae.Error, tc.code, tc.sub)
+		}
+	}
+	// Nothing half-made: no sandbox records, no state dirs.
+	l, _ := c.List(ctx)
+	for _, s := range l {
+		if s.Status != "failed" {
+			t.Errorf("bad input left sandbox %+v", s)
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(e.home, "sandboxes"))
+	if len(ents) > 0 {
+		t.Errorf("bad input left state dirs: %v", ents)
+	}
+}
+
+func TestRestartReattaches(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	keep := strings.TrimSpace(e.cli("", "create").stdout)
+	lost := strings.TrimSpace(e.cli("", "create").stdout)
+	if keep == "" || lost == "" {
+		t.Fatal("create failed")
+	}
+	e.cli("", "exec", keep, "--", "sh", "-c", "echo before > /tmp/mark")
+	e.stopDaemon(syscall.SIGKILL)
+	// While no daemon runs, the "lost" sandbox dies.
+	rt := exec.Command("runc", "--root", filepath.Join(e.home, "oci"), "kill", lost, "KILL")
+	if out, err := rt.CombinedOutput(); err != nil {
+		t.Logf("kill %s: %v %s", lost, err, out)
+	}
+	time.Sleep(300 * time.Millisecond)
+	e.startDaemon()
+	if r := e.cli("", "exec", keep, "--", "cat", "/tmp/mark"); r.stdout != "before\n" {
+		t.Fatalf("sandbox not re-attached after daemon SIGKILL: %+v", r)
+	}
+	r := e.cli("", "inspect", lost)
+	var sb api.Sandbox
+	_ = json.Unmarshal([]byte(r.stdout), &sb)
+	if sb.Status != "failed" || !strings.Contains(sb.Error, "lost") {
+		t.Fatalf("dead sandbox not marked: %+v", sb)
+	}
+	if _, err := os.Stat(filepath.Join(e.home, "sandboxes", lost)); !os.IsNotExist(err) {
+		t.Fatalf("dead sandbox's state dir not cleaned up: %v", err)
+	}
+}
+
+func TestTimeouts(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	ttl := strings.TrimSpace(e.cli("", "create", "--timeout", "2s").stdout)
+	idle := strings.TrimSpace(e.cli("", "create", "--idle-timeout", "2s").stdout)
+	busy := strings.TrimSpace(e.cli("", "create", "--idle-timeout", "2s").stdout)
+	// An exec that runs longer than the idle timeout keeps its sandbox alive.
+	done := make(chan result, 1)
+	go func() { done <- e.cli("", "exec", busy, "--", "sleep", "4") }()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		a, _ := e.client().Get(context.Background(), ttl)
+		b, _ := e.client().Get(context.Background(), idle)
+		if a != nil && b != nil && a.Status == "destroyed" && b.Status == "destroyed" {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for id, want := range map[string]string{ttl: "maximum lifetime", idle: "idle"} {
+		sb, err := e.client().Get(context.Background(), id)
+		if err != nil || sb.Status != "destroyed" || !strings.Contains(sb.Error, want) {
+			t.Errorf("%s: %+v %v, want destroyed for %q", id, sb, err, want)
+		}
+		if _, err := os.Stat(filepath.Join(e.home, "sandboxes", id)); !os.IsNotExist(err) {
+			t.Errorf("%s: state dir left after timeout", id)
+		}
+	}
+	if r := <-done; r.code != 0 {
+		t.Fatalf("long exec in a sandbox with an idle timeout was cut: %+v", r)
+	}
+}
+
+func TestRunStartsDaemon(t *testing.T) {
+	e := newEnv(t)
+	r := e.cli("", "run", "--", "echo", "auto")
+	if r.code != 0 || r.stdout != "auto\n" || !strings.Contains(r.stderr, "started one") {
+		t.Fatalf("run without a daemon: %+v", r)
+	}
+	// Stop the daemon run started so the cleanup's own daemon can bind.
+	c := e.client()
+	if _, err := c.Health(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := exec.Command("pkill", "-f", "--home "+e.home+" daemon").CombinedOutput()
+	_ = out
+	for i := 0; i < 100; i++ {
+		if _, err := net.Dial("unix", filepath.Join(e.home, "cagebox.sock")); err != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestRuntimesCommand(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	r := e.cli("", "runtimes", "--json")
+	var l []api.Runtime
+	if err := json.Unmarshal([]byte(r.stdout), &l); err != nil {
+		t.Fatalf("runtimes --json: %v %+v", err, r)
+	}
+	found := false
+	for _, rt := range l {
+		if rt.Name == "container" {
+			found = true
+			if !rt.Available || rt.Class != "namespaces" || !rt.Default {
+				t.Errorf("container runtime: %+v", rt)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no container runtime listed: %s", r.stdout)
+	}
+	if r := e.cli("", "runtimes"); !strings.Contains(r.stdout, "namespaces") {
+		t.Fatalf("runtimes table: %+v", r)
+	}
+}

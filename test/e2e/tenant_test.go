@@ -1,0 +1,109 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/client"
+)
+
+func freePort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestTenantIsolation: tenant B can neither see nor touch tenant A's
+// sandbox through any endpoint, and a non-admin cannot manage tenants.
+func TestTenantIsolation(t *testing.T) {
+	e := newEnv(t)
+	addr := freePort(t)
+	e.startDaemon("--listen", addr)
+	ctx := context.Background()
+	admin := e.client()
+	keys := map[string]string{}
+	for _, name := range []string{"alpha", "beta"} {
+		if _, err := admin.CreateTenant(ctx, &api.CreateTenantRequest{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+		k, err := admin.CreateKey(ctx, name)
+		if err != nil || !strings.HasPrefix(k.Key, "cbk_") {
+			t.Fatalf("key: %+v %v", k, err)
+		}
+		keys[name] = k.Key
+	}
+	a := client.TCP("http://"+addr, keys["alpha"])
+	b := client.TCP("http://"+addr, keys["beta"])
+	sb, err := a.Create(ctx, &api.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Tenant != "alpha" {
+		t.Fatalf("sandbox tenant %q", sb.Tenant)
+	}
+	id := sb.ID
+	p := "/v1/sandboxes/" + id
+	for _, tc := range []struct{ method, path, body string }{
+		{"GET", p, ""},
+		{"DELETE", p, ""},
+		{"POST", p + "/exec", `{"argv":["true"]}` + "\n"},
+		{"POST", p + "/stop", ""},
+		{"POST", p + "/pause", ""},
+		{"POST", p + "/resume", ""},
+		{"GET", p + "/files?path=/etc/hostname", ""},
+		{"PUT", p + "/files?path=/tmp/x", "data"},
+		{"GET", p + "/dir?path=/", ""},
+		{"GET", "/v1/events?sandbox=" + id, ""},
+	} {
+		resp, err := b.Raw(ctx, tc.method, tc.path, "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ae api.Error
+		_ = json.NewDecoder(resp.Body).Decode(&ae)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("tenant beta: %s %s answered %d (%s), want 404", tc.method, tc.path, resp.StatusCode, ae.Error)
+		}
+	}
+	if l, err := b.List(ctx); err != nil || len(l) != 0 {
+		t.Errorf("tenant beta lists %+v %v", l, err)
+	}
+	if evs, err := b.Events(ctx, "", 0); err != nil || len(evs) != 0 {
+		t.Errorf("tenant beta sees events %+v %v", evs, err)
+	}
+	// The sandbox is intact for its owner.
+	var out strings.Builder
+	res, err := a.Exec(ctx, id, &api.ExecRequest{Argv: []string{"echo", "mine"}}, nil, &out, &out)
+	if err != nil || *res.ExitCode != 0 || out.String() != "mine\n" {
+		t.Fatalf("owner exec after attacks: %q %+v %v", out.String(), res, err)
+	}
+	if l, err := a.List(ctx); err != nil || len(l) != 1 {
+		t.Fatalf("owner list: %+v %v", l, err)
+	}
+	// Admin endpoints.
+	if _, err := b.CreateTenant(ctx, &api.CreateTenantRequest{Name: "evil"}); err == nil || !strings.Contains(err.Error(), "admin") {
+		t.Errorf("non-admin created a tenant: %v", err)
+	}
+	if _, err := b.CreateKey(ctx, "alpha"); err == nil {
+		t.Error("tenant beta minted a key for alpha")
+	}
+	// No key, a wrong key.
+	for _, key := range []string{"", "cbk_" + strings.Repeat("0", 64)} {
+		c := client.TCP("http://"+addr, key)
+		if _, err := c.List(ctx); err == nil || !strings.Contains(err.Error(), "API key") {
+			t.Errorf("key %q: %v", key, err)
+		}
+	}
+	if err := a.Remove(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+}
