@@ -591,10 +591,23 @@ func BenchmarkExecTrue(b *testing.B) {
 	c, _ := startPair(b, "unix")
 	ctx := context.Background()
 	req := &ExecRequest{Argv: []string{"/bin/true"}}
-	b.ResetTimer()
 	for b.Loop() {
 		res, err := c.Exec(ctx, req, nil, io.Discard, io.Discard)
 		if err != nil || res.ExitCode != 0 {
+			b.Fatal(res, err)
+		}
+	}
+}
+
+// BenchmarkExecNotFound is an exec round trip without the fork: the
+// protocol's own cost (stream, request, PATH lookup, result).
+func BenchmarkExecNotFound(b *testing.B) {
+	c, _ := startPair(b, "unix")
+	ctx := context.Background()
+	req := &ExecRequest{Argv: []string{"no-such-cmd-cagebox"}}
+	for b.Loop() {
+		res, err := c.Exec(ctx, req, nil, io.Discard, io.Discard)
+		if err != nil || res.ExitCode != 127 {
 			b.Fatal(res, err)
 		}
 	}

@@ -69,7 +69,7 @@ func (s *Server) prepare(er *ExecRequest) (*plan, *ExecResult) {
 	if base == nil {
 		base = DefaultEnv
 	}
-	env := mergeEnv(base, userEnv, er.Env)
+	env := MergeEnv(base, userEnv, er.Env)
 
 	cwd := er.Cwd
 	if cwd == "" {

@@ -107,7 +107,7 @@ func TestLookupUserFiles(t *testing.T) {
 }
 
 func TestMergeEnv(t *testing.T) {
-	got := mergeEnv([]string{"A=1", "B=2", "junk"}, []string{"HOME=/h"}, []string{"B=3", "C=", "A=4=5"})
+	got := MergeEnv([]string{"A=1", "B=2", "junk"}, []string{"HOME=/h"}, []string{"B=3", "C=", "A=4=5"})
 	want := []string{"A=4=5", "B=3", "HOME=/h", "C="}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("mergeEnv = %q, want %q", got, want)

@@ -544,9 +544,9 @@ func listDir(fw *frameWriter, req *request) error {
 	return fw.write(frameEOF, nil)
 }
 
-// mergeEnv merges KEY=VALUE lists; later layers win, order of first
+// MergeEnv merges KEY=VALUE lists; later layers win, order of first
 // appearance is kept, entries without "=" are dropped.
-func mergeEnv(layers ...[]string) []string {
+func MergeEnv(layers ...[]string) []string {
 	idx := make(map[string]int)
 	var out []string
 	for _, layer := range layers {

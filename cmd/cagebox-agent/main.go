@@ -20,7 +20,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -86,10 +85,14 @@ func run(args []string, stderr io.Writer) int {
 	}
 	env := agentproto.DefaultEnv
 	if *envFile != "" {
-		if env, err = readEnvFile(*envFile); err != nil {
+		fileEnv, err := readEnvFile(*envFile)
+		if err != nil {
 			log.Error("read env file", "err", err)
 			return 1
 		}
+		// The file's entries override the defaults; PATH etc. stay set
+		// unless the file sets them.
+		env = agentproto.MergeEnv(agentproto.DefaultEnv, fileEnv)
 	}
 
 	if err := dropCapabilities(); err != nil {
@@ -169,8 +172,9 @@ func readEnvFile(path string) ([]string, error) {
 	env := []string{}
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
+		// Values are kept byte for byte (no trimming): the host wrote them.
+		line := sc.Text()
+		if strings.TrimSpace(line) == "" || line[0] == '#' {
 			continue
 		}
 		if k, _, ok := strings.Cut(line, "="); !ok || k == "" {
@@ -180,9 +184,6 @@ func readEnvFile(path string) ([]string, error) {
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
-	}
-	if len(env) == 0 {
-		return nil, errors.New("env file " + path + " is empty")
 	}
 	return env, nil
 }

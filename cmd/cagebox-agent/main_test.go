@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -260,12 +262,23 @@ func TestAgent(t *testing.T) {
 	}
 }
 
+func TestAgentEmptyEnvFile(t *testing.T) {
+	envFile := filepath.Join(t.TempDir(), "env")
+	os.WriteFile(envFile, nil, 0o644)
+	a := startAgent(t, "--env-file", envFile)
+	res, out := run1(t, a.client(t), &agentproto.ExecRequest{Argv: []string{"env"}})
+	if res.ExitCode != 0 || !strings.Contains(out, "PATH=/usr/local/sbin") {
+		t.Fatalf("env = %+v %q", res, out)
+	}
+}
+
 func TestAgentEnvFile(t *testing.T) {
 	envFile := filepath.Join(t.TempDir(), "env")
 	os.WriteFile(envFile, []byte("# base\nPATH=/usr/bin:/bin\nFOO=from-file\n"), 0o644)
 	a := startAgent(t, "--env-file", envFile)
 	res, out := run1(t, a.client(t), &agentproto.ExecRequest{Argv: []string{"env"}})
-	if res.ExitCode != 0 || strings.TrimSpace(out) != "PATH=/usr/bin:/bin\nFOO=from-file" {
+	// The file layers over the defaults: PATH overridden, HOME and LANG kept.
+	if res.ExitCode != 0 || strings.TrimSpace(out) != "PATH=/usr/bin:/bin\nHOME=/root\nLANG=C.UTF-8\nFOO=from-file" {
 		t.Fatalf("env = %+v %q", res, out)
 	}
 }
@@ -380,7 +393,7 @@ func TestAgentCapabilities(t *testing.T) {
 			}
 		}
 	}
-	// A setuid-root binary must not give capabilities back either.
+	// Switching users still works with only CAP_SETUID and CAP_SETGID left.
 	res, out := run1(t, c, &agentproto.ExecRequest{Argv: []string{"sh", "-c", "id -u"}, User: "65534"})
 	if res.ExitCode != 0 || strings.TrimSpace(out) != "65534" {
 		t.Errorf("run as 65534: %+v %q", res, out)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/cagebox/cagebox/isolation"
 )
@@ -81,13 +82,13 @@ func Spec(s *isolation.Spec, o BundleOptions) *specs.Spec {
 		{Type: specs.NetworkNamespace, Path: s.NetNS},
 	}
 
-	noFile := uint64(65536)
+	noFile := nofileLimit()
 	return &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
 			Args: []string{GuestAgentPath,
-				"--listen", fmt.Sprintf("listener-fd:%d", GuestListenFD),
+				"--listen", fmt.Sprintf("fd:%d", GuestListenFD),
 				"--token-file", GuestRunDir + "/token",
 				"--env-file", GuestRunDir + "/env",
 			},
@@ -184,4 +185,14 @@ func WriteRunDir(dir string, s *isolation.Spec) error {
 		return fmt.Errorf("write agent env: %w", err)
 	}
 	return nil
+}
+
+// nofileLimit is 65536 open files, or the daemon's own hard limit if that
+// is lower (raising it would need CAP_SYS_RESOURCE and fails the start).
+func nofileLimit() uint64 {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil && rl.Max < 65536 {
+		return rl.Max
+	}
+	return 65536
 }
