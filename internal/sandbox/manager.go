@@ -73,6 +73,11 @@ type Manager struct {
 	live map[string]*entry
 
 	events *Broker
+	// evq feeds the event writer: events are stored off the request path
+	// (one fsync each), in order.
+	evq      chan *store.Event
+	evDone   chan struct{}
+	closeOne sync.Once
 }
 
 // entry is a sandbox the daemon is attached to.
@@ -81,10 +86,13 @@ type entry struct {
 	sb         isolation.Sandbox
 	token      string
 
-	// mu guards client and execs.
+	// mu guards client, execs, active and persisted.
 	mu     sync.Mutex
 	client *agentproto.Client
 	execs  int
+	// active is the last API activity; persisted is the value last written
+	// to the store (the reaper writes it back, so execs cost no store write).
+	active, persisted time.Time
 }
 
 // New returns a Manager. Call Recover before serving requests.
@@ -98,7 +106,21 @@ func New(cfg Config) *Manager {
 	if cfg.MinIsolation == 0 {
 		cfg.MinIsolation = isolation.Namespaces
 	}
-	return &Manager{cfg: cfg, log: cfg.Logger, live: map[string]*entry{}, events: NewBroker()}
+	m := &Manager{cfg: cfg, log: cfg.Logger, live: map[string]*entry{}, events: NewBroker(),
+		evq: make(chan *store.Event, 4096), evDone: make(chan struct{})}
+	go m.writeEvents()
+	return m
+}
+
+func (m *Manager) writeEvents() {
+	defer close(m.evDone)
+	for ev := range m.evq {
+		if err := m.cfg.Store.AppendEvent(context.Background(), ev); err != nil {
+			m.log.Error("append event", "kind", ev.Kind, "err", err)
+			continue
+		}
+		m.events.Publish(ev)
+	}
 }
 
 // Events is the broker live event subscribers attach to.
@@ -199,6 +221,9 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		if errors.Is(err, image.ErrNotFound) {
 			return nil, fmt.Errorf("%w: %v", errdefs.ErrNotFound, err)
 		}
+		if errors.Is(err, image.ErrInvalid) {
+			return nil, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
+		}
 		return nil, fmt.Errorf("image %s: %w", imgName, err)
 	}
 
@@ -250,7 +275,9 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		m.emit(tenant.ID, id, "sandbox.failed", map[string]any{"error": err.Error()})
 		return nil, err
 	}
+	t0 := time.Now()
 	sb, err := rt.Create(sctx, spec)
+	tCreate := time.Since(t0)
 	if err != nil {
 		return fail(fmt.Errorf("create %s sandbox: %w", rt.Name(), err))
 	}
@@ -260,12 +287,27 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		_ = sb.Destroy(sctx)
 		return fail(fmt.Errorf("record sandbox state: %w", err))
 	}
+	// The agent's socket exists before Start (the runtime made it), so the
+	// handshake is started alongside the runtime: it completes the moment
+	// the agent runs, overlapping the runtime's own exit.
+	t1 := time.Now()
+	e := &entry{id: id, tenant: tenant.ID, sb: sb, token: spec.AgentToken, active: now, persisted: now}
+	actx, acancel := context.WithCancel(sctx)
+	defer acancel()
+	agentErr := make(chan error, 1)
+	go func() {
+		_, err := e.agent(actx)
+		agentErr <- err
+	}()
 	if err := sb.Start(sctx); err != nil {
+		acancel()
+		<-agentErr
+		e.dropAll()
 		_ = sb.Destroy(sctx)
 		return fail(fmt.Errorf("start %s sandbox: %w", rt.Name(), err))
 	}
-	e := &entry{id: id, tenant: tenant.ID, sb: sb, token: spec.AgentToken}
-	if _, err := e.agent(sctx); err != nil {
+	tStart := time.Since(t1)
+	if err := <-agentErr; err != nil {
 		_ = sb.Destroy(sctx)
 		return fail(fmt.Errorf("sandbox started but its agent does not answer: %w", err))
 	}
@@ -278,7 +320,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	m.mu.Lock()
 	m.live[id] = e
 	m.mu.Unlock()
-	log.Info("sandbox running", "image", img.Name)
+	log.Info("sandbox running", "image", img.Name, "setup", tCreate, "start", tStart, "agent_ready", time.Since(t1))
 	m.emit(tenant.ID, id, "sandbox.created", map[string]any{"runtime": rt.Name(), "image": img.Name})
 	return m.view(rec), nil
 }
@@ -403,8 +445,52 @@ func (m *Manager) attached(ctx context.Context, tenant, id string) (*store.Sandb
 	return r, e, nil
 }
 
-func (m *Manager) touch(id string) {
-	_ = m.cfg.Store.TouchSandbox(context.Background(), id, m.cfg.Now().UTC())
+// touch records API activity in memory; flushActivity stores it.
+func (e *entry) touch(now time.Time) {
+	e.mu.Lock()
+	if now.After(e.active) {
+		e.active = now
+	}
+	e.mu.Unlock()
+}
+
+// flushActivity writes changed activity times to the store.
+func (m *Manager) flushActivity(ctx context.Context) {
+	m.mu.Lock()
+	entries := make([]*entry, 0, len(m.live))
+	for _, e := range m.live {
+		entries = append(entries, e)
+	}
+	m.mu.Unlock()
+	for _, e := range entries {
+		e.mu.Lock()
+		t, changed := e.active, e.active.After(e.persisted)
+		e.mu.Unlock()
+		if !changed {
+			continue
+		}
+		if err := m.cfg.Store.TouchSandbox(ctx, e.id, t); err == nil {
+			e.mu.Lock()
+			e.persisted = t
+			e.mu.Unlock()
+		}
+	}
+}
+
+// lastActive is the later of the stored and the in-memory activity time.
+func (m *Manager) lastActive(r *store.Sandbox) time.Time {
+	t := r.LastActive
+	m.mu.Lock()
+	e := m.live[r.ID]
+	m.mu.Unlock()
+	if e != nil {
+		e.mu.Lock()
+		if e.active.After(t) {
+			t = e.active
+		}
+		e.mu.Unlock()
+	}
+	return t
 }
 
 // ExecOutput receives an exec's output.
@@ -440,9 +526,9 @@ func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequ
 		e.mu.Lock()
 		e.execs--
 		e.mu.Unlock()
-		m.touch(id)
+		e.touch(m.cfg.Now())
 	}()
-	m.touch(id)
+	e.touch(m.cfg.Now())
 	c, err := e.agent(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: agent of %s: %v", errdefs.ErrUnavailable, id, err)
@@ -485,7 +571,7 @@ func (m *Manager) WriteFile(ctx context.Context, tenant, id, path string, mode o
 	if err != nil {
 		return err
 	}
-	m.touch(id)
+	e.touch(m.cfg.Now())
 	c, err := e.agent(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: agent of %s: %v", errdefs.ErrUnavailable, id, err)
@@ -499,7 +585,7 @@ func (m *Manager) ReadFile(ctx context.Context, tenant, id, path string, w io.Wr
 	if err != nil {
 		return err
 	}
-	m.touch(id)
+	e.touch(m.cfg.Now())
 	c, err := e.agent(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: agent of %s: %v", errdefs.ErrUnavailable, id, err)
@@ -513,7 +599,7 @@ func (m *Manager) ListDir(ctx context.Context, tenant, id, path string) ([]agent
 	if err != nil {
 		return nil, err
 	}
-	m.touch(id)
+	e.touch(m.cfg.Now())
 	c, err := e.agent(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: agent of %s: %v", errdefs.ErrUnavailable, id, err)
@@ -747,7 +833,7 @@ func (m *Manager) Reap(ctx context.Context) {
 		reason := ""
 		if r.ExpiresAt != nil && now.After(*r.ExpiresAt) {
 			reason = "maximum lifetime reached"
-		} else if r.IdleTimeout > 0 && now.Sub(r.LastActive) > r.IdleTimeout && !m.busy(r.ID) {
+		} else if r.IdleTimeout > 0 && now.Sub(m.lastActive(r)) > r.IdleTimeout && !m.busy(r.ID) {
 			reason = fmt.Sprintf("idle for more than %s", r.IdleTimeout)
 		}
 		if reason != "" {
@@ -780,19 +866,25 @@ func (m *Manager) RunReaper(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			m.flushActivity(ctx)
 			m.Reap(ctx)
 		}
 	}
 }
 
-// Close drops agent connections; sandboxes keep running and are
-// re-attached by the next daemon.
+// Close stores pending events and activity and drops agent connections;
+// sandboxes keep running and are re-attached by the next daemon.
 func (m *Manager) Close() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, e := range m.live {
-		e.dropAll()
-	}
+	m.closeOne.Do(func() {
+		close(m.evq)
+		<-m.evDone
+		m.flushActivity(context.Background())
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		for _, e := range m.live {
+			e.dropAll()
+		}
+	})
 }
 
 // Count is the number of sandboxes this daemon is attached to.
@@ -807,12 +899,15 @@ func (m *Manager) emit(tenant, sandbox, kind string, data any) {
 	if data != nil {
 		raw, _ = json.Marshal(data)
 	}
-	ev := &store.Event{TenantID: tenant, SandboxID: sandbox, Kind: kind, Data: raw}
-	if err := m.cfg.Store.AppendEvent(context.Background(), ev); err != nil {
-		m.log.Error("append event", "kind", kind, "err", err)
-		return
-	}
-	m.events.Publish(ev)
+	ev := &store.Event{TenantID: tenant, SandboxID: sandbox, Kind: kind, Data: raw, Time: m.cfg.Now().UTC()}
+	defer func() {
+		// emit after Close (a request finishing during shutdown) is dropped
+		// with a log line rather than a panic.
+		if recover() != nil {
+			m.log.Warn("event after shutdown dropped", "kind", kind, "sandbox", sandbox)
+		}
+	}()
+	m.evq <- ev // blocks only when 4096 events are pending: back-pressure, never loss
 }
 
 // Floor is the isolation floor for tenant: the daemon's, raised by the

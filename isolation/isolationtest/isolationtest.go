@@ -132,22 +132,15 @@ func Connect(t testing.TB, ctx context.Context, sb isolation.Sandbox, token stri
 	return nil
 }
 
-var (
-	stateOnce sync.Once
-	stateDir  string
-)
-
 // stateRoot is a short directory for sandbox state: unix socket paths have
-// a 108-byte limit that t.TempDir() paths can exceed.
+// a 108-byte limit that t.TempDir() paths can exceed. Destroy removes each
+// sandbox's own directory below it.
 func stateRoot(t testing.TB) string {
-	stateOnce.Do(func() {
-		d, err := os.MkdirTemp("", "cbx")
-		if err != nil {
-			panic(err)
-		}
-		stateDir = d
-	})
-	return stateDir
+	d := filepath.Join(os.TempDir(), "cbx-state")
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // Run runs the whole suite against rt.
@@ -459,17 +452,27 @@ var (
 func BuildAgent(t testing.TB) string {
 	t.Helper()
 	agentOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "cbx-agent")
+		// One fixed path, replaced atomically: test binaries of several
+		// packages may build it at once, and nothing is left per run.
+		dir := filepath.Join(os.TempDir(), "cagebox-test-bin")
+		if agentErr = os.MkdirAll(dir, 0o755); agentErr != nil {
+			return
+		}
+		tmp, err := os.CreateTemp(dir, ".agent-*")
 		if err != nil {
 			agentErr = err
 			return
 		}
-		agentPath = filepath.Join(dir, "cagebox-agent")
-		cmd := exec.Command("go", "build", "-trimpath", "-o", agentPath, "github.com/cagebox/cagebox/cmd/cagebox-agent")
+		tmp.Close()
+		cmd := exec.Command("go", "build", "-trimpath", "-o", tmp.Name(), "github.com/cagebox/cagebox/cmd/cagebox-agent")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
+			os.Remove(tmp.Name())
 			agentErr = fmt.Errorf("build agent: %v: %s", err, out)
+			return
 		}
+		agentPath = filepath.Join(dir, "cagebox-agent")
+		agentErr = os.Rename(tmp.Name(), agentPath)
 	})
 	if agentErr != nil {
 		t.Fatal(agentErr)
@@ -494,12 +497,13 @@ func BusyboxRoot(t testing.TB) string {
 				return
 			}
 		}
-		dir, err := os.MkdirTemp("", "cbx-img")
-		if err != nil {
-			imgErr = err
+		// A fixed cache (the image package locks builds by name), reused.
+		cache := &image.Cache{Dir: filepath.Join(os.TempDir(), "cagebox-test-images")}
+		if img, err := cache.Get("busybox"); err == nil {
+			imgPath = img.Path
 			return
 		}
-		img, err := (&image.Cache{Dir: dir}).BuildBusybox(context.Background(), "busybox")
+		img, err := cache.BuildBusybox(context.Background(), "busybox")
 		if err != nil {
 			imgErr = err
 			return

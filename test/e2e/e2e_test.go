@@ -19,7 +19,7 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/client"
-	"github.com/cagebox/cagebox/isolation/isolationtest"
+	"github.com/cagebox/cagebox/internal/image"
 )
 
 var binDir string
@@ -56,22 +56,18 @@ type env struct {
 	args   []string
 }
 
-// newEnv makes a home whose image cache holds the busybox image (named
-// "default" too, so the CLI's defaults work without the Debian image).
+// newEnv makes a daemon home with its own image cache.
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	home, err := os.MkdirTemp("", "cbxh")
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := isolationtest.BusyboxRoot(t)
-	// image dir layout: images/NAME/{rootfs,image.json}; link both names.
-	imgDir := filepath.Dir(root)
-	if err := os.MkdirAll(filepath.Join(home, "images"), 0o700); err != nil {
-		t.Fatal(err)
-	}
+	// Busybox images (under a second each) under both names, so the CLI's
+	// default image works without the Debian build.
+	cache := &image.Cache{Dir: filepath.Join(home, "images")}
 	for _, name := range []string{"busybox", "default"} {
-		if err := os.Symlink(imgDir, filepath.Join(home, "images", name)); err != nil {
+		if _, err := cache.BuildBusybox(context.Background(), name); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -374,8 +370,9 @@ func TestRunStartsDaemon(t *testing.T) {
 	if _, err := c.Health(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	out, _ := exec.Command("pkill", "-f", "--home "+e.home+" daemon").CombinedOutput()
-	_ = out
+	if out, err := exec.Command("pkill", "-f", "daemon --home "+e.home).CombinedOutput(); err != nil {
+		t.Fatalf("stop the daemon run started: %v %s", err, out)
+	}
 	for i := 0; i < 100; i++ {
 		if _, err := net.Dial("unix", filepath.Join(e.home, "cagebox.sock")); err != nil {
 			break
