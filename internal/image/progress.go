@@ -109,7 +109,10 @@ func (p *progress) event(kind, name, msg string) {
 			pkg := strings.TrimPrefix(msg, "Retrieving ")
 			if p.total > 0 { // packages; before that, indices (InRelease, Packages)
 				p.retrieved++
-				p.detail("retrieving %s (%d/%d)", pkg, p.retrieved, p.total)
+				// The first, every 20th and the last: a pulse, not a flood.
+				if p.retrieved == 1 || p.retrieved%20 == 0 || p.retrieved == p.total {
+					p.detail("retrieving %s (%d/%d)", pkg, p.retrieved, p.total)
+				}
 			} else {
 				p.detail("retrieving %s", pkg)
 			}

@@ -336,6 +336,13 @@ func Run(t *testing.T, rt isolation.Runtime, o Options) {
 			t.Errorf("hostname %q", out)
 		}
 	})
+	t.Run("AgentTokenHidden", func(t *testing.T) {
+		// Every place a guest process could look for the agent's token.
+		out, errOut, _ := g.Exec(t, "sh", "-c", "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline /.cagebox/run/* 2>&1; ls -la /.cagebox/run 2>&1; env")
+		if strings.Contains(out+errOut, g.Token) {
+			t.Fatal("the agent token is readable inside the guest")
+		}
+	})
 	t.Run("PIDsLimit", func(t *testing.T) {
 		// Each iteration prints how many processes exist (globbing is a
 		// builtin: counting needs no fork). Shells differ on whether a

@@ -405,3 +405,31 @@ func TestRuntimesCommand(t *testing.T) {
 		t.Fatalf("runtimes table: %+v", r)
 	}
 }
+
+// TestDebianImage runs the real default image (curl, python3) when setup
+// has built it.
+func TestDebianImage(t *testing.T) {
+	shared := os.Getenv("CAGEBOX_TEST_IMAGES")
+	if shared == "" {
+		t.Skip("CAGEBOX_TEST_IMAGES is not set (scripts/test.sh sets it after building the Debian image)")
+	}
+	if _, err := (&image.Cache{Dir: shared}).Get("default"); err != nil {
+		t.Skipf("no Debian image in %s: %v", shared, err)
+	}
+	e := newEnv(t)
+	if err := os.RemoveAll(filepath.Join(e.home, "images", "default")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(shared, "default"), filepath.Join(e.home, "images", "default")); err != nil {
+		t.Fatal(err)
+	}
+	e.startDaemon()
+	r := e.cli("", "run", "--", "sh", "-c", "python3 -c 'import ssl, sys; print(sys.version_info[0])'; curl --version >/dev/null && echo curl-ok; test -s /etc/ssl/certs/ca-certificates.crt && echo ca-ok")
+	if r.code != 0 || r.stdout != "3\ncurl-ok\nca-ok\n" {
+		t.Fatalf("debian image: %+v", r)
+	}
+	r = e.cli("", "run", "--memory", "128M", "--", "python3", "-c", "bytearray(400 << 20)")
+	if r.code != 137 || !strings.Contains(r.stderr, "memory limit") {
+		t.Fatalf("python over the memory limit: %+v", r)
+	}
+}
