@@ -25,7 +25,6 @@ func (f *fakeRuntime) Recover(context.Context, State) (Sandbox, error) {
 	return nil, errors.New("fake")
 }
 
-
 func TestPick(t *testing.T) {
 	mu.Lock()
 	saved := registry
