@@ -27,6 +27,7 @@ import (
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/client"
+	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/daemon"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/isolation"
@@ -111,12 +112,16 @@ func main() {
 		viaAPI = append(viaAPI, time.Since(t0))
 	}
 	direct := directExec(rt, img.Path, agentPath, home, *execN)
+	floor := hostSpawn(*execN)
 	fmt.Println("exec round trip of `true` in a running sandbox (n =", *execN, ")")
 	fmt.Printf("  %-44s p50 %8s  p99 %8s   (goal p50 ≤ 2 ms)\n", "CLI path: API → daemon → agent", ms(pct(viaAPI, 50)), ms(pct(viaAPI, 99)))
 	fmt.Printf("  %-44s p50 %8s  p99 %8s\n", "agent protocol only (host → agent)", ms(pct(direct, 50)), ms(pct(direct, 99)))
+	fmt.Printf("  %-44s p50 %8s  p99 %8s   (floor: process spawn on this host)\n", "bare fork+exec+wait of /bin/true on the host", ms(pct(floor, 50)), ms(pct(floor, 99)))
+	fmt.Printf("  cagebox added over the bare spawn            p50 %7.2fms\n", float64(pct(viaAPI, 50)-pct(floor, 50))/1e6)
 	_ = c.Remove(context.Background(), sb.ID)
 	cancel()
 	<-done
+	_ = cgroups.Remove("/cagebox-bench")
 }
 
 func coldCagebox(c *client.Client) time.Duration {
@@ -195,6 +200,20 @@ func directExec(rt *container.Runtime, rootfs, agentPath, home string, n int) []
 	for i := 0; i < n; i++ {
 		t0 := time.Now()
 		if _, err := cl.Exec(ctx, &agentproto.ExecRequest{Argv: []string{"true"}}, nil, io.Discard, io.Discard); err != nil {
+			fail(err)
+		}
+		out = append(out, time.Since(t0))
+	}
+	return out
+}
+
+// hostSpawn times a plain fork+exec+wait of /bin/true on the host: the
+// floor any exec of a new process pays on this machine.
+func hostSpawn(n int) []time.Duration {
+	var out []time.Duration
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		if err := exec.Command("/bin/true").Run(); err != nil {
 			fail(err)
 		}
 		out = append(out, time.Since(t0))

@@ -75,6 +75,34 @@ type Spec struct {
 	// NetNS is the path of a network namespace for the sandbox to join. Empty
 	// means a new namespace with loopback only (no network at all).
 	NetNS string
+	// Nameserver is the guest's DNS server (its gateway's synthetic
+	// resolver); empty leaves the image's resolv.conf.
+	Nameserver string
+	// TrustedCAPEM is a CA certificate the guest must trust (the egress
+	// gateway's per-sandbox interception CA). It is added to the guest's
+	// system bundle and written to GuestCAPath and GuestCABundlePath.
+	TrustedCAPEM []byte
+}
+
+// Guest paths of the trusted CA files (runtimes write them; the daemon
+// points SSL_CERT_FILE and friends at them).
+const (
+	GuestCAPath       = "/etc/cagebox/ca.crt"
+	GuestCABundlePath = "/etc/cagebox/ca-bundle.crt"
+	// guestSystemBundle is Debian's system bundle path.
+	GuestSystemBundle = "/etc/ssl/certs/ca-certificates.crt"
+)
+
+// CAEnv is the environment that makes common clients (OpenSSL, curl,
+// Python requests, Node) trust the guest's CA bundle.
+func CAEnv() []string {
+	return []string{
+		"SSL_CERT_FILE=" + GuestCABundlePath,
+		"REQUESTS_CA_BUNDLE=" + GuestCABundlePath,
+		"CURL_CA_BUNDLE=" + GuestCABundlePath,
+		"NODE_EXTRA_CA_CERTS=" + GuestCAPath,
+		"GIT_SSL_CAINFO=" + GuestCABundlePath,
+	}
 }
 
 // State is the serialisable record of a sandbox that a runtime needs to

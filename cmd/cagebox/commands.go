@@ -523,7 +523,9 @@ func imageCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(os.Stderr, "image %s ready in %s (%d MiB, %s)\n", img.Name, time.Since(start).Round(time.Second), img.SizeBytes>>20, img.Digest)
+			if name == "busybox" { // debootstrap builds report their own progress and result
+				fmt.Fprintf(os.Stderr, "image %s ready in %s (%d KiB, %s)\n", img.Name, time.Since(start).Round(time.Millisecond), img.SizeBytes>>10, img.Digest)
+			}
 			return nil
 		},
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
+	"github.com/cagebox/cagebox/internal/rootfs"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/oci"
 )
@@ -210,7 +211,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 }
 
 // writeGuestFiles writes the files every guest expects to find about itself.
-func writeGuestFiles(rootfs string, spec *isolation.Spec) error {
+func writeGuestFiles(root string, spec *isolation.Spec) error {
 	host := spec.Hostname
 	if host == "" {
 		host = "sandbox"
@@ -219,14 +220,26 @@ func writeGuestFiles(rootfs string, spec *isolation.Spec) error {
 		"etc/hostname": host + "\n",
 		"etc/hosts":    "127.0.0.1\tlocalhost " + host + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
 	}
-	for name, content := range files {
-		p := filepath.Join(rootfs, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return fmt.Errorf("write guest %s: %w", name, err)
+	if spec.Nameserver != "" {
+		files["etc/resolv.conf"] = "nameserver " + spec.Nameserver + "\noptions ndots:0 attempts:2 timeout:2\n"
+	}
+	if len(spec.TrustedCAPEM) > 0 {
+		// The image's bundle plus the sandbox CA, both as the system bundle
+		// (copied up into the writable layer; the image is untouched) and
+		// as cagebox's own files.
+		system, _ := rootfs.ReadFile(root, isolation.GuestSystemBundle, 8<<20)
+		bundle := string(system)
+		if bundle != "" && !strings.HasSuffix(bundle, "\n") {
+			bundle += "\n"
 		}
-		_ = os.Remove(p) // a symlink in the image must not redirect the write
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			return fmt.Errorf("write guest %s: %w", name, err)
+		bundle += string(spec.TrustedCAPEM)
+		files[strings.TrimPrefix(isolation.GuestCAPath, "/")] = string(spec.TrustedCAPEM)
+		files[strings.TrimPrefix(isolation.GuestCABundlePath, "/")] = bundle
+		files[strings.TrimPrefix(isolation.GuestSystemBundle, "/")] = bundle
+	}
+	for name, content := range files {
+		if err := rootfs.WriteFile(root, name, []byte(content), 0o644); err != nil {
+			return fmt.Errorf("write guest files: %w", err)
 		}
 	}
 	return nil
