@@ -292,3 +292,42 @@ func (c *Client) Raw(ctx context.Context, method, path, contentType string, body
 	}
 	return c.http.Do(r)
 }
+
+// FollowEvents streams the tenant's events (of one sandbox when sandbox is
+// not "") after seq, calling fn for each until ctx ends or fn returns an error.
+func (c *Client) FollowEvents(ctx context.Context, sandbox string, after int64, fn func(api.Event) error) error {
+	q := url.Values{"follow": {"1"}}
+	if sandbox != "" {
+		q.Set("sandbox", sandbox)
+	}
+	if after > 0 {
+		q.Set("after", fmt.Sprint(after))
+	}
+	r, err := c.req(ctx, "GET", "/v1/events?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(r)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return decodeError(resp)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		var ev api.Event
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return fmt.Errorf("event stream: %w", err)
+		}
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return sc.Err()
+}

@@ -558,31 +558,42 @@ func imageCmd(g *globals) *cobra.Command {
 }
 
 func eventsCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var asJSON, follow bool
 	cmd := &cobra.Command{
 		Use:   "events [ID]",
-		Short: "Show audit events (of one sandbox)",
+		Short: "Show audit events (of one sandbox); --follow streams new ones",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id := ""
 			if len(args) == 1 {
 				id = args[0]
 			}
+			enc := json.NewEncoder(os.Stdout)
+			show := func(e api.Event) error {
+				if asJSON {
+					return enc.Encode(e)
+				}
+				data, _ := json.Marshal(e.Data)
+				_, err := fmt.Printf("%s %-8s %-22s %s %s\n", e.Time.Local().Format(time.RFC3339), e.Tenant, e.Kind, e.Sandbox, data)
+				return err
+			}
+			if follow {
+				return g.client().FollowEvents(cmd.Context(), id, 0, show)
+			}
 			evs, err := g.client().Events(cmd.Context(), id, 0)
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(evs)
-			}
 			for _, e := range evs {
-				data, _ := json.Marshal(e.Data)
-				fmt.Printf("%s %-8s %-22s %s %s\n", e.Time.Local().Format(time.RFC3339), e.Tenant, e.Kind, e.Sandbox, data)
+				if err := show(e); err != nil {
+					return err
+				}
 			}
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep streaming new events")
 	return cmd
 }
 

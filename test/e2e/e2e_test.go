@@ -237,6 +237,12 @@ func TestLifecycle(t *testing.T) {
 	if r := e.cli("", "exec", id, "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "not running") {
 		t.Fatalf("exec in a stopped sandbox: %+v", r)
 	}
+	r = e.cli("", "events", "--json", id)
+	for _, kind := range []string{"sandbox.created", "sandbox.exec", "sandbox.paused", "sandbox.resumed", "sandbox.stopped"} {
+		if !strings.Contains(r.stdout, `"kind":"`+kind+`"`) {
+			t.Errorf("events of %s lack %s: %s", id, kind, r.stdout)
+		}
+	}
 	if r := e.cli("", "rm", id); r.code != 0 {
 		t.Fatalf("rm: %+v", r)
 	}
