@@ -90,6 +90,7 @@ type entry struct {
 	mu     sync.Mutex
 	client *agentproto.Client
 	execs  int
+	paused bool
 	// active is the last API activity; persisted is the value last written
 	// to the store (the reaper writes it back, so execs cost no store write).
 	active, persisted time.Time
@@ -512,14 +513,21 @@ func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequ
 	if err != nil {
 		return nil, err
 	}
-	r, e, err := m.attached(ctx, tenant, id)
-	if err != nil {
-		return nil, err
-	}
-	if r.Status == StatusPaused {
-		return nil, fmt.Errorf("%w: sandbox %s is paused: cagebox resume %s", errdefs.ErrConflict, id, id)
+	// The hot path answers from memory: no store read per exec.
+	m.mu.Lock()
+	e := m.live[id]
+	m.mu.Unlock()
+	if e == nil || (tenant != "" && e.tenant != tenant) {
+		if _, _, err := m.attached(ctx, tenant, id); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: sandbox %s is not running", errdefs.ErrConflict, id)
 	}
 	e.mu.Lock()
+	if e.paused {
+		e.mu.Unlock()
+		return nil, fmt.Errorf("%w: sandbox %s is paused: cagebox resume %s", errdefs.ErrConflict, id, id)
+	}
 	e.execs++
 	e.mu.Unlock()
 	defer func() {
@@ -556,7 +564,7 @@ func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequ
 			f.OOMKilled = true
 		}
 	}
-	m.emit(r.TenantID, id, "sandbox.exec", map[string]any{"command": req.Argv[0], "args": len(req.Argv) - 1, "exit_code": code, "oom_killed": f.OOMKilled, "timed_out": res.TimedOut})
+	m.emit(e.tenant, id, "sandbox.exec", map[string]any{"command": req.Argv[0], "args": len(req.Argv) - 1, "exit_code": code, "oom_killed": f.OOMKilled, "timed_out": res.TimedOut})
 	return f, nil
 }
 
@@ -634,6 +642,9 @@ func (m *Manager) transition(ctx context.Context, tenant, id, from, to, kind str
 	if err := fn(sctx, e); err != nil {
 		return nil, fmt.Errorf("%s %s: %w", strings.TrimPrefix(kind, "sandbox."), id, err)
 	}
+	e.mu.Lock()
+	e.paused = to == StatusPaused
+	e.mu.Unlock()
 	r.Status = to
 	r.UpdatedAt = m.cfg.Now().UTC()
 	if err := m.cfg.Store.UpdateSandbox(sctx, r); err != nil {
@@ -807,7 +818,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			continue
 		}
 		m.mu.Lock()
-		m.live[r.ID] = &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken}
+		m.live[r.ID] = &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken, paused: r.Status == StatusPaused}
 		m.mu.Unlock()
 		m.emit(r.TenantID, r.ID, "sandbox.reattached", nil)
 		log.Info("re-attached sandbox after restart", "status", r.Status)
