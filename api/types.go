@@ -4,6 +4,7 @@ package api
 
 import (
 	_ "embed"
+	"encoding/json"
 	"time"
 )
 
@@ -38,6 +39,12 @@ type CreateSandboxRequest struct {
 	IdleTimeout string `json:"idle_timeout,omitempty"`
 	// Env is the base environment of every process (KEY=VALUE).
 	Env []string `json:"env,omitempty"`
+	// Policy is the sandbox's egress policy document (JSON form of the
+	// YAML/JSON `cagebox run --policy` file). Default: deny everything.
+	Policy json.RawMessage `json:"policy,omitempty"`
+	// Allow is a shorthand: one allow rule (ports 443 and 80, any method
+	// and path) per host, added after Policy's rules.
+	Allow []string `json:"allow,omitempty"`
 }
 
 // Resources are a sandbox's limits as applied.
@@ -63,6 +70,17 @@ type Sandbox struct {
 	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
 	IdleTimeout string     `json:"idle_timeout,omitempty"`
 	LastActive  time.Time  `json:"last_active"`
+	// Network is the sandbox's link: its address and gateway.
+	Network *Network `json:"network,omitempty"`
+	// Policy is the egress policy in force.
+	Policy json.RawMessage `json:"policy,omitempty"`
+}
+
+// Network describes a sandbox's routed link.
+type Network struct {
+	Address string `json:"address"`
+	Gateway string `json:"gateway"`
+	HostIf  string `json:"host_interface"`
 }
 
 // ExecRequest is the first line of an exec request body; when Stdin is

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 	"github.com/cagebox/cagebox/client"
 	"github.com/cagebox/cagebox/internal/daemon"
 	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/isolation"
 )
 
@@ -82,7 +84,10 @@ func (g *globals) ensureDaemon(ctx context.Context) (*client.Client, error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var listen, agent, minIso, timeout, logLevel string
+	var listen, agent, minIso, timeout, logLevel, pool string
+	var resolve, upstreamCAs []string
+	var proxyPort, dnsPort uint16
+	var netCfgTable, netCfgPrefix string
 	cmd := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the cagebox daemon",
@@ -111,10 +116,26 @@ func daemonCmd(g *globals) *cobra.Command {
 			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
 			}
+			netCfg := daemon.NetworkConfig{ProxyPort: proxyPort, DNSPort: dnsPort, UpstreamCAFiles: upstreamCAs,
+				TableName: netCfgTable, IfPrefix: netCfgPrefix, Resolve: map[string]netip.AddrPort{}}
+			if pool != "" {
+				p, err := netip.ParsePrefix(pool)
+				if err != nil {
+					return fmt.Errorf("--link-pool: %q is not a prefix such as 10.201.0.0/16", pool)
+				}
+				netCfg.Pool = p
+			}
+			for _, r := range resolve {
+				k, v, err := daemon.ParseResolve(r)
+				if err != nil {
+					return err
+				}
+				netCfg.Resolve[k] = v
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{
 				Home: g.home, Listen: listen, AgentPath: agent, MinIsolation: floor,
-				DefaultTimeout: def, Logger: log,
+				DefaultTimeout: def, Logger: log, Network: netCfg,
 			})
 		},
 	}
@@ -123,6 +144,13 @@ func daemonCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&minIso, "min-isolation", "", "isolation floor: namespaces, app-kernel or hypervisor")
 	cmd.Flags().StringVar(&timeout, "default-timeout", "", "maximum lifetime of sandboxes created without --timeout (default unlimited)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().StringArrayVar(&resolve, "resolve", nil, "send sandboxes' traffic for HOST:PORT to ADDR:PORT (HOST:PORT=ADDR:PORT, repeatable; the only way a name may reach a loopback or private address)")
+	cmd.Flags().StringArrayVar(&upstreamCAs, "upstream-ca", nil, "extra CA certificate (PEM) trusted when verifying upstream servers (repeatable)")
+	cmd.Flags().StringVar(&pool, "link-pool", os.Getenv("CAGEBOX_LINK_POOL"), "address pool for sandbox links (default 10.201.0.0/16, one /30 each; env CAGEBOX_LINK_POOL)")
+	cmd.Flags().StringVar(&netCfgTable, "net-table", os.Getenv("CAGEBOX_NET_TABLE"), "nftables table the daemon owns (default cagebox; env CAGEBOX_NET_TABLE)")
+	cmd.Flags().StringVar(&netCfgPrefix, "net-ifprefix", os.Getenv("CAGEBOX_NET_IFPREFIX"), "prefix of host-side sandbox interfaces, 1-3 characters (default cbx; env CAGEBOX_NET_IFPREFIX)")
+	cmd.Flags().Uint16Var(&proxyPort, "proxy-port", 0, "port of the transparent proxy on each sandbox's gateway address (default 15001)")
+	cmd.Flags().Uint16Var(&dnsPort, "dns-port", 0, "port of the synthetic DNS resolver on each gateway address (default 15053)")
 	return cmd
 }
 
@@ -139,6 +167,8 @@ type createFlags struct {
 	cpus                                        float64
 	pids                                        int64
 	env                                         []string
+	allow                                       []string
+	policyFile                                  string
 }
 
 func (f *createFlags) add(cmd *cobra.Command) {
@@ -151,6 +181,8 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.timeout, "timeout", "", "maximum lifetime, e.g. 10m; the daemon destroys the sandbox after it")
 	cmd.Flags().StringVar(&f.idle, "idle-timeout", "", "destroy the sandbox after this long without activity, e.g. 5m")
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	cmd.Flags().StringArrayVar(&f.allow, "allow", nil, "allow HTTP(S) to this host, e.g. api.github.com or *.example.com (repeatable; default: nothing is reachable)")
+	cmd.Flags().StringVar(&f.policyFile, "policy", "", "egress policy document, YAML or JSON (see docs/policy.md)")
 }
 
 func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
@@ -184,6 +216,20 @@ func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
 		}
 	}
 	req.Timeout, req.IdleTimeout = f.timeout, f.idle
+	req.Allow = f.allow
+	if f.policyFile != "" {
+		b, err := os.ReadFile(f.policyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--policy: %w", err)
+		}
+		doc, err := policy.Parse(b)
+		if err != nil {
+			return nil, fmt.Errorf("--policy %s: %w", f.policyFile, err)
+		}
+		if req.Policy, err = json.Marshal(doc); err != nil {
+			return nil, fmt.Errorf("--policy: %w", err)
+		}
+	}
 	for _, kv := range f.env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
 			return nil, fmt.Errorf("--env: %q is not KEY=VALUE", kv)

@@ -6,16 +6,20 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
@@ -38,6 +42,36 @@ type Config struct {
 	Logger         *slog.Logger
 	// Ready, if set, is called once the API answers.
 	Ready func()
+	// Network configures the egress gateway.
+	Network NetworkConfig
+}
+
+// NetworkConfig configures sandbox networking.
+type NetworkConfig struct {
+	Pool                netip.Prefix
+	ProxyPort, DNSPort  uint16
+	TableName, IfPrefix string
+	// Resolve are explicit upstream overrides (tests, demos).
+	Resolve map[string]netip.AddrPort
+	// UpstreamCAFiles are extra roots for verifying upstreams.
+	UpstreamCAFiles []string
+}
+
+// ParseResolve parses HOST:PORT=ADDR:PORT.
+func ParseResolve(s string) (string, netip.AddrPort, error) {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok {
+		return "", netip.AddrPort{}, fmt.Errorf("--resolve %q: want HOST:PORT=ADDR:PORT", s)
+	}
+	host, port, err := net.SplitHostPort(k)
+	if err != nil || host == "" || port == "" {
+		return "", netip.AddrPort{}, fmt.Errorf("--resolve %q: %q is not HOST:PORT", s, k)
+	}
+	ap, err := netip.ParseAddrPort(v)
+	if err != nil {
+		return "", netip.AddrPort{}, fmt.Errorf("--resolve %q: %q is not ADDR:PORT", s, v)
+	}
+	return strings.ToLower(host) + ":" + port, ap, nil
 }
 
 // SocketPath is the API's unix socket under home.
@@ -70,14 +104,33 @@ func Run(ctx context.Context, cfg Config) error {
 	defer st.Close()
 	RegisterRuntimes(cfg.Home)
 	images := &image.Cache{Dir: filepath.Join(cfg.Home, "images")}
+	// The gateway reports events through the manager, which is built after
+	// it; emit is set before any sandbox exists.
+	var emit func(tenant, sandbox, kind string, data any)
+	gw, err := newGateway(cfg, func(t, s, k string, d any) { emit(t, s, k, d) }, log)
+	if err != nil {
+		return err
+	}
 	mgr := sandbox.New(sandbox.Config{
-		Store: st, Images: images, StateDir: filepath.Join(cfg.Home, "sandboxes"),
+		Gateway: gw,
+		Store:   st, Images: images, StateDir: filepath.Join(cfg.Home, "sandboxes"),
 		AgentPath: cfg.AgentPath, Logger: log, MinIsolation: cfg.MinIsolation,
 		DefaultTimeout: cfg.DefaultTimeout,
 	})
 	if err := os.MkdirAll(filepath.Join(cfg.Home, "sandboxes"), 0o700); err != nil {
 		return err
 	}
+	emit = mgr.Emit
+	if err := gw.Init(ctx, keepSandbox(ctx, st)); err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := gw.Close(cctx); err != nil {
+			log.Error("close gateway", "err", err)
+		}
+	}()
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
@@ -159,4 +212,41 @@ func NewAPIKey(tenant string) (string, *store.APIKey) {
 		ID: "key-" + hex.EncodeToString(idb), TenantID: tenant, Hash: HashKey(key),
 		Prefix: key[:12], CreatedAt: time.Now().UTC(),
 	}
+}
+
+func newGateway(cfg Config, emit func(string, string, string, any), log *slog.Logger) (*gateway.Gateway, error) {
+	n := cfg.Network
+	var roots *x509.CertPool
+	if len(n.UpstreamCAFiles) > 0 {
+		roots = x509.NewCertPool()
+		for _, f := range n.UpstreamCAFiles {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return nil, fmt.Errorf("--upstream-ca: %w", err)
+			}
+			if !roots.AppendCertsFromPEM(b) {
+				return nil, fmt.Errorf("--upstream-ca %s: no PEM certificate in it", f)
+			}
+		}
+	}
+	return gateway.New(gateway.Config{
+		StateDir: filepath.Join(cfg.Home, "net"), Pool: n.Pool,
+		ProxyPort: n.ProxyPort, DNSPort: n.DNSPort, TableName: n.TableName, IfPrefix: n.IfPrefix,
+		Resolve: n.Resolve, UpstreamCAs: roots, Emit: emit, Logger: log,
+	})
+}
+
+// keepSandbox says which sandboxes' links survive a restart: those the
+// store still has as running, paused or being created.
+func keepSandbox(ctx context.Context, st store.Store) func(string) bool {
+	keep := map[string]bool{}
+	if rs, err := st.ListSandboxes(ctx, ""); err == nil {
+		for _, r := range rs {
+			switch r.Status {
+			case sandbox.StatusRunning, sandbox.StatusPaused, sandbox.StatusCreating:
+				keep[r.ID] = true
+			}
+		}
+	}
+	return func(id string) bool { return keep[id] }
 }

@@ -24,7 +24,9 @@ import (
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/oci"
@@ -61,6 +63,8 @@ type Config struct {
 	DefaultTimeout time.Duration
 	// Now is the clock (tests); nil = time.Now.
 	Now func() time.Time
+	// Gateway attaches sandboxes to the network; nil = no network at all.
+	Gateway *gateway.Gateway
 }
 
 // Manager runs sandboxes for every tenant.
@@ -137,6 +141,7 @@ type specRecord struct {
 	AgentToken  string              `json:"agent_token"`
 	StateDir    string              `json:"state_dir"`
 	IdleTimeout string              `json:"idle_timeout,omitempty"`
+	Policy      *policy.Document    `json:"policy,omitempty"`
 }
 
 func newID() string {
@@ -206,6 +211,10 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	if err := ValidateEnv("env", req.Env); err != nil {
 		return nil, err
 	}
+	doc, pol, err := PolicyOf(req.Policy, req.Allow)
+	if err != nil {
+		return nil, err
+	}
 	rt, err := isolation.Pick(req.Runtime, m.Floor(tenant))
 	if err != nil {
 		if errors.Is(err, isolation.ErrUnavailable) {
@@ -243,7 +252,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		Hostname:   "sandbox",
 		Resources:  res,
 	}
-	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout}
+	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, Policy: doc}
 	specJSON, _ := json.Marshal(sr)
 	now := m.cfg.Now().UTC()
 	if timeout == 0 {
@@ -277,15 +286,27 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		return nil, err
 	}
 	t0 := time.Now()
+	if gw := m.cfg.Gateway; gw != nil {
+		att, err := gw.Attach(sctx, id, tenant.ID, pol, false)
+		if err != nil {
+			return fail(fmt.Errorf("attach network: %w", err))
+		}
+		spec.NetNS = att.Link.NetNSPath
+		spec.Nameserver = att.Link.HostAddr.String()
+		spec.TrustedCAPEM = att.CA.CertPEM()
+		spec.Env = append(isolation.CAEnv(), spec.Env...)
+	}
 	sb, err := rt.Create(sctx, spec)
 	tCreate := time.Since(t0)
 	if err != nil {
+		m.detach(id)
 		return fail(fmt.Errorf("create %s sandbox: %w", rt.Name(), err))
 	}
 	st := sb.State()
 	rec.State, _ = json.Marshal(st)
 	if err := m.cfg.Store.UpdateSandbox(sctx, rec); err != nil {
 		_ = sb.Destroy(sctx)
+		m.detach(id)
 		return fail(fmt.Errorf("record sandbox state: %w", err))
 	}
 	// The agent's socket exists before Start (the runtime made it), so the
@@ -305,17 +326,20 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		<-agentErr
 		e.dropAll()
 		_ = sb.Destroy(sctx)
+		m.detach(id)
 		return fail(fmt.Errorf("start %s sandbox: %w", rt.Name(), err))
 	}
 	tStart := time.Since(t1)
 	if err := <-agentErr; err != nil {
 		_ = sb.Destroy(sctx)
+		m.detach(id)
 		return fail(fmt.Errorf("sandbox started but its agent does not answer: %w", err))
 	}
 	rec.Status = StatusRunning
 	rec.UpdatedAt = m.cfg.Now().UTC()
 	if err := m.cfg.Store.UpdateSandbox(sctx, rec); err != nil {
 		_ = sb.Destroy(sctx)
+		m.detach(id)
 		return fail(fmt.Errorf("record sandbox: %w", err))
 	}
 	m.mu.Lock()
@@ -399,7 +423,49 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 	if r.IdleTimeout > 0 {
 		v.IdleTimeout = r.IdleTimeout.String()
 	}
+	if sr.Policy != nil {
+		v.Policy, _ = json.Marshal(sr.Policy)
+	}
+	if gw := m.cfg.Gateway; gw != nil {
+		if a, ok := gw.Get(r.ID); ok {
+			v.Network = &api.Network{Address: a.Link.GuestAddr.String(), Gateway: a.Link.HostAddr.String(), HostIf: a.Link.HostIf}
+		}
+	}
 	return v
+}
+
+// detach removes a sandbox's network (link, resolver, listener, CA).
+func (m *Manager) detach(id string) {
+	if gw := m.cfg.Gateway; gw != nil {
+		if err := gw.Detach(context.Background(), id, false); err != nil {
+			m.log.Error("detach network", "sandbox", id, "err", err)
+		}
+	}
+}
+
+// PolicyOf builds a sandbox's policy from a request's document and --allow
+// hosts. Neither given: deny everything.
+func PolicyOf(raw json.RawMessage, allow []string) (*policy.Document, *policy.Policy, error) {
+	doc := &policy.Document{Version: 1, Default: "deny"}
+	if len(raw) > 0 && string(raw) != "null" {
+		d, err := policy.Parse(raw)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: policy: %v", errdefs.ErrInvalid, err)
+		}
+		doc = d
+	}
+	if len(allow) > 0 {
+		extra, err := policy.AllowHosts(allow...)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: allow: %v", errdefs.ErrInvalid, err)
+		}
+		doc.Rules = append(doc.Rules, extra.Rules...)
+	}
+	pol, err := policy.Compile(doc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: policy: %v", errdefs.ErrInvalid, err)
+	}
+	return doc, pol, nil
 }
 
 // Get returns a sandbox of tenant ("" = any, for the admin).
@@ -727,6 +793,7 @@ func (m *Manager) destroy(r *store.Sandbox, reason string) error {
 	} else {
 		m.cleanupOrphanDir(r)
 	}
+	m.detach(r.ID)
 	r.Status = StatusDestroyed
 	if reason != "removed" {
 		r.Error = reason
@@ -809,6 +876,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 				rerr = errors.New("no runtime state recorded")
 			}
 			m.cleanupOrphanDir(r)
+			m.detach(r.ID)
 			r.Status = StatusFailed
 			r.Error = "lost after a daemon restart and cleaned up: " + rerr.Error()
 			r.UpdatedAt = m.cfg.Now().UTC()
@@ -816,6 +884,26 @@ func (m *Manager) Recover(ctx context.Context) error {
 			m.emit(r.TenantID, r.ID, "sandbox.lost", map[string]any{"error": rerr.Error()})
 			log.Warn("sandbox lost after restart", "err", rerr)
 			continue
+		}
+		if gw := m.cfg.Gateway; gw != nil {
+			_, pol, err := PolicyOf(nil, nil)
+			if sr.Policy != nil {
+				pol, err = policy.Compile(sr.Policy)
+			}
+			if err == nil {
+				_, err = gw.Attach(ctx, r.ID, r.TenantID, pol, true)
+			}
+			if err != nil {
+				// Without its gateway the sandbox would have no policy
+				// point: destroy it rather than run it unconfined.
+				log.Error("re-attach network failed; destroying the sandbox", "err", err)
+				_ = sb.Destroy(ctx)
+				m.detach(r.ID)
+				r.Status, r.Error = StatusFailed, "network could not be re-attached after a daemon restart: "+err.Error()
+				r.UpdatedAt = m.cfg.Now().UTC()
+				_ = m.cfg.Store.UpdateSandbox(ctx, r)
+				continue
+			}
 		}
 		m.mu.Lock()
 		m.live[r.ID] = &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken, paused: r.Status == StatusPaused}
@@ -904,6 +992,9 @@ func (m *Manager) Count() int {
 	defer m.mu.Unlock()
 	return len(m.live)
 }
+
+// Emit records an audit event (the gateway reports through it).
+func (m *Manager) Emit(tenant, sandbox, kind string, data any) { m.emit(tenant, sandbox, kind, data) }
 
 func (m *Manager) emit(tenant, sandbox, kind string, data any) {
 	var raw json.RawMessage

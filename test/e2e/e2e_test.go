@@ -29,6 +29,12 @@ func TestMain(m *testing.M) {
 		fmt.Println("e2e: skipped, needs root (namespaces, mounts, cgroups)")
 		os.Exit(0)
 	}
+	// Our own nftables table, interface prefix and pool: tests never touch
+	// a daemon that may run on this machine. Daemons started by the CLI
+	// inherit these.
+	os.Setenv("CAGEBOX_NET_TABLE", "cagebox_e2e")
+	os.Setenv("CAGEBOX_NET_IFPREFIX", "cbe")
+	os.Setenv("CAGEBOX_LINK_POOL", "10.252.0.0/16")
 	dir, err := os.MkdirTemp("", "cbx-e2e-bin")
 	if err != nil {
 		panic(err)
@@ -415,6 +421,22 @@ func TestRuntimesCommand(t *testing.T) {
 // TestDebianImage runs the real default image (curl, python3) when setup
 // has built it.
 func TestDebianImage(t *testing.T) {
+	e := newDebianEnv(t)
+	e.startDaemon()
+	r := e.cli("", "run", "--", "sh", "-c", "python3 -c 'import ssl, sys; print(sys.version_info[0])'; curl --version >/dev/null && echo curl-ok; test -s /etc/ssl/certs/ca-certificates.crt && echo ca-ok")
+	if r.code != 0 || r.stdout != "3\ncurl-ok\nca-ok\n" {
+		t.Fatalf("debian image: %+v", r)
+	}
+	r = e.cli("", "run", "--memory", "128M", "--", "python3", "-c", "bytearray(400 << 20)")
+	if r.code != 137 || !strings.Contains(r.stderr, "memory limit") {
+		t.Fatalf("python over the memory limit: %+v", r)
+	}
+}
+
+// newDebianEnv is newEnv with the Debian image (curl, python3) as
+// "default"; it skips when setup has not built it.
+func newDebianEnv(t *testing.T) *env {
+	t.Helper()
 	shared := os.Getenv("CAGEBOX_TEST_IMAGES")
 	if shared == "" {
 		t.Skip("CAGEBOX_TEST_IMAGES is not set (scripts/test.sh sets it after building the Debian image)")
@@ -429,13 +451,5 @@ func TestDebianImage(t *testing.T) {
 	if err := os.Symlink(filepath.Join(shared, "default"), filepath.Join(e.home, "images", "default")); err != nil {
 		t.Fatal(err)
 	}
-	e.startDaemon()
-	r := e.cli("", "run", "--", "sh", "-c", "python3 -c 'import ssl, sys; print(sys.version_info[0])'; curl --version >/dev/null && echo curl-ok; test -s /etc/ssl/certs/ca-certificates.crt && echo ca-ok")
-	if r.code != 0 || r.stdout != "3\ncurl-ok\nca-ok\n" {
-		t.Fatalf("debian image: %+v", r)
-	}
-	r = e.cli("", "run", "--memory", "128M", "--", "python3", "-c", "bytearray(400 << 20)")
-	if r.code != 137 || !strings.Contains(r.stderr, "memory limit") {
-		t.Fatalf("python over the memory limit: %+v", r)
-	}
+	return e
 }

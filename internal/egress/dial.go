@@ -1,0 +1,306 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// RefusedError is an upstream connection the dial guard would not make. Reason
+// is safe to show to the sandbox: it names the class of address, never the
+// address itself.
+type RefusedError struct {
+	Reason string
+	Err    error // underlying cause, if any (not shown to the sandbox)
+}
+
+func (e *RefusedError) Error() string {
+	if e.Err != nil {
+		return "upstream refused: " + e.Reason + ": " + e.Err.Error()
+	}
+	return "upstream refused: " + e.Reason
+}
+
+func (e *RefusedError) Unwrap() error { return e.Err }
+
+func refused(format string, args ...any) *RefusedError {
+	return &RefusedError{Reason: fmt.Sprintf(format, args...)}
+}
+
+type classed struct {
+	prefix netip.Prefix
+	class  string
+}
+
+func prefixes(pairs ...string) []classed {
+	out := make([]classed, 0, len(pairs)/2)
+	for i := 0; i < len(pairs); i += 2 {
+		out = append(out, classed{netip.MustParsePrefix(pairs[i]), pairs[i+1]})
+	}
+	return out
+}
+
+// Addresses no upstream may have. Order matters only for the class named.
+var (
+	forbidden4 = prefixes(
+		"0.0.0.0/8", "unspecified",
+		"10.0.0.0/8", "private",
+		"100.64.0.0/10", "shared (CGNAT)",
+		"127.0.0.0/8", "loopback",
+		"169.254.0.0/16", "link-local",
+		"172.16.0.0/12", "private",
+		"192.0.0.0/24", "reserved",
+		"192.0.2.0/24", "reserved",
+		"192.88.99.0/24", "reserved",
+		"192.168.0.0/16", "private",
+		"198.18.0.0/15", "reserved (synthetic)",
+		"198.51.100.0/24", "reserved",
+		"203.0.113.0/24", "reserved",
+		"224.0.0.0/4", "multicast",
+		"255.255.255.255/32", "broadcast",
+		"240.0.0.0/4", "reserved",
+	)
+	forbidden6 = prefixes(
+		"::/128", "unspecified",
+		"::1/128", "loopback",
+		"::/96", "IPv4-compatible",
+		"64:ff9b:1::/48", "NAT64 (local use)",
+		"100::/64", "discard",
+		"2001:db8::/32", "reserved",
+		"fc00::/7", "unique local",
+		"fe80::/10", "link-local",
+		"fec0::/10", "site-local",
+		"ff00::/8", "multicast",
+	)
+	nat64     = netip.MustParsePrefix("64:ff9b::/96")
+	siit      = netip.MustParsePrefix("::ffff:0:0:0/96")
+	sixToFour = netip.MustParsePrefix("2002::/16")
+	teredo    = netip.MustParsePrefix("2001::/32")
+)
+
+// CheckAddr reports whether a resolved address may be an upstream. It refuses
+// loopback, private (RFC 1918), CGNAT, link-local (including the cloud metadata
+// addresses 169.254.169.254 and fd00:ec2::254), unique-local, multicast,
+// unspecified, broadcast, reserved and the synthetic 198.18.0.0/15 range, and
+// every IPv6 form that embeds one of those IPv4 addresses (IPv4-mapped,
+// IPv4-compatible, SIIT, NAT64, 6to4, Teredo). It does not know the host's own
+// addresses; the proxy's dialer checks those too.
+func CheckAddr(a netip.Addr) error {
+	if !a.IsValid() {
+		return refused("invalid address")
+	}
+	if a.Zone() != "" {
+		return refused("resolves to a scoped address")
+	}
+	if a.Is4In6() {
+		if err := check4(a.Unmap()); err != nil {
+			return refused("resolves to an IPv4-mapped %s address", className(err))
+		}
+		return nil
+	}
+	if a.Is4() {
+		return check4(a)
+	}
+	b := a.As16()
+	embedded := func(kind string, v4 netip.Addr) error {
+		if err := check4(v4); err != nil {
+			return refused("resolves to a %s form of a %s address", kind, className(err))
+		}
+		return nil
+	}
+	switch {
+	case nat64.Contains(a):
+		return embedded("NAT64", netip.AddrFrom4([4]byte(b[12:16])))
+	case siit.Contains(a):
+		return embedded("IPv4-translated", netip.AddrFrom4([4]byte(b[12:16])))
+	case sixToFour.Contains(a):
+		return embedded("6to4", netip.AddrFrom4([4]byte(b[2:6])))
+	case teredo.Contains(a):
+		if err := embedded("Teredo", netip.AddrFrom4([4]byte(b[4:8]))); err != nil {
+			return err
+		}
+		client := [4]byte{^b[12], ^b[13], ^b[14], ^b[15]}
+		return embedded("Teredo", netip.AddrFrom4(client))
+	}
+	for _, f := range forbidden6 {
+		if f.prefix.Contains(a) {
+			if f.class == "IPv4-compatible" {
+				return refused("resolves to an IPv4-compatible address")
+			}
+			return refused("resolves to a %s address", f.class)
+		}
+	}
+	return nil
+}
+
+func check4(a netip.Addr) error {
+	for _, f := range forbidden4 {
+		if f.prefix.Contains(a) {
+			return &RefusedError{Reason: "resolves to a " + f.class + " address", Err: errClass(f.class)}
+		}
+	}
+	return nil
+}
+
+// errClass carries the bare class name of a refused IPv4 address so the
+// IPv6 forms can say what they embed.
+type errClass string
+
+func (e errClass) Error() string { return string(e) }
+
+func className(err error) string {
+	var c errClass
+	if errors.As(err, &c) {
+		return string(c)
+	}
+	return "forbidden"
+}
+
+// guard dials upstreams. Names with an explicit override go to the override
+// (any address, loopback included: that is what overrides are for); every
+// other name is resolved at connect time, every resolved address checked, and
+// a checked address dialled itself so nothing can re-resolve in between.
+type guard struct {
+	overrides map[string]netip.AddrPort // normName(host) + ":" + port
+	lookup    func(ctx context.Context, host string) ([]netip.Addr, error)
+	dialer    net.Dialer
+	// hostAddrs lists the host's own addresses; replaced in tests.
+	hostAddrs func() (map[netip.Addr]bool, error)
+
+	// mu guards the cached host addresses.
+	mu        sync.Mutex
+	own       map[netip.Addr]bool
+	ownExpiry time.Time
+}
+
+const ownAddrTTL = 10 * time.Second
+
+func newGuard(overrides map[string]netip.AddrPort, r *net.Resolver) *guard {
+	if r == nil {
+		r = net.DefaultResolver
+	}
+	ov := make(map[string]netip.AddrPort, len(overrides))
+	for k, v := range overrides {
+		host, port, err := net.SplitHostPort(k)
+		if err != nil {
+			continue // validated in New
+		}
+		ov[normName(host)+":"+port] = v
+	}
+	return &guard{
+		overrides: ov,
+		lookup: func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return r.LookupNetIP(ctx, "ip", host)
+		},
+		dialer:    net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
+		hostAddrs: interfaceAddrs,
+	}
+}
+
+func interfaceAddrs() (map[netip.Addr]bool, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("host addresses: %w", err)
+	}
+	own := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			own[p.Addr().Unmap()] = true
+		} else if ip, err := netip.ParseAddr(a.String()); err == nil {
+			own[ip.Unmap()] = true
+		}
+	}
+	return own, nil
+}
+
+// isOwn reports whether a is one of the host's addresses. If they cannot be
+// listed, every address counts as the host's (refuse, never fail open).
+func (g *guard) isOwn(a netip.Addr) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.own == nil || time.Now().After(g.ownExpiry) {
+		own, err := g.hostAddrs()
+		if err != nil {
+			return true
+		}
+		g.own, g.ownExpiry = own, time.Now().Add(ownAddrTTL)
+	}
+	return g.own[a.Unmap()]
+}
+
+// check is CheckAddr plus the host's own addresses.
+func (g *guard) check(a netip.Addr) error {
+	if err := CheckAddr(a); err != nil {
+		return err
+	}
+	if g.isOwn(a) {
+		return refused("resolves to an address of the host")
+	}
+	return nil
+}
+
+// DialContext connects to address ("name:port") under the rules above. It
+// has the signature of net.Dialer.DialContext so an http.Transport can use it.
+func (g *guard) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return nil, refused("network %s not allowed", network)
+	}
+	host, portStr, err := net.SplitHostPort(address)
+	if err != nil {
+		return nil, &RefusedError{Reason: "bad address", Err: err}
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil || port == 0 {
+		return nil, refused("bad port")
+	}
+	name := normName(host)
+	if ap, ok := g.overrides[name+":"+portStr]; ok {
+		c, err := g.dialer.DialContext(ctx, "tcp", ap.String())
+		if err != nil {
+			return nil, &RefusedError{Reason: "connection failed", Err: err}
+		}
+		return c, nil
+	}
+	if _, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		return nil, refused("literal IP address")
+	}
+	if name == "" || name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		return nil, refused("name not allowed")
+	}
+	addrs, err := g.lookup(ctx, name)
+	if err != nil {
+		return nil, &RefusedError{Reason: "name does not resolve", Err: err}
+	}
+	if len(addrs) == 0 {
+		return nil, refused("name does not resolve")
+	}
+	// Every address must pass: a name that resolves to one public and one
+	// private address is a rebinding attempt, not a choice.
+	for _, a := range addrs {
+		if err := g.check(a); err != nil {
+			return nil, err
+		}
+	}
+	var firstErr error
+	for _, a := range addrs {
+		c, err := g.dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(a.Unmap(), uint16(port)).String())
+		if err == nil {
+			return c, nil
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, &RefusedError{Reason: "connection failed", Err: firstErr}
+}

@@ -1,0 +1,734 @@
+// Package egress is cagebox's transparent, deny-by-default L7 proxy: the only
+// way out of a sandbox.
+//
+// Every TCP connection a sandbox opens is redirected (nftables REDIRECT) to
+// one listener. The proxy learns the sandbox and the original destination
+// from Config.Lookup, then classifies the flow by its first bytes:
+//
+//   - a TLS ClientHello: the SNI must be the name the sandbox's synthetic DNS
+//     gave the destination address; the proxy terminates TLS with a leaf from
+//     the sandbox's CA (HTTP/1.1 or HTTP/2 by ALPN), evaluates the policy for
+//     every request, refuses domain fronting, and forwards allowed requests
+//     over verified TLS to the same name and port;
+//   - plain HTTP: the same, with the name taken from the destination and the
+//     Host header required to match it;
+//   - anything else: spliced to the upstream only if the policy allows raw
+//     TCP to that name and port.
+//
+// A literal IP destination (one the sandbox's DNS never handed out) has no
+// name and is refused. Upstream connections resolve the name on the host,
+// refuse private, loopback, link-local, metadata and host addresses (see
+// CheckAddr), and dial the checked address itself. Only names with an
+// explicit Config.Resolve override may reach loopback or private upstreams.
+//
+// A denied HTTP request is answered with 403 and a JSON body naming the rule;
+// every request and flow produces an Event.
+package egress
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Request is what the policy decides on. Protocol is "http" for an HTTP
+// request (plain or intercepted TLS) and "tcp" for a raw flow.
+//
+// A connection-level question about an intercepted TLS connection has
+// Protocol "http" and empty Method and Path: the policy should allow it when
+// some request to Host:Port could be allowed; every request on the
+// connection is then decided on its own.
+type Request struct {
+	Host        string
+	Port        int
+	Protocol    string // "http" | "tcp"
+	Method      string
+	Path        string
+	WebSocket   bool
+	ContentType string
+	Accept      string
+}
+
+// Decision is a policy's answer. Rule names the rule that decided (shown to
+// the sandbox on a denial); Reason says why.
+type Decision struct {
+	Allow        bool
+	Rule, Reason string
+}
+
+// Policy decides requests and flows. An error means the request is refused:
+// the proxy never fails open.
+type Policy interface {
+	Decide(ctx context.Context, r *Request) (Decision, error)
+}
+
+// PolicyFunc adapts a function to Policy.
+type PolicyFunc func(ctx context.Context, r *Request) (Decision, error)
+
+// Decide calls f.
+func (f PolicyFunc) Decide(ctx context.Context, r *Request) (Decision, error) { return f(ctx, r) }
+
+// Sandbox is what the proxy knows about the sender of a connection.
+type Sandbox struct {
+	ID, Tenant string
+	CA         *CA
+	Policy     Policy
+	// NameOf maps a synthetic destination address (handed out by the
+	// sandbox's DNS) to its name; ok=false for anything else, such as a
+	// literal IP the guest dialled.
+	NameOf func(netip.Addr) (string, bool)
+}
+
+func (sb *Sandbox) nameOf(a netip.Addr) (string, bool) {
+	if sb.NameOf == nil {
+		return "", false
+	}
+	name, ok := sb.NameOf(a.Unmap())
+	name = normName(name)
+	return name, ok && name != ""
+}
+
+// Verdicts of an Event.
+const (
+	VerdictAllow = "allow"
+	VerdictDeny  = "deny"
+	VerdictError = "error"
+)
+
+// Event records one request (HTTP) or flow (TCP, refused TLS connection).
+// Protocol is "https", "http" or "tcp".
+type Event struct {
+	Sandbox, Tenant string
+	Host            string
+	Port            int
+	Protocol        string
+	Method, Path    string
+	Rule            string
+	Verdict         string // "allow" | "deny" | "error"
+	Reason          string
+	Status          int
+	BytesUp         int64 // sandbox → upstream (request bodies, tunnel bytes)
+	BytesDown       int64 // upstream → sandbox (response bodies, tunnel bytes)
+	Duration        time.Duration
+	Time            time.Time
+}
+
+// RequestHook lets a later stage rewrite an allowed request before it goes
+// upstream (placeholder swap, re-signing) or refuse it. It is called with the
+// request as decided; changes to its URL path, query, headers and body are
+// forwarded. A non-nil *Refusal answers 403 with that rule and reason.
+type RequestHook func(sb *Sandbox, r *http.Request) *Refusal
+
+// Refusal is a RequestHook's denial.
+type Refusal struct{ Rule, Reason string }
+
+// Config configures a Proxy.
+type Config struct {
+	// Lookup identifies the sandbox of an accepted connection (by its remote
+	// address) and returns the original destination (the caller recovers it,
+	// e.g. via SO_ORIGINAL_DST). ok=false closes the connection.
+	Lookup func(c net.Conn) (sb *Sandbox, origDst netip.AddrPort, ok bool)
+	// OnEvent receives every event, synchronously; it must not block long.
+	OnEvent func(Event)
+	// Hook runs on every allowed HTTP request; may be nil.
+	Hook RequestHook
+
+	// Resolve holds explicit upstream overrides, "host:port" → address. Only
+	// these names may reach loopback or private addresses.
+	Resolve map[string]netip.AddrPort
+	// UpstreamCAs are roots trusted in addition to the system roots.
+	UpstreamCAs *x509.CertPool
+	// Resolver resolves upstream names on the host; nil means the default.
+	Resolver *net.Resolver
+	Logger   *slog.Logger
+
+	// PeekTimeout bounds the wait for a flow's first bytes (default 2s). A
+	// flow that sends nothing in that time is treated as raw TCP.
+	PeekTimeout time.Duration
+	// HandshakeTimeout bounds the sandbox-side TLS handshake (default 10s).
+	HandshakeTimeout time.Duration
+	// ReadHeaderTimeout bounds reading a request's headers (default 30s).
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout closes idle sandbox connections (default 2m).
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds request headers (default 64 KiB).
+	MaxHeaderBytes int
+	// MaxConnsPerSandbox bounds concurrent connections per sandbox (default 512).
+	MaxConnsPerSandbox int
+}
+
+func (c *Config) setDefaults() {
+	if c.PeekTimeout <= 0 {
+		c.PeekTimeout = 2 * time.Second
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = 10 * time.Second
+	}
+	if c.ReadHeaderTimeout <= 0 {
+		c.ReadHeaderTimeout = 30 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 2 * time.Minute
+	}
+	if c.MaxHeaderBytes <= 0 {
+		c.MaxHeaderBytes = 64 << 10
+	}
+	if c.MaxConnsPerSandbox <= 0 {
+		c.MaxConnsPerSandbox = 512
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Proxy is the transparent egress proxy.
+type Proxy struct {
+	cfg       Config
+	log       *slog.Logger
+	guard     *guard
+	transport *http.Transport
+	rp        *httputil.ReverseProxy
+	srv       *http.Server // serves HTTP/1.1 and HTTP/2 on handed-over conns
+	conns     *connQueue   // the srv's listener
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+
+	// mu guards the fields below.
+	mu         sync.Mutex
+	closed     bool
+	listeners  map[net.Listener]struct{}
+	open       map[net.Conn]struct{} // accepted sandbox connections
+	perSandbox map[string]int
+	served     map[net.Conn]*connInfo // conns handed to srv
+}
+
+// New returns a proxy; Serve starts it.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Lookup == nil {
+		return nil, errors.New("egress: config: Lookup is required")
+	}
+	for k := range cfg.Resolve {
+		host, port, err := net.SplitHostPort(k)
+		if err != nil || host == "" {
+			return nil, fmt.Errorf("egress: config: resolve override %q: want host:port", k)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return nil, fmt.Errorf("egress: config: resolve override %q: bad port", k)
+		}
+	}
+	cfg.setDefaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Proxy{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		guard:      newGuard(cfg.Resolve, cfg.Resolver),
+		ctx:        ctx,
+		cancel:     cancel,
+		listeners:  make(map[net.Listener]struct{}),
+		open:       make(map[net.Conn]struct{}),
+		perSandbox: make(map[string]int),
+		served:     make(map[net.Conn]*connInfo),
+	}
+	p.transport = p.newTransport()
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:       rewrite,
+		Transport:     p.transport,
+		FlushInterval: -1,
+		ErrorHandler:  p.upstreamError,
+		ErrorLog:      slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+	}
+	p.conns = newConnQueue()
+	p.srv = &http.Server{
+		Handler:           http.HandlerFunc(p.serveHTTP),
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ConnContext:       p.connContext,
+		ConnState:         p.connState,
+		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: 250},
+	}
+	p.srv.Protocols = new(http.Protocols)
+	p.srv.Protocols.SetHTTP1(true)
+	p.srv.Protocols.SetHTTP2(true)
+	go func() { _ = p.srv.Serve(p.conns) }()
+	return p, nil
+}
+
+func (p *Proxy) newTransport() *http.Transport {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if extra := p.cfg.UpstreamCAs; extra != nil {
+		// A CertPool cannot be merged with the system pool, so verify by
+		// hand: system roots first, then the extra roots. Same checks as the
+		// standard verifier (chain, expiry, name).
+		tc.InsecureSkipVerify = true
+		tc.VerifyConnection = func(cs tls.ConnectionState) error {
+			return verifyUpstream(cs, extra)
+		}
+	}
+	return &http.Transport{
+		Proxy:                  nil, // never an environment proxy
+		DialContext:            p.guard.DialContext,
+		TLSClientConfig:        tc,
+		ForceAttemptHTTP2:      true,
+		MaxIdleConns:           1024,
+		MaxIdleConnsPerHost:    64,
+		IdleConnTimeout:        90 * time.Second,
+		TLSHandshakeTimeout:    10 * time.Second,
+		ExpectContinueTimeout:  time.Second,
+		DisableCompression:     true, // pass Accept-Encoding and bodies through untouched
+		MaxResponseHeaderBytes: 1 << 20,
+	}
+}
+
+func verifyUpstream(cs tls.ConnectionState, extra *x509.CertPool) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("upstream sent no certificate")
+	}
+	if cs.ServerName == "" {
+		return errors.New("upstream verification: no server name")
+	}
+	inter := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	opts := x509.VerifyOptions{DNSName: cs.ServerName, Intermediates: inter}
+	_, err := cs.PeerCertificates[0].Verify(opts) // system roots
+	if err == nil {
+		return nil
+	}
+	opts.Roots = extra
+	if _, err2 := cs.PeerCertificates[0].Verify(opts); err2 == nil {
+		return nil
+	}
+	return &tls.CertificateVerificationError{UnverifiedCertificates: cs.PeerCertificates, Err: err}
+}
+
+// Serve accepts redirected sandbox connections on l until Close, then
+// returns nil; it closes l. It may be called for several listeners.
+func (p *Proxy) Serve(l net.Listener) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		_ = l.Close()
+		return nil
+	}
+	p.listeners[l] = struct{}{}
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.listeners, l)
+		p.mu.Unlock()
+	}()
+	var delay time.Duration
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if p.isClosed() {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				p.log.Warn("egress accept", "err", err, "retry", delay)
+				time.Sleep(delay)
+				continue
+			}
+			return fmt.Errorf("egress accept: %w", err)
+		}
+		delay = 0
+		// Add under mu, after the closed check, so it never races Close's Wait.
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			_ = c.Close()
+			return nil
+		}
+		p.wg.Add(1)
+		p.mu.Unlock()
+		go func() {
+			defer p.wg.Done()
+			p.handle(c)
+		}()
+	}
+}
+
+func (p *Proxy) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// Close stops every listener passed to Serve, closes every sandbox connection
+// and waits for their handlers.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	for l := range p.listeners {
+		_ = l.Close()
+	}
+	for c := range p.open {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.cancel()
+	_ = p.srv.Close()
+	p.wg.Wait()
+	p.transport.CloseIdleConnections()
+	return nil
+}
+
+// acquire registers an accepted connection; false if the proxy is closed or
+// the sandbox is at its connection limit.
+func (p *Proxy) acquire(c net.Conn, sandbox string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.perSandbox[sandbox] >= p.cfg.MaxConnsPerSandbox {
+		return false
+	}
+	p.perSandbox[sandbox]++
+	p.open[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) release(c net.Conn, sandbox string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.open, c)
+	if p.perSandbox[sandbox]--; p.perSandbox[sandbox] <= 0 {
+		delete(p.perSandbox, sandbox)
+	}
+}
+
+func (p *Proxy) emit(sb *Sandbox, ev Event) {
+	ev.Sandbox, ev.Tenant = sb.ID, sb.Tenant
+	if ev.Time.IsZero() {
+		ev.Time = time.Now()
+	}
+	if ev.Duration == 0 {
+		ev.Duration = time.Since(ev.Time)
+	}
+	if p.log.Enabled(context.Background(), slog.LevelDebug) {
+		p.log.Debug("egress", "sandbox", ev.Sandbox, "host", ev.Host, "port", ev.Port,
+			"protocol", ev.Protocol, "method", ev.Method, "path", ev.Path, "verdict", ev.Verdict,
+			"rule", ev.Rule, "reason", ev.Reason, "status", ev.Status,
+			"up", ev.BytesUp, "down", ev.BytesDown, "duration", ev.Duration)
+	}
+	if p.cfg.OnEvent != nil {
+		p.cfg.OnEvent(ev)
+	}
+}
+
+// decide asks the sandbox's policy; no policy or an error is a refusal.
+func (p *Proxy) decide(ctx context.Context, sb *Sandbox, r *Request) (d Decision, verdict string) {
+	if sb.Policy == nil {
+		return Decision{Rule: "default", Reason: "no policy"}, VerdictDeny
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			p.log.Error("egress policy panic", "sandbox", sb.ID, "host", r.Host, "panic", v)
+			d, verdict = Decision{Reason: "policy unavailable"}, VerdictError
+		}
+	}()
+	d, err := sb.Policy.Decide(ctx, r)
+	if err != nil {
+		p.log.Warn("egress policy error", "sandbox", sb.ID, "host", r.Host, "err", err)
+		return Decision{Rule: d.Rule, Reason: "policy unavailable"}, VerdictError
+	}
+	if !d.Allow {
+		return d, VerdictDeny
+	}
+	return d, VerdictAllow
+}
+
+// flow kinds.
+const (
+	kindTLS = iota + 1
+	kindHTTP
+	kindTCP
+	kindSilent
+)
+
+// handle serves one accepted sandbox connection.
+func (p *Proxy) handle(c net.Conn) {
+	sb, dst, ok := p.cfg.Lookup(c)
+	if !ok || sb == nil {
+		p.log.Warn("egress: connection from unknown source", "remote", c.RemoteAddr())
+		_ = c.Close()
+		return
+	}
+	start := time.Now()
+	if !p.acquire(c, sb.ID) {
+		_ = c.Close()
+		if !p.isClosed() {
+			p.emit(sb, Event{Port: int(dst.Port()), Protocol: "tcp", Verdict: VerdictDeny,
+				Rule: "builtin:conn-limit", Reason: "too many connections", Time: start})
+		}
+		return
+	}
+	defer p.release(c, sb.ID)
+	defer c.Close()
+
+	br := bufio.NewReaderSize(c, 4096)
+	pc := &peekedConn{Conn: c, r: br}
+	_ = c.SetReadDeadline(start.Add(p.cfg.PeekTimeout))
+	kind, err := classify(br)
+	if err == nil && kind == kindSilent {
+		// Server-speaks-first protocols send nothing: splice them if raw
+		// TCP is allowed here. Otherwise this may just be a slow client:
+		// wait longer for its first bytes.
+		if name, ok := sb.nameOf(dst.Addr()); ok {
+			if _, v := p.decide(p.ctx, sb, &Request{Host: name, Port: int(dst.Port()), Protocol: "tcp"}); v == VerdictAllow {
+				_ = c.SetReadDeadline(time.Time{})
+				p.serveTCP(pc, sb, dst, start)
+				return
+			}
+		}
+		_ = c.SetReadDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
+		kind, err = classify(br)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil {
+		return // closed before saying anything
+	}
+	switch kind {
+	case kindTLS:
+		p.serveTLS(pc, sb, dst, start)
+	case kindHTTP:
+		name, ok := sb.nameOf(dst.Addr())
+		p.serveConn(pc, &connInfo{sb: sb, dst: dst, scheme: "http", name: name, named: ok})
+	default:
+		p.serveTCP(pc, sb, dst, start)
+	}
+}
+
+// classify peeks at the first bytes of a flow: a TLS handshake record, an
+// HTTP request line ("METHOD "), or anything else (raw TCP). A flow that
+// sends nothing before the read deadline is kindSilent.
+func classify(br *bufio.Reader) (int, error) {
+	b, err := br.Peek(1)
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return kindSilent, nil
+		}
+		return 0, err
+	}
+	if b[0] == 0x16 { // TLS handshake record
+		return kindTLS, nil
+	}
+	const maxMethod = 16
+	for n := 1; n <= maxMethod; n++ {
+		b, err := br.Peek(n)
+		if err != nil {
+			return kindTCP, nil
+		}
+		switch c := b[n-1]; {
+		case c == ' ' && n > 1:
+			return kindHTTP, nil
+		case c >= 'A' && c <= 'Z', c == '-' || c == '_':
+		default:
+			return kindTCP, nil
+		}
+	}
+	return kindTCP, nil
+}
+
+// peekedConn replays the bytes classify peeked.
+type peekedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *peekedConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// CloseWrite half-closes the underlying connection when it can.
+func (c *peekedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// serveTLS terminates a sandbox TLS connection after checking its SNI.
+func (p *Proxy) serveTLS(pc *peekedConn, sb *Sandbox, dst netip.AddrPort, start time.Time) {
+	info := &connInfo{sb: sb, dst: dst, scheme: "https", named: true}
+	var refusal *Event
+	refuse := func(host, rule, reason string) error {
+		refusal = &Event{Host: host, Port: int(dst.Port()), Protocol: "https", Verdict: VerdictDeny,
+			Rule: rule, Reason: reason, Time: start}
+		return errors.New(reason)
+	}
+	cfg := &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(hi *tls.ClientHelloInfo) (*tls.Config, error) {
+			sni := normName(hi.ServerName)
+			want, ok := sb.nameOf(dst.Addr())
+			switch {
+			case !ok:
+				return nil, refuse(sni, "builtin:literal-ip", "destination is a literal IP address, not a name from the sandbox's DNS")
+			case sni == "":
+				return nil, refuse(want, "builtin:no-sni", "TLS without a server name (SNI)")
+			case sni != want:
+				return nil, refuse(sni, "builtin:sni-mismatch", fmt.Sprintf("TLS server name %q does not match the destination %q", sni, want))
+			case sb.CA == nil:
+				return nil, refuse(sni, "builtin:no-ca", "sandbox has no CA")
+			}
+			info.name = sni
+			d, verdict := p.decide(hi.Context(), sb, &Request{Host: sni, Port: int(dst.Port()), Protocol: "http"})
+			if verdict != VerdictAllow {
+				// Intercept anyway, so the sandbox gets a 403 naming the
+				// rule instead of a bare TLS failure; nothing goes upstream.
+				info.connDeny, info.connVerdict = &d, verdict
+			}
+			leaf, err := sb.CA.leaf(sni)
+			if err != nil {
+				p.log.Error("egress leaf certificate", "sandbox", sb.ID, "err", err)
+				return nil, refuse(sni, "builtin:no-ca", "no certificate")
+			}
+			return &tls.Config{
+				MinVersion:   tls.VersionTLS12,
+				Certificates: []tls.Certificate{*leaf},
+				NextProtos:   []string{"h2", "http/1.1"},
+			}, nil
+		},
+	}
+	tc := tls.Server(pc, cfg)
+	_ = pc.SetDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
+	err := tc.HandshakeContext(p.ctx)
+	_ = pc.SetDeadline(time.Time{})
+	if err != nil {
+		switch {
+		case refusal != nil:
+			p.emit(sb, *refusal)
+		case info.name != "":
+			// The name was fine; the sandbox gave up (often: it does not
+			// trust its CA). Worth an event: it is what the operator debugs.
+			p.emit(sb, Event{Host: info.name, Port: int(dst.Port()), Protocol: "https", Verdict: VerdictError,
+				Reason: "sandbox TLS handshake failed", Time: start})
+		default:
+			p.log.Debug("egress tls handshake", "sandbox", sb.ID, "err", err)
+		}
+		return
+	}
+	p.serveConn(tc, info)
+}
+
+// serveConn hands an HTTP connection (TLS-terminated or plain) to the shared
+// server and waits until it is closed or hijacked and its handlers are done.
+func (p *Proxy) serveConn(c net.Conn, info *connInfo) {
+	info.done = make(chan struct{})
+	p.mu.Lock()
+	p.served[c] = info
+	p.mu.Unlock()
+	if !p.conns.push(c) {
+		p.mu.Lock()
+		delete(p.served, c)
+		p.mu.Unlock()
+		return
+	}
+	select {
+	case <-info.done:
+		// No request can start once the conn is closed or hijacked; wait
+		// for those still running (a WebSocket tunnel, an h2 stream).
+		info.handlers.Wait()
+	case <-p.ctx.Done():
+		// Close is tearing every connection down.
+	}
+}
+
+// connInfo is what the HTTP handler knows about the connection a request
+// arrived on.
+type connInfo struct {
+	sb          *Sandbox
+	dst         netip.AddrPort
+	scheme      string // "https" | "http"
+	name        string // the destination's name (the SNI for https)
+	named       bool   // false: the guest dialled a literal IP
+	connDeny    *Decision
+	connVerdict string
+
+	done     chan struct{}
+	doneOnce sync.Once
+	handlers sync.WaitGroup
+}
+
+type connInfoKey struct{}
+
+func (p *Proxy) connContext(ctx context.Context, c net.Conn) context.Context {
+	p.mu.Lock()
+	info := p.served[c]
+	p.mu.Unlock()
+	return context.WithValue(ctx, connInfoKey{}, info)
+}
+
+func (p *Proxy) connState(c net.Conn, st http.ConnState) {
+	if st != http.StateClosed && st != http.StateHijacked {
+		return
+	}
+	p.mu.Lock()
+	info := p.served[c]
+	delete(p.served, c)
+	p.mu.Unlock()
+	if info != nil {
+		info.doneOnce.Do(func() { close(info.done) })
+	}
+}
+
+// connQueue is the listener of the shared HTTP server: serveConn pushes
+// connections into it.
+type connQueue struct {
+	ch     chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func newConnQueue() *connQueue {
+	return &connQueue{ch: make(chan net.Conn), closed: make(chan struct{})}
+}
+
+func (q *connQueue) push(c net.Conn) bool {
+	select {
+	case q.ch <- c:
+		return true
+	case <-q.closed:
+		return false
+	}
+}
+
+func (q *connQueue) Accept() (net.Conn, error) {
+	select {
+	case c := <-q.ch:
+		return c, nil
+	case <-q.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (q *connQueue) Close() error {
+	q.once.Do(func() { close(q.closed) })
+	return nil
+}
+
+func (q *connQueue) Addr() net.Addr { return queueAddr{} }
+
+type queueAddr struct{}
+
+func (queueAddr) Network() string { return "egress" }
+func (queueAddr) String() string  { return "egress" }

@@ -1,0 +1,347 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Rules the proxy applies itself, named in denials.
+const (
+	ruleConnect       = "builtin:connect"
+	ruleFronting      = "builtin:domain-fronting"
+	ruleLiteralIP     = "builtin:literal-ip"
+	ruleUpgrade       = "builtin:upgrade"
+	rulePath          = "builtin:path"
+	deniedMessage     = "denied by cagebox egress policy"
+	headerDenied      = "X-Cagebox-Denied"
+	defaultRuleName   = "default"
+	upstreamErrPrefix = "upstream refused: "
+)
+
+// reqState follows one allowed request through the reverse proxy.
+type reqState struct {
+	authority  string // name:port dialled upstream
+	hostHeader string
+	scheme     string
+	name       string
+	ev         *Event
+}
+
+type reqStateKey struct{}
+
+// serveHTTP handles every request from a sandbox, TLS-terminated or plain,
+// HTTP/1.1 or HTTP/2.
+func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	info, _ := r.Context().Value(connInfoKey{}).(*connInfo)
+	if info == nil { // cannot happen: every served conn is registered
+		http.Error(w, "egress: unknown connection", http.StatusInternalServerError)
+		return
+	}
+	info.handlers.Add(1)
+	defer info.handlers.Done()
+
+	start := time.Now()
+	cw := &countingWriter{rw: w}
+	var body *countingBody
+	if r.Body != nil && r.Body != http.NoBody {
+		body = &countingBody{rc: r.Body}
+		r.Body = body
+	}
+	ev := &Event{
+		Host: info.name, Port: int(info.dst.Port()), Protocol: info.scheme,
+		Method: r.Method, Path: r.URL.Path, Time: start,
+	}
+	defer func() {
+		// Runs even when the reverse proxy aborts a response mid-stream.
+		ev.Status = cw.status
+		ev.BytesDown = cw.n.Load()
+		if body != nil {
+			ev.BytesUp = body.n.Load()
+		}
+		if cw.tunnel != nil {
+			ev.BytesUp += cw.tunnel.up.Load()
+			ev.BytesDown += cw.tunnel.down.Load()
+		}
+		ev.Duration = time.Since(start)
+		p.emit(info.sb, *ev)
+	}()
+	deny := func(verdict, rule, reason string) {
+		if rule == "" {
+			rule = defaultRuleName
+		}
+		ev.Verdict, ev.Rule, ev.Reason = verdict, rule, reason
+		writeDenied(cw, rule, info.name, reason)
+	}
+
+	if r.Method == http.MethodConnect {
+		deny(VerdictDeny, ruleConnect, "CONNECT is not allowed")
+		return
+	}
+	if !info.named {
+		deny(VerdictDeny, ruleLiteralIP, "destination is a literal IP address, not a name from the sandbox's DNS")
+		return
+	}
+	host, port := splitHostPort(r.Host)
+	if normName(host) != info.name || (port != "" && port != strconv.Itoa(int(info.dst.Port()))) {
+		what := "destination"
+		if info.scheme == "https" {
+			what = "TLS server name"
+		}
+		deny(VerdictDeny, ruleFronting, fmt.Sprintf("Host %q does not match the %s %q", r.Host, what, info.name))
+		return
+	}
+	if d := info.connDeny; d != nil {
+		deny(info.connVerdict, d.Rule, d.Reason)
+		return
+	}
+	if hasDotSegment(r.URL.Path) {
+		// "/public/../admin" would match a rule for /public/* here and be
+		// normalised to /admin upstream.
+		deny(VerdictDeny, rulePath, "path has dot segments")
+		return
+	}
+	ws := isWebSocket(r.Header)
+	if !ws {
+		// h2c and other protocol switches: serve the request as plain
+		// HTTP/1.1 rather than switching to something uninspected.
+		r.Header.Del("Upgrade")
+	}
+	preq := &Request{
+		Host: info.name, Port: int(info.dst.Port()), Protocol: "http",
+		Method: r.Method, Path: r.URL.Path, WebSocket: ws,
+		ContentType: r.Header.Get("Content-Type"), Accept: r.Header.Get("Accept"),
+	}
+	d, verdict := p.decide(r.Context(), info.sb, preq)
+	if verdict != VerdictAllow {
+		deny(verdict, d.Rule, d.Reason)
+		return
+	}
+	ev.Rule = d.Rule
+	if ws && r.ProtoMajor != 1 {
+		deny(VerdictDeny, ruleUpgrade, "WebSocket is supported over HTTP/1.1 only")
+		return
+	}
+	if p.cfg.Hook != nil {
+		if ref := p.cfg.Hook(info.sb, r); ref != nil {
+			deny(VerdictDeny, ref.Rule, ref.Reason)
+			return
+		}
+	}
+	ev.Verdict = VerdictAllow
+	ev.Reason = d.Reason
+	st := &reqState{
+		authority:  info.name + ":" + strconv.Itoa(int(info.dst.Port())),
+		hostHeader: info.name,
+		scheme:     info.scheme,
+		name:       info.name,
+		ev:         ev,
+	}
+	if (info.scheme == "https" && info.dst.Port() != 443) || (info.scheme == "http" && info.dst.Port() != 80) {
+		st.hostHeader = st.authority
+	}
+	p.rp.ServeHTTP(cw, r.WithContext(context.WithValue(r.Context(), reqStateKey{}, st)))
+}
+
+// rewrite points an allowed request at its upstream: the same name and port,
+// the same scheme. X-Forwarded-* headers are dropped by ReverseProxy before
+// Rewrite runs and none are added: the upstream learns nothing about the
+// sandbox's addressing.
+func rewrite(pr *httputil.ProxyRequest) {
+	st := pr.In.Context().Value(reqStateKey{}).(*reqState)
+	pr.Out.URL.Scheme = st.scheme
+	pr.Out.URL.Host = st.authority
+	pr.Out.URL.User = nil
+	pr.Out.Host = st.hostHeader
+}
+
+// upstreamError answers 502 when the upstream could not be reached.
+func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	st, _ := r.Context().Value(reqStateKey{}).(*reqState)
+	reason := upstreamReason(err)
+	if st != nil {
+		st.ev.Verdict, st.ev.Reason = VerdictError, upstreamErrPrefix+reason
+	}
+	if r.Context().Err() != nil {
+		return // the sandbox went away
+	}
+	host := ""
+	if st != nil {
+		host = st.name
+	}
+	p.log.Info("egress upstream error", "host", host, "err", err)
+	writeJSON(w, http.StatusBadGateway, map[string]string{
+		"error": upstreamErrPrefix + reason,
+		"host":  host,
+	})
+}
+
+// upstreamReason says what went wrong without internal detail.
+func upstreamReason(err error) string {
+	var re *RefusedError
+	var cv *tls.CertificateVerificationError
+	var ua x509.UnknownAuthorityError
+	var he x509.HostnameError
+	var ci x509.CertificateInvalidError
+	var rh tls.RecordHeaderError
+	var ne net.Error
+	switch {
+	case errors.As(err, &re):
+		if re.Reason == "connection failed" && errors.As(re.Err, &ne) && ne.Timeout() {
+			return "connection timed out"
+		}
+		return re.Reason
+	case errors.As(err, &cv), errors.As(err, &ua), errors.As(err, &he), errors.As(err, &ci):
+		return "certificate verification failed"
+	case errors.As(err, &rh):
+		return "upstream does not speak TLS"
+	case errors.As(err, &ne) && ne.Timeout():
+		return "upstream timed out"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "upstream closed the connection"
+	}
+	return "upstream error"
+}
+
+func writeDenied(w http.ResponseWriter, rule, host, reason string) {
+	w.Header().Set(headerDenied, rule)
+	writeJSON(w, http.StatusForbidden, map[string]string{
+		"error":  deniedMessage,
+		"rule":   rule,
+		"host":   host,
+		"reason": reason,
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	b = append(b, '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+func splitHostPort(hostport string) (host, port string) {
+	if h, p, err := net.SplitHostPort(hostport); err == nil {
+		return h, p
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]"), ""
+}
+
+// hasDotSegment reports whether a decoded path has a "." or ".." segment
+// (also with a backslash separator, which some servers accept).
+func hasDotSegment(p string) bool {
+	for _, seg := range strings.FieldsFunc(p, func(r rune) bool { return r == '/' || r == '\\' }) {
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
+}
+
+func isWebSocket(h http.Header) bool {
+	return hasToken(h, "Connection", "upgrade") && strings.EqualFold(strings.TrimSpace(h.Get("Upgrade")), "websocket")
+}
+
+// hasToken reports whether a comma-separated header lists token.
+func hasToken(h http.Header, key, token string) bool {
+	for _, v := range h[textproto.CanonicalMIMEHeaderKey(key)] {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// countingWriter counts response bytes and keeps flushing and hijacking
+// (for WebSocket tunnels) working through it.
+type countingWriter struct {
+	rw     http.ResponseWriter
+	status int
+	n      atomic.Int64
+	tunnel *countingConn
+}
+
+func (w *countingWriter) Header() http.Header { return w.rw.Header() }
+
+func (w *countingWriter) WriteHeader(code int) {
+	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.status = code
+	}
+	w.rw.WriteHeader(code)
+}
+
+func (w *countingWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.rw.Write(b)
+	w.n.Add(int64(n))
+	return n, err
+}
+
+func (w *countingWriter) FlushError() error { return http.NewResponseController(w.rw).Flush() }
+
+func (w *countingWriter) Flush() { _ = w.FlushError() }
+
+func (w *countingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.rw).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	w.status = http.StatusSwitchingProtocols
+	w.tunnel = &countingConn{Conn: c}
+	return w.tunnel, brw, nil
+}
+
+func (w *countingWriter) Unwrap() http.ResponseWriter { return w.rw }
+
+// countingConn counts a hijacked connection's bytes: reads are the
+// sandbox's (up), writes the upstream's (down).
+type countingConn struct {
+	net.Conn
+	up, down atomic.Int64
+}
+
+func (c *countingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.up.Add(int64(n))
+	return n, err
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.down.Add(int64(n))
+	return n, err
+}
+
+type countingBody struct {
+	rc io.ReadCloser
+	n  atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+func (b *countingBody) Close() error { return b.rc.Close() }

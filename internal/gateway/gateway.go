@@ -1,0 +1,317 @@
+// Package gateway gives each sandbox its egress gateway: a routed link
+// (package link), a synthetic DNS resolver and a transparent proxy listener
+// on the link's host address, a per-sandbox interception CA, and the live
+// policy both consult. It is the one place the daemon attaches and detaches
+// a sandbox's network.
+package gateway
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/cagebox/cagebox/internal/cleanup"
+	"github.com/cagebox/cagebox/internal/egress"
+	"github.com/cagebox/cagebox/internal/link"
+	"github.com/cagebox/cagebox/internal/policy"
+	"github.com/cagebox/cagebox/internal/resolver"
+)
+
+// Defaults.
+const (
+	DefaultProxyPort = 15001
+	DefaultDNSPort   = 15053
+	// caValidity bounds the interception CA; sandboxes living longer get a
+	// new CA only by being recreated (documented).
+	caValidity = 30 * 24 * time.Hour
+)
+
+// Config configures the gateway.
+type Config struct {
+	// StateDir holds the link allocations and each sandbox's CA.
+	StateDir  string
+	Pool      netip.Prefix
+	ProxyPort uint16
+	DNSPort   uint16
+	// TableName and IfPrefix select the nftables table and interface prefix
+	// (tests use their own so they never touch a running daemon's).
+	TableName, IfPrefix string
+	// Resolve are explicit upstream overrides "host:port" → addr:port; only
+	// they may reach loopback or private addresses.
+	Resolve     map[string]netip.AddrPort
+	UpstreamCAs *x509.CertPool
+	// Emit records an audit event.
+	Emit   func(tenant, sandbox, kind string, data any)
+	Logger *slog.Logger
+}
+
+// Gateway manages every sandbox's network.
+type Gateway struct {
+	cfg   Config
+	log   *slog.Logger
+	links *link.Manager
+	proxy *egress.Proxy
+
+	// mu guards atts.
+	mu   sync.Mutex
+	atts map[string]*Attachment
+}
+
+// Attachment is one sandbox's gateway.
+type Attachment struct {
+	ID, Tenant string
+	Link       *link.Link
+	CA         *egress.CA
+	Policy     *policy.Live
+	Pool       *resolver.Pool
+	sandbox    *egress.Sandbox
+	dns        *resolver.Server
+	ln         net.Listener
+}
+
+// New prepares the gateway; Init installs the rules.
+func New(cfg Config) (*Gateway, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.ProxyPort == 0 {
+		cfg.ProxyPort = DefaultProxyPort
+	}
+	if cfg.DNSPort == 0 {
+		cfg.DNSPort = DefaultDNSPort
+	}
+	if cfg.Emit == nil {
+		cfg.Emit = func(string, string, string, any) {}
+	}
+	links, err := link.NewManager(link.Config{
+		Pool: cfg.Pool, TableName: cfg.TableName, IfPrefix: cfg.IfPrefix,
+		ProxyPort: cfg.ProxyPort, DNSPort: cfg.DNSPort,
+		StateDir: filepath.Join(cfg.StateDir, "links"),
+	}, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	g := &Gateway{cfg: cfg, log: cfg.Logger, links: links, atts: map[string]*Attachment{}}
+	g.proxy, err = egress.New(egress.Config{
+		Lookup:      g.lookup,
+		OnEvent:     g.onProxyEvent,
+		Resolve:     cfg.Resolve,
+		UpstreamCAs: cfg.UpstreamCAs,
+		Logger:      cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	return g, nil
+}
+
+// Init (re)installs the nftables table; keep says which sandboxes still
+// exist, so links of the others are removed.
+func (g *Gateway) Init(ctx context.Context, keep func(id string) bool) error {
+	if err := g.links.Init(ctx); err != nil {
+		return fmt.Errorf("gateway: install network rules: %w", err)
+	}
+	if err := g.links.Recover(ctx, keep); err != nil {
+		return fmt.Errorf("gateway: recover links: %w", err)
+	}
+	return nil
+}
+
+// lookup identifies the sandbox of a redirected connection by the local
+// address it arrived on (its own gateway listener) and its source (the
+// link's guest address), and recovers the original destination.
+func (g *Gateway) lookup(c net.Conn) (*egress.Sandbox, netip.AddrPort, bool) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return nil, netip.AddrPort{}, false
+	}
+	remote, err := netip.ParseAddrPort(c.RemoteAddr().String())
+	if err != nil {
+		return nil, netip.AddrPort{}, false
+	}
+	l, ok := g.links.LookupByAddr(remote.Addr().Unmap())
+	if !ok {
+		return nil, netip.AddrPort{}, false
+	}
+	g.mu.Lock()
+	a := g.atts[l.ID]
+	g.mu.Unlock()
+	if a == nil || a.Link.GuestAddr != remote.Addr().Unmap() {
+		return nil, netip.AddrPort{}, false
+	}
+	local, err := netip.ParseAddrPort(c.LocalAddr().String())
+	if err != nil || local.Addr().Unmap() != a.Link.HostAddr {
+		return nil, netip.AddrPort{}, false
+	}
+	dst, err := link.OriginalDst(tc)
+	if err != nil {
+		g.log.Warn("original destination", "sandbox", a.ID, "err", err)
+		return nil, netip.AddrPort{}, false
+	}
+	return a.sandbox, dst, true
+}
+
+func (g *Gateway) onProxyEvent(ev egress.Event) {
+	kind := "egress.allow"
+	switch ev.Verdict {
+	case "deny":
+		kind = "egress.deny"
+	case "error":
+		kind = "egress.error"
+	}
+	g.cfg.Emit(ev.Tenant, ev.Sandbox, kind, map[string]any{
+		"host": ev.Host, "port": ev.Port, "protocol": ev.Protocol, "method": ev.Method,
+		"path": ev.Path, "rule": ev.Rule, "verdict": ev.Verdict, "reason": ev.Reason,
+		"status": ev.Status, "bytes_up": ev.BytesUp, "bytes_down": ev.BytesDown,
+		"duration_ms": float64(ev.Duration) / 1e6,
+	})
+}
+
+func (g *Gateway) caPath(id string) string { return filepath.Join(g.cfg.StateDir, "ca", id+".pem") }
+
+// Attach creates the sandbox's link, CA, resolver and proxy listener.
+// resume is true after a daemon restart: the link exists and the CA is
+// loaded from disk (the guest already trusts it).
+func (g *Gateway) Attach(ctx context.Context, id, tenant string, pol *policy.Policy, resume bool) (_ *Attachment, err error) {
+	var undo cleanup.Stack
+	defer func() {
+		if err != nil {
+			undo.Run()
+		}
+	}()
+	a := &Attachment{ID: id, Tenant: tenant, Policy: policy.NewLive(pol)}
+	if resume {
+		l, ok := g.links.Get(id)
+		if !ok {
+			return nil, fmt.Errorf("gateway: no link recorded for %s", id)
+		}
+		a.Link = l
+		pem, err := os.ReadFile(g.caPath(id))
+		if err != nil {
+			return nil, fmt.Errorf("gateway: load CA of %s: %w", id, err)
+		}
+		if a.CA, err = egress.LoadCA(pem); err != nil {
+			return nil, fmt.Errorf("gateway: load CA of %s: %w", id, err)
+		}
+	} else {
+		l, err := g.links.Create(ctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: create link: %w", err)
+		}
+		undo.Add(func() { _ = g.links.Destroy(context.Background(), id) })
+		a.Link = l
+		if a.CA, err = egress.NewCA(id, caValidity); err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		pem, err := a.CA.MarshalPEM()
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		if err := os.MkdirAll(filepath.Dir(g.caPath(id)), 0o700); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(g.caPath(id), pem, 0o600); err != nil {
+			return nil, fmt.Errorf("gateway: store CA: %w", err)
+		}
+		undo.Add(func() { _ = os.Remove(g.caPath(id)) })
+	}
+	a.Pool, err = resolver.NewPool(resolver.DefaultV4Prefix, netip.Prefix{})
+	if err != nil {
+		return nil, err
+	}
+	a.sandbox = &egress.Sandbox{ID: id, Tenant: tenant, CA: a.CA, Policy: policyAdapter{a.Policy}, NameOf: a.Pool.Lookup}
+	a.dns, err = resolver.Start(resolver.Config{
+		Addr:  netip.AddrPortFrom(a.Link.HostAddr, g.cfg.DNSPort).String(),
+		Pool:  a.Pool,
+		Allow: a.Policy.AllowsName,
+		OnQuery: func(q resolver.QueryEvent) {
+			g.cfg.Emit(tenant, id, "dns.query", map[string]any{"name": q.Name, "type": q.Type, "rcode": q.Rcode, "answer": q.Answer, "reason": q.Reason})
+		},
+		Logger: g.log.With("sandbox", id),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gateway: start resolver: %w", err)
+	}
+	undo.Add(func() { a.dns.Close() })
+	a.ln, err = net.Listen("tcp4", netip.AddrPortFrom(a.Link.HostAddr, g.cfg.ProxyPort).String())
+	if err != nil {
+		return nil, fmt.Errorf("gateway: proxy listener: %w", err)
+	}
+	g.mu.Lock()
+	g.atts[id] = a
+	g.mu.Unlock()
+	go func() {
+		if err := g.proxy.Serve(a.ln); err != nil && !errors.Is(err, net.ErrClosed) {
+			g.log.Debug("proxy listener ended", "sandbox", id, "err", err)
+		}
+	}()
+	return a, nil
+}
+
+// Get returns a sandbox's attachment.
+func (g *Gateway) Get(id string) (*Attachment, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	a, ok := g.atts[id]
+	return a, ok
+}
+
+// Detach stops the sandbox's listener and resolver and, unless keepLink,
+// removes its link and CA. Idempotent.
+func (g *Gateway) Detach(ctx context.Context, id string, keepLink bool) error {
+	g.mu.Lock()
+	a := g.atts[id]
+	delete(g.atts, id)
+	g.mu.Unlock()
+	if a != nil {
+		a.ln.Close()
+		a.dns.Close()
+	}
+	if keepLink {
+		return nil
+	}
+	_ = os.Remove(g.caPath(id))
+	if err := g.links.Destroy(ctx, id); err != nil {
+		return fmt.Errorf("gateway: destroy link of %s: %w", id, err)
+	}
+	return nil
+}
+
+// Close stops every listener and removes the nftables table (sandboxes
+// keep their links, set down, until the next daemon re-attaches them).
+func (g *Gateway) Close(ctx context.Context) error {
+	g.mu.Lock()
+	ids := make([]string, 0, len(g.atts))
+	for id := range g.atts {
+		ids = append(ids, id)
+	}
+	g.mu.Unlock()
+	for _, id := range ids {
+		_ = g.Detach(ctx, id, true)
+	}
+	_ = g.proxy.Close()
+	return g.links.Close(ctx)
+}
+
+// policyAdapter lets the egress proxy consult a live policy without the two
+// packages importing each other.
+type policyAdapter struct{ l *policy.Live }
+
+func (p policyAdapter) Decide(ctx context.Context, r *egress.Request) (egress.Decision, error) {
+	d, err := p.l.Decide(ctx, &policy.Request{
+		Host: r.Host, Port: r.Port, Protocol: r.Protocol, Method: r.Method, Path: r.Path,
+		WebSocket: r.WebSocket, ContentType: r.ContentType, Accept: r.Accept,
+	})
+	if err != nil {
+		return egress.Decision{}, err
+	}
+	return egress.Decision{Allow: d.Allow, Rule: d.Rule, Reason: d.Reason}, nil
+}
