@@ -231,7 +231,7 @@ func (g *Gateway) Attach(ctx context.Context, id, tenant string, pol *policy.Pol
 	a.dns, err = resolver.Start(resolver.Config{
 		Addr:  netip.AddrPortFrom(a.Link.HostAddr, g.cfg.DNSPort).String(),
 		Pool:  a.Pool,
-		Allow: a.Policy.AllowsName,
+		Allow: a.Policy.NamesHost,
 		OnQuery: func(q resolver.QueryEvent) {
 			g.cfg.Emit(tenant, id, "dns.query", map[string]any{"name": q.Name, "type": q.Type, "rcode": q.Rcode, "answer": q.Answer, "reason": q.Reason})
 		},
@@ -306,6 +306,21 @@ func (g *Gateway) Close(ctx context.Context) error {
 type policyAdapter struct{ l *policy.Live }
 
 func (p policyAdapter) Decide(ctx context.Context, r *egress.Request) (egress.Decision, error) {
+	if r.Protocol == "http" && r.Method == "" && r.Path == "" {
+		// The proxy's connection-level question before intercepting TLS:
+		// could any request to this name be allowed? Every request on the
+		// connection is still decided on its own.
+		if p.l.AllowsName(r.Host) {
+			return egress.Decision{Allow: true, Rule: "connection"}, nil
+		}
+		// Nothing to this name can be allowed: answer with the rule that
+		// decides a plain GET of "/" (a deny rule's name, or "default").
+		d, err := p.l.Decide(ctx, &policy.Request{Host: r.Host, Port: r.Port, Protocol: "http", Method: "GET", Path: "/"})
+		if err != nil {
+			return egress.Decision{}, err
+		}
+		return egress.Decision{Allow: false, Rule: d.Rule, Reason: d.Reason}, nil
+	}
 	d, err := p.l.Decide(ctx, &policy.Request{
 		Host: r.Host, Port: r.Port, Protocol: r.Protocol, Method: r.Method, Path: r.Path,
 		WebSocket: r.WebSocket, ContentType: r.ContentType, Accept: r.Accept,

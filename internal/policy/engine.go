@@ -546,3 +546,27 @@ func isUpperASCII(s string) bool {
 	}
 	return true
 }
+
+// NamesHost reports whether the synthetic DNS should answer name: some
+// rule — allow or deny — names it, or the default allows. A name only a
+// deny rule mentions still resolves, so the guest's request reaches the
+// proxy and gets a 403 naming that rule instead of a bare NXDOMAIN; a name
+// no rule mentions stays NXDOMAIN. Nothing is ever resolved upstream.
+func (p *Policy) NamesHost(name string) bool {
+	if p == nil {
+		return false
+	}
+	host, ok := canonicalRequestHost(name)
+	if !ok || isDoHResolver(host) {
+		return false
+	}
+	if p.defaultAllow {
+		return true
+	}
+	for i := range p.rules {
+		if p.rules[i].host.match(host) {
+			return true
+		}
+	}
+	return false
+}

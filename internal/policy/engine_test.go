@@ -422,3 +422,22 @@ func BenchmarkDecide(b *testing.B) {
 		})
 	}
 }
+
+func TestNamesHost(t *testing.T) {
+	d, err := Parse([]byte(`{"version":1,"rules":[{"name":"no-other","host":"other.example.test","action":"deny"},{"host":"*.api.test","action":"allow"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Compile(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"other.example.test": true, "x.api.test": true, "api.test": false, "unrelated.test": false, "dns.google": false} {
+		if got := p.NamesHost(name); got != want {
+			t.Errorf("NamesHost(%q) = %v, want %v", name, got, want)
+		}
+	}
+	if p.AllowsName("other.example.test") {
+		t.Error("AllowsName true for a denied name")
+	}
+}

@@ -41,3 +41,8 @@ func (l *Live) Decide(ctx context.Context, r *Request) (Decision, error) {
 func (l *Live) AllowsName(name string) bool {
 	return l.p.Load().AllowsName(name)
 }
+
+// NamesHost asks the current policy; false if there is none.
+func (l *Live) NamesHost(name string) bool {
+	return l.p.Load().NamesHost(name)
+}

