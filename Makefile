@@ -13,7 +13,7 @@ test: build
 	$(GO) test -count=1 -timeout 40m ./...
 
 bench: build
-	$(GO) run ./bench
+	$(GO) run ./bench $(BENCHFLAGS)
 
 demo: build
 	./scripts/demo.sh

@@ -39,7 +39,14 @@ func main() {
 	n := flag.Int("n", 30, "cold starts per side")
 	execN := flag.Int("exec", 300, "exec round trips")
 	agent := flag.String("agent", "bin/cagebox-agent", "static cagebox-agent binary")
+	only := flag.String("only", "", "run only \"runtime\" or \"egress\"")
+	egressDur := flag.Duration("egress-time", 4*time.Second, "egress: load duration per client kind")
+	egressConc := flag.Int("egress-conc", 16, "egress: concurrent clients")
 	flag.Parse()
+	if *only == "egress" {
+		egressBench(*egressDur, *egressConc)
+		return
+	}
 	if os.Geteuid() != 0 {
 		fail("bench: run as root")
 	}
@@ -122,6 +129,10 @@ func main() {
 	cancel()
 	<-done
 	_ = cgroups.Remove("/cagebox-bench")
+	if *only == "" {
+		fmt.Println()
+		egressBench(*egressDur, *egressConc)
+	}
 }
 
 func coldCagebox(c *client.Client) time.Duration {

@@ -1,0 +1,264 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/cagebox/cagebox/internal/egress"
+)
+
+const benchName = "api.example.test"
+
+// egressBench measures keep-alive HTTPS GETs on loopback: (a) direct to the
+// upstream, (b) through the cagebox proxy with interception (the client
+// connects as a sandbox would, its traffic redirected to the proxy), (c)
+// through mitmproxy (Debian's mitmdump) as an explicit proxy.
+func egressBench(dur time.Duration, conc int) {
+	dir, err := os.MkdirTemp("", "cbx-egress-bench")
+	if err != nil {
+		fail(err)
+	}
+	defer os.RemoveAll(dir)
+
+	upCert, upCA := benchCert()
+	upPool := x509.NewCertPool()
+	upPool.AddCert(upCA)
+	body := []byte("hello from upstream\n")
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(body) }))
+	up.EnableHTTP2 = true
+	up.TLS = &tls.Config{Certificates: []tls.Certificate{upCert}}
+	up.StartTLS()
+	defer up.Close()
+	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String())
+	caFile := filepath.Join(dir, "up-ca.pem")
+	_ = os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upCA.Raw}), 0o644)
+
+	// (b) the cagebox proxy.
+	ca, err := egress.NewCA("bench", time.Hour)
+	if err != nil {
+		fail(err)
+	}
+	synthetic := netip.MustParseAddrPort("198.18.0.2:443")
+	sb := &egress.Sandbox{ID: "bench", Tenant: "bench", CA: ca,
+		Policy: egress.PolicyFunc(func(context.Context, *egress.Request) (egress.Decision, error) {
+			return egress.Decision{Allow: true, Rule: "bench"}, nil
+		}),
+		NameOf: func(a netip.Addr) (string, bool) { return benchName, a == synthetic.Addr() },
+	}
+	px, err := egress.New(egress.Config{
+		Lookup:      func(net.Conn) (*egress.Sandbox, netip.AddrPort, bool) { return sb, synthetic, true },
+		Resolve:     map[string]netip.AddrPort{benchName + ":443": upAddr},
+		UpstreamCAs: upPool,
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		fail(err)
+	}
+	pl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fail(err)
+	}
+	go func() { _ = px.Serve(pl) }()
+	defer px.Close()
+	sbPool := x509.NewCertPool()
+	sbPool.AppendCertsFromPEM(ca.CertPEM())
+
+	// (c) mitmproxy.
+	mitmPort := freeTCPPort()
+	mitmConf := filepath.Join(dir, "mitm")
+	mitm := exec.Command("mitmdump", "-q", "--listen-host", "127.0.0.1", "--listen-port", fmt.Sprint(mitmPort),
+		"--set", "confdir="+mitmConf, "--set", "ssl_verify_upstream_trusted_ca="+caFile, "--set", "connection_strategy=lazy")
+	mitmOK := mitm.Start() == nil
+	if mitmOK {
+		defer func() { _ = mitm.Process.Kill(); _ = mitm.Wait() }()
+		mitmOK = waitFile(filepath.Join(mitmConf, "mitmproxy-ca-cert.pem"), 20*time.Second) && waitPort(mitmPort, 20*time.Second)
+	}
+
+	clients := []struct {
+		name string
+		mk   func(h2 bool) *http.Client
+	}{
+		{"direct to upstream", func(h2 bool) *http.Client {
+			return &http.Client{Transport: transport(h2, upPool, func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "tcp", upAddr.String())
+			}, nil)}
+		}},
+		{"cagebox proxy (intercepting)", func(h2 bool) *http.Client {
+			return &http.Client{Transport: transport(h2, sbPool, func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "tcp", pl.Addr().String())
+			}, nil)}
+		}},
+	}
+	if mitmOK {
+		mitmCA, _ := os.ReadFile(filepath.Join(mitmConf, "mitmproxy-ca-cert.pem"))
+		mp := x509.NewCertPool()
+		mp.AppendCertsFromPEM(mitmCA)
+		proxyURL, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", mitmPort))
+		clients = append(clients, struct {
+			name string
+			mk   func(h2 bool) *http.Client
+		}{"mitmproxy 8.1 (intercepting)", func(h2 bool) *http.Client {
+			// CONNECT to the upstream's address; SNI and the certificate
+			// name are api.example.test as in the other two.
+			return &http.Client{Transport: transport(h2, mp, nil, http.ProxyURL(proxyURL))}
+		}})
+	} else {
+		fmt.Println("  (mitmdump not available: scripts/bench.sh installs Debian's mitmproxy)")
+	}
+
+	fmt.Printf("egress: keep-alive HTTPS GET of %d bytes on loopback, %d concurrent clients, %s each\n", len(body), conc, dur)
+	type row struct {
+		rps      float64
+		p50, p99 time.Duration
+	}
+	results := map[string]row{}
+	for _, h2 := range []bool{false, true} {
+		proto := "HTTP/1.1"
+		if h2 {
+			proto = "HTTP/2"
+		}
+		for _, cl := range clients {
+			target := "https://" + benchName + "/"
+			if cl.name == "mitmproxy 8.1 (intercepting)" {
+				// CONNECT to the address (mitmproxy cannot resolve the test
+				// name); SNI and the certificate check stay api.example.test.
+				target = "https://" + upAddr.String() + "/"
+			}
+			rps, _, _ := load(cl.mk(h2), target, conc, dur)
+			_, p50, p99 := load(cl.mk(h2), target, 1, dur/2)
+			results[proto+cl.name] = row{rps, p50, p99}
+			fmt.Printf("  %-8s %-30s %9.0f req/s   serial p50 %8s  p99 %8s\n", proto, cl.name, rps, us(p50), us(p99))
+		}
+		d, c, m := results[proto+clients[0].name], results[proto+clients[1].name], results[proto+"mitmproxy 8.1 (intercepting)"]
+		fmt.Printf("  %-8s cagebox added p50 over direct: %s (goal ≤ 0.5 ms)", proto, us(c.p50-d.p50))
+		if m.rps > 0 {
+			fmt.Printf("; throughput cagebox/mitmproxy: %.1fx (goal ≥ 10x)", c.rps/m.rps)
+		}
+		fmt.Println()
+	}
+}
+
+// mitmproxy gets CONNECT host:port; the name must resolve, so the bench
+// dials it through a map instead of DNS.
+func transport(h2 bool, roots *x509.CertPool, dial func(context.Context, string, string) (net.Conn, error), proxy func(*http.Request) (*url.URL, error)) *http.Transport {
+	t := &http.Transport{
+		TLSClientConfig:     &tls.Config{RootCAs: roots, ServerName: benchName},
+		ForceAttemptHTTP2:   h2,
+		MaxIdleConnsPerHost: 1024,
+		DialContext:         dial,
+		Proxy:               proxy,
+	}
+	if !h2 {
+		t.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	}
+	return t
+}
+
+func load(c *http.Client, target string, conc int, dur time.Duration) (float64, time.Duration, time.Duration) {
+	// Warm the connections.
+	for i := 0; i < conc; i++ {
+		if resp, err := c.Get(target); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		} else {
+			fail(fmt.Errorf("%s: %v", target, err))
+		}
+	}
+	var mu sync.Mutex
+	var lat []time.Duration
+	deadline := time.Now().Add(dur)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := 0; i < conc; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			for time.Now().Before(deadline) && len(mine) < 200000 {
+				t0 := time.Now()
+				resp, err := c.Get(target)
+				if err != nil {
+					fail(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	c.CloseIdleConnections()
+	return float64(len(lat)) / el.Seconds(), pct(lat, 50), pct(lat, 99)
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d)/1e3) }
+
+func benchCert() (tls.Certificate, *x509.Certificate) {
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "bench CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &caKey.PublicKey, caKey)
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: benchName}, DNSNames: []string{benchName},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:   time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, _ := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, ca
+}
+
+func freeTCPPort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fail(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func waitFile(p string, d time.Duration) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func waitPort(port int, d time.Duration) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			c.Close()
+			return true
+		}
+	}
+	return false
+}
