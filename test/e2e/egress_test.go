@@ -158,6 +158,8 @@ func TestEgress(t *testing.T) {
 		{"gateway dns over tcp as http", "curl -sS -m 5 http://" + gw + ":15053/"},
 		{"daemon api via gateway", "curl -sS -m 5 http://" + gw + ":" + portOf(apiAddr) + "/v1/health"},
 		{"daemon api via loopback", "curl -sS -m 5 http://" + apiAddr + "/v1/health"},
+		{"daemon unix socket", "curl -sS -m 5 --unix-socket " + filepath.Join(e.home, "cagebox.sock") + " http://x/v1/health"},
+		{"gateway proxy port direct", "curl -sS -m 5 http://" + gw + ":15001/"},
 		{"host/sni mismatch", "curl -sS -m 5 -H 'Host: other.example.test' https://api.example.test/front"},
 		{"doh", "printf 'q' | curl -sS -m 5 -H 'Content-Type: application/dns-message' --data-binary @- https://api.example.test/dns-query"},
 		{"connect", "curl -sS -m 5 -p -x http://api.example.test:80 https://other.example.test/"},
