@@ -2,17 +2,11 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -25,6 +19,7 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/internal/egress"
+	"github.com/cagebox/cagebox/internal/testpki"
 )
 
 const benchName = "api.example.test"
@@ -40,18 +35,20 @@ func egressBench(dur time.Duration, conc int) {
 	}
 	defer os.RemoveAll(dir)
 
-	upCert, upCA := benchCert()
-	upPool := x509.NewCertPool()
-	upPool.AddCert(upCA)
+	pki, err := testpki.New(time.Hour, benchName)
+	if err != nil {
+		fail(err)
+	}
+	upPool := pki.Pool
 	body := []byte("hello from upstream\n")
 	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(body) }))
 	up.EnableHTTP2 = true
-	up.TLS = &tls.Config{Certificates: []tls.Certificate{upCert}}
+	up.TLS = &tls.Config{Certificates: []tls.Certificate{pki.Leaf}}
 	up.StartTLS()
 	defer up.Close()
 	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String())
 	caFile := filepath.Join(dir, "up-ca.pem")
-	_ = os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upCA.Raw}), 0o644)
+	_ = os.WriteFile(caFile, pki.CAPEM, 0o644)
 
 	// (b) the cagebox proxy.
 	ca, err := egress.NewCA("bench", time.Hour)
@@ -218,22 +215,6 @@ func load(c *http.Client, target string, conc int, dur time.Duration) (float64, 
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d)/1e3) }
-
-func benchCert() (tls.Certificate, *x509.Certificate) {
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "bench CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &caKey.PublicKey, caKey)
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: benchName}, DNSNames: []string{benchName},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:   time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, _ := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, ca
-}
 
 func freeTCPPort() int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

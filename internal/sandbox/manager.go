@@ -639,36 +639,9 @@ func isConnErr(err error) bool {
 	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
 }
 
-// WriteFile writes a file into a running sandbox.
-func (m *Manager) WriteFile(ctx context.Context, tenant, id, path string, mode os.FileMode, r io.Reader) error {
-	_, e, err := m.attached(ctx, tenant, id)
-	if err != nil {
-		return err
-	}
-	e.touch(m.cfg.Now())
-	c, err := e.agent(ctx)
-	if err != nil {
-		return fmt.Errorf("%w: agent of %s: %v", errdefs.ErrUnavailable, id, err)
-	}
-	return c.WriteFile(ctx, path, mode, r)
-}
-
-// ReadFile reads a file from a running sandbox.
-func (m *Manager) ReadFile(ctx context.Context, tenant, id, path string, w io.Writer, max int64) error {
-	_, e, err := m.attached(ctx, tenant, id)
-	if err != nil {
-		return err
-	}
-	e.touch(m.cfg.Now())
-	c, err := e.agent(ctx)
-	if err != nil {
-		return fmt.Errorf("%w: agent of %s: %v", errdefs.ErrUnavailable, id, err)
-	}
-	return c.ReadFile(ctx, path, w, max)
-}
-
-// ListDir lists a directory in a running sandbox.
-func (m *Manager) ListDir(ctx context.Context, tenant, id, path string) ([]agentproto.FileInfo, error) {
+// agentOf returns the agent client of a running sandbox of tenant and
+// records the activity.
+func (m *Manager) agentOf(ctx context.Context, tenant, id string) (*agentproto.Client, error) {
 	_, e, err := m.attached(ctx, tenant, id)
 	if err != nil {
 		return nil, err
@@ -677,6 +650,33 @@ func (m *Manager) ListDir(ctx context.Context, tenant, id, path string) ([]agent
 	c, err := e.agent(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: agent of %s: %v", errdefs.ErrUnavailable, id, err)
+	}
+	return c, nil
+}
+
+// WriteFile writes a file into a running sandbox.
+func (m *Manager) WriteFile(ctx context.Context, tenant, id, path string, mode os.FileMode, r io.Reader) error {
+	c, err := m.agentOf(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	return c.WriteFile(ctx, path, mode, r)
+}
+
+// ReadFile reads a file from a running sandbox.
+func (m *Manager) ReadFile(ctx context.Context, tenant, id, path string, w io.Writer, max int64) error {
+	c, err := m.agentOf(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	return c.ReadFile(ctx, path, w, max)
+}
+
+// ListDir lists a directory in a running sandbox.
+func (m *Manager) ListDir(ctx context.Context, tenant, id, path string) ([]agentproto.FileInfo, error) {
+	c, err := m.agentOf(ctx, tenant, id)
+	if err != nil {
+		return nil, err
 	}
 	return c.ListDir(ctx, path)
 }

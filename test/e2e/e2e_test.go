@@ -220,6 +220,20 @@ func TestLifecycle(t *testing.T) {
 	if r := e.cli("", "exec", id, "--", "cat", "/tmp/keep"); r.stdout != "state\n" {
 		t.Fatalf("state not kept between execs: %+v", r)
 	}
+	// Files through the API.
+	ctx := context.Background()
+	if err := e.client().WriteFile(ctx, id, "/work/in.txt", 0o600, strings.NewReader("from the host")); err != nil {
+		t.Fatalf("write file: %v", err)
+	}
+	if r := e.cli("", "exec", id, "--", "sh", "-c", "stat -c %a /work/in.txt; cat /work/in.txt"); r.stdout != "600\nfrom the host" {
+		t.Fatalf("file in guest: %+v", r)
+	}
+	if b, err := e.client().ReadFile(ctx, id, "/work/in.txt"); err != nil || string(b) != "from the host" {
+		t.Fatalf("read file: %q %v", b, err)
+	}
+	if _, err := e.client().ReadFile(ctx, id, "/no/such"); !client.IsNotFound(err) {
+		t.Fatalf("read a missing file: %v (want 404)", err)
+	}
 	r = e.cli("", "inspect", id)
 	var sb api.Sandbox
 	if err := json.Unmarshal([]byte(r.stdout), &sb); err != nil || sb.ID != id || sb.Status != "running" || sb.Resources.MemoryBytes != 128<<20 || sb.Resources.PIDs != 100 {

@@ -2,16 +2,9 @@ package e2e
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -24,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/testpki"
 )
 
 // upstream is a real HTTPS server on loopback with a CA made by the test,
@@ -46,24 +40,7 @@ func (u *upstream) requests() []string {
 
 func newUpstream(t *testing.T, names ...string) *upstream {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "e2e upstream CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leafTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
+	pki, err := testpki.New(time.Hour, names...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,13 +56,13 @@ func newUpstream(t *testing.T, names ...string) *upstream {
 		fmt.Fprintf(w, "hello from upstream %s %s\n", r.Host, r.URL.Path)
 	}))
 	srv.EnableHTTP2 = true
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: key}}}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pki.Leaf}}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	u.srv = srv
 	u.port = srv.Listener.Addr().(*net.TCPAddr).Port
 	u.caFile = filepath.Join(t.TempDir(), "upstream-ca.pem")
-	if err := os.WriteFile(u.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644); err != nil {
+	if err := os.WriteFile(u.caFile, pki.CAPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return u
