@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -75,6 +76,11 @@ type Attachment struct {
 	sandbox    *egress.Sandbox
 	dns        *resolver.Server
 	ln         net.Listener
+
+	// mu guards journaled.
+	mu sync.Mutex
+	// journaled are the names whose synthetic address is in the journal.
+	journaled map[string]bool
 }
 
 // New prepares the gateway; Init installs the rules.
@@ -227,12 +233,21 @@ func (g *Gateway) Attach(ctx context.Context, id, tenant string, pol *policy.Pol
 	if err != nil {
 		return nil, err
 	}
+	a.journaled = map[string]bool{}
+	if resume {
+		g.replayNames(a)
+	} else {
+		undo.Add(func() { _ = os.Remove(g.namesPath(id)) })
+	}
 	a.sandbox = &egress.Sandbox{ID: id, Tenant: tenant, CA: a.CA, Policy: policyAdapter{a.Policy}, NameOf: a.Pool.Lookup}
 	a.dns, err = resolver.Start(resolver.Config{
 		Addr:  netip.AddrPortFrom(a.Link.HostAddr, g.cfg.DNSPort).String(),
 		Pool:  a.Pool,
 		Allow: a.Policy.NamesHost,
 		OnQuery: func(q resolver.QueryEvent) {
+			if q.Rcode == "NOERROR" && q.Answer != "" {
+				g.journalName(a, q.Name)
+			}
 			g.cfg.Emit(tenant, id, "dns.query", map[string]any{"name": q.Name, "type": q.Type, "rcode": q.Rcode, "answer": q.Answer, "reason": q.Reason})
 		},
 		Logger: g.log.With("sandbox", id),
@@ -279,6 +294,7 @@ func (g *Gateway) Detach(ctx context.Context, id string, keepLink bool) error {
 		return nil
 	}
 	_ = os.Remove(g.caPath(id))
+	_ = os.Remove(g.namesPath(id))
 	if err := g.links.Destroy(ctx, id); err != nil {
 		return fmt.Errorf("gateway: destroy link of %s: %w", id, err)
 	}
@@ -329,4 +345,49 @@ func (p policyAdapter) Decide(ctx context.Context, r *egress.Request) (egress.De
 		return egress.Decision{}, err
 	}
 	return egress.Decision{Allow: d.Allow, Rule: d.Rule, Reason: d.Reason}, nil
+}
+
+// The synthetic name→address map is journaled (names in the order they
+// were first answered) so a restarted daemon rebuilds the same map: the pool
+// assigns sequentially, so replaying the names in order gives every name its
+// old address, and guests' cached answers keep working.
+func (g *Gateway) namesPath(id string) string { return filepath.Join(g.cfg.StateDir, "dns", id+".names") }
+
+func (g *Gateway) journalName(a *Attachment, name string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.journaled[name] {
+		return
+	}
+	p := g.namesPath(a.ID)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		g.log.Warn("journal synthetic name", "sandbox", a.ID, "err", err)
+		return
+	}
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		g.log.Warn("journal synthetic name", "sandbox", a.ID, "err", err)
+		return
+	}
+	defer f.Close()
+	if _, err := f.WriteString(name + "\n"); err == nil {
+		a.journaled[name] = true
+	}
+}
+
+func (g *Gateway) replayNames(a *Attachment) {
+	b, err := os.ReadFile(g.namesPath(a.ID))
+	if err != nil {
+		return
+	}
+	for _, name := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if name == "" {
+			continue
+		}
+		if _, _, err := a.Pool.Assign(name); err != nil {
+			g.log.Warn("replay synthetic name", "sandbox", a.ID, "name", name, "err", err)
+			continue
+		}
+		a.journaled[name] = true
+	}
 }

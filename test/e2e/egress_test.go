@@ -214,6 +214,25 @@ for dst in [('%s', %d), ('8.8.8.8', 123), ('10.0.0.1', 9999)]:
 		t.Errorf("another sandbox's server got a request: %s", r.stdout)
 	}
 
+	// A daemon restart (SIGKILL) keeps the sandbox's gateway: same CA, same
+	// policy, and the same synthetic address for a name the guest resolved
+	// before (a cached answer keeps working).
+	r = sh("getent hosts api.example.test | cut -d' ' -f1")
+	oldIP := strings.TrimSpace(r.stdout)
+	if !strings.HasPrefix(oldIP, "198.18.") {
+		t.Fatalf("synthetic address: %+v", r)
+	}
+	e.stopDaemon(9)
+	e.startDaemon(append(up.daemonArgs("api.example.test", "other.example.test"), "--listen", apiAddr)...)
+	r = sh("curl -sS --resolve api.example.test:443:" + oldIP + " https://api.example.test/after-restart")
+	if r.code != 0 || !strings.Contains(r.stdout, "/after-restart") {
+		t.Fatalf("after a daemon restart, the cached synthetic address: %+v", r)
+	}
+	r = sh("curl -sS -w '\\n%{http_code}' https://other.example.test/x")
+	if !strings.HasSuffix(r.stdout, "\n403") {
+		t.Fatalf("policy after restart: %+v", r)
+	}
+
 	// Audit: decisions are events.
 	evs, err := e.client().Events(ctx, sb.ID, 0)
 	if err != nil {
