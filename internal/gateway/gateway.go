@@ -351,7 +351,9 @@ func (p policyAdapter) Decide(ctx context.Context, r *egress.Request) (egress.De
 // were first answered) so a restarted daemon rebuilds the same map: the pool
 // assigns sequentially, so replaying the names in order gives every name its
 // old address, and guests' cached answers keep working.
-func (g *Gateway) namesPath(id string) string { return filepath.Join(g.cfg.StateDir, "dns", id+".names") }
+func (g *Gateway) namesPath(id string) string {
+	return filepath.Join(g.cfg.StateDir, "dns", id+".names")
+}
 
 func (g *Gateway) journalName(a *Attachment, name string) {
 	a.mu.Lock()
