@@ -117,14 +117,33 @@ func New(cfg Config) *Manager {
 	return m
 }
 
+// writeEvents stores queued events in batches: whatever is queued when the
+// writer comes round goes in one transaction (one fsync), so a burst of
+// egress decisions costs one sync, not one each.
 func (m *Manager) writeEvents() {
 	defer close(m.evDone)
+	batch := make([]*store.Event, 0, 512)
 	for ev := range m.evq {
-		if err := m.cfg.Store.AppendEvent(context.Background(), ev); err != nil {
-			m.log.Error("append event", "kind", ev.Kind, "err", err)
+		batch = append(batch[:0], ev)
+	drain:
+		for len(batch) < cap(batch) {
+			select {
+			case more, ok := <-m.evq:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, more)
+			default:
+				break drain
+			}
+		}
+		if err := m.cfg.Store.AppendEvents(context.Background(), batch); err != nil {
+			m.log.Error("append events", "count", len(batch), "err", err)
 			continue
 		}
-		m.events.Publish(ev)
+		for _, e := range batch {
+			m.events.Publish(e)
+		}
 	}
 }
 

@@ -142,6 +142,9 @@ type Store interface {
 
 	// AppendEvent appends e, setting e.Seq and, when zero, e.Time.
 	AppendEvent(ctx context.Context, e *Event) error
+	// AppendEvents appends a batch in one transaction (one sync for all),
+	// in order, setting each Seq and zero Time; all or nothing.
+	AppendEvents(ctx context.Context, es []*Event) error
 	// ListEvents returns events with Seq > afterSeq in Seq order, at most
 	// limit of them (limit <= 0: no limit). tenantID and sandboxID filter
 	// when not "".

@@ -442,6 +442,43 @@ func (s *Store) AppendEvent(ctx context.Context, e *store.Event) error {
 	return nil
 }
 
+// AppendEvents implements store.Store: one transaction, one fsync, for the
+// whole batch (the daemon's event writer drains its queue into it).
+func (s *Store) AppendEvents(ctx context.Context, es []*store.Event) error {
+	for _, e := range es {
+		if err := checkJSON(e.Data); err != nil {
+			return fmt.Errorf("append event %q: %w", e.Kind, err)
+		}
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("append events: %w", err)
+	}
+	defer tx.Rollback()
+	seqs := make([]int64, len(es))
+	times := make([]time.Time, len(es))
+	for i, e := range es {
+		t := e.Time
+		if t.IsZero() {
+			t = now()
+		}
+		times[i] = store.NormTime(t)
+		if err := tx.QueryRowContext(ctx,
+			`INSERT INTO events (time, tenant_id, sandbox_id, kind, data) VALUES (?, ?, ?, ?, ?) RETURNING seq`,
+			toNanos(times[i]), e.TenantID, e.SandboxID, e.Kind, jsonArg(e.Data)).Scan(&seqs[i]); err != nil {
+			return fmt.Errorf("append event %q: %w", e.Kind, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("append events: %w", err)
+	}
+	// Only a committed batch changes the callers' structs.
+	for i, e := range es {
+		e.Seq, e.Time = seqs[i], times[i]
+	}
+	return nil
+}
+
 // ListEvents implements store.Store.
 func (s *Store) ListEvents(ctx context.Context, tenantID, sandboxID string, afterSeq int64, limit int) ([]*store.Event, error) {
 	q := `SELECT seq, time, tenant_id, sandbox_id, kind, data FROM events WHERE seq > ?`

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +43,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"SandboxDelete", testSandboxDelete},
 		{"Events", testEvents},
 		{"EventPaging", testEventPaging},
+		{"EventBatch", testEventBatch},
 		{"EventTenantIsolation", testEventTenantIsolation},
 		{"ConcurrentWrites", testConcurrentWrites},
 		{"ConcurrentReadWrite", testConcurrentReadWrite},
@@ -885,5 +887,41 @@ func testCanceledContext(t *testing.T, s store.Store) {
 	}
 	if err := s.CreateTenant(ctx(t), &store.Tenant{ID: "x", Name: "x"}); err != nil {
 		t.Errorf("CreateTenant after a canceled call: %v", err)
+	}
+}
+
+func testEventBatch(t *testing.T, s store.Store) {
+	first := &store.Event{TenantID: "t1", Kind: "single"}
+	if err := s.AppendEvent(ctx(t), first); err != nil {
+		t.Fatal(err)
+	}
+	var batch []*store.Event
+	for i := 0; i < 300; i++ {
+		batch = append(batch, &store.Event{TenantID: "t1", SandboxID: "sb", Kind: "batch", Data: []byte(`{"i":` + strconv.Itoa(i) + `}`)})
+	}
+	if err := s.AppendEvents(ctx(t), batch); err != nil {
+		t.Fatalf("AppendEvents: %v", err)
+	}
+	prev := first.Seq
+	for i, e := range batch {
+		if e.Seq <= prev || e.Time.IsZero() {
+			t.Fatalf("event %d: seq %d after %d, time %v", i, e.Seq, prev, e.Time)
+		}
+		prev = e.Seq
+	}
+	got, err := s.ListEvents(ctx(t), "t1", "sb", 0, 0)
+	if err != nil || len(got) != 300 {
+		t.Fatalf("listed %d events, %v", len(got), err)
+	}
+	// All or nothing: a bad event anywhere fails the whole batch.
+	bad := []*store.Event{{TenantID: "t1", Kind: "ok"}, {TenantID: "t1", Kind: "bad", Data: []byte("{not json")}}
+	if err := s.AppendEvents(ctx(t), bad); err == nil {
+		t.Fatal("a batch with invalid JSON was accepted")
+	}
+	if bad[0].Seq != 0 {
+		t.Fatal("a failed batch set Seq")
+	}
+	if got, _ := s.ListEvents(ctx(t), "t1", "", 0, 0); len(got) != 301 {
+		t.Fatalf("failed batch left %d events, want 301", len(got))
 	}
 }
