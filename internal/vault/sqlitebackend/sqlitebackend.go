@@ -1,0 +1,292 @@
+// Package sqlitebackend is a vault.Backend on SQLite through
+// modernc.org/sqlite, in table vault_secrets.
+//
+// It creates its own table (Schema, idempotent) so that it can stand alone;
+// the daemon's store may instead create the same table in one of its
+// migrations and hand its connections to New. Like the daemon's store it
+// writes through a single connection whose transactions BEGIN IMMEDIATE
+// (writers queue in Go instead of failing with SQLITE_BUSY) and reads
+// through a separate pool, in WAL mode with synchronous=FULL.
+//
+// Only sealed values reach the database: the nonce and ciphertext as
+// BLOBs, the hosts as a JSON array, times as INTEGER unix nanoseconds UTC.
+package sqlitebackend
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/cagebox/cagebox/internal/vault"
+)
+
+var _ vault.Backend = (*Backend)(nil)
+
+// Schema creates the vault_secrets table if it does not exist. The CHECK
+// constraints repeat vault.Record.Validate so that a bad row cannot be
+// written by another path either.
+const Schema = `CREATE TABLE IF NOT EXISTS vault_secrets (
+	tenant_id  TEXT NOT NULL CHECK (tenant_id <> ''),
+	name       TEXT NOT NULL CHECK (name <> ''),
+	hosts      TEXT NOT NULL,
+	inject     TEXT NOT NULL DEFAULT '',
+	preview    TEXT NOT NULL,
+	key_id     TEXT NOT NULL CHECK (key_id <> ''),
+	nonce      BLOB NOT NULL CHECK (length(nonce) = 12),
+	ciphertext BLOB NOT NULL CHECK (length(ciphertext) > 0),
+	version    INTEGER NOT NULL CHECK (version >= 1),
+	created_at INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL,
+	revoked_at INTEGER,
+	PRIMARY KEY (tenant_id, name)
+) WITHOUT ROWID`
+
+const busyTimeout = 10 * time.Second
+
+// Backend is a vault.Backend in a SQLite database.
+type Backend struct {
+	w    *sql.DB // the single writer connection; transactions BEGIN IMMEDIATE
+	r    *sql.DB // readers
+	owns bool    // Close closes w and r
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open opens (creating it, mode 0600, if missing) the database at path and
+// creates the table. Close the Backend when done.
+func Open(path string) (_ *Backend, err error) {
+	if path == "" || path == ":memory:" || strings.HasPrefix(path, "file:") || strings.ContainsRune(path, '?') {
+		return nil, fmt.Errorf("open vault database: invalid path %q: want a plain file path without '?'", path)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open vault database: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, fmt.Errorf("open vault database: %w", err)
+	}
+	b := &Backend{owns: true}
+	defer func() {
+		if err != nil {
+			_ = b.Close()
+		}
+	}()
+	pragmas := func(extra ...string) url.Values {
+		q := url.Values{}
+		q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
+		q.Add("_pragma", "synchronous(FULL)")
+		for _, p := range extra {
+			q.Add("_pragma", p)
+		}
+		return q
+	}
+	wq := pragmas("journal_mode(WAL)")
+	wq.Set("_txlock", "immediate")
+	if b.w, err = sql.Open("sqlite", path+"?"+wq.Encode()); err != nil {
+		return nil, fmt.Errorf("open vault database %s: %w", path, err)
+	}
+	b.w.SetMaxOpenConns(1)
+	b.w.SetMaxIdleConns(1)
+	b.w.SetConnMaxLifetime(0)
+	b.w.SetConnMaxIdleTime(0)
+	if b.r, err = sql.Open("sqlite", path+"?"+pragmas("query_only(1)").Encode()); err != nil {
+		return nil, fmt.Errorf("open vault database %s: %w", path, err)
+	}
+	n := max(4, runtime.GOMAXPROCS(0))
+	b.r.SetMaxOpenConns(n)
+	b.r.SetMaxIdleConns(n)
+	if _, err := b.w.Exec(Schema); err != nil {
+		return nil, fmt.Errorf("open vault database %s: create table: %w", path, err)
+	}
+	return b, nil
+}
+
+// New returns a Backend on connections the caller owns (and closes): w
+// must be a single connection whose transactions BEGIN IMMEDIATE, r may be
+// a read-only pool (or w again). The vault_secrets table must exist
+// (Schema).
+func New(w, r *sql.DB) *Backend { return &Backend{w: w, r: r} }
+
+// Close closes the database if Open opened it. It is safe to call more
+// than once.
+func (b *Backend) Close() error {
+	if !b.owns {
+		return nil
+	}
+	b.closeOnce.Do(func() {
+		var errs []error
+		if b.r != nil {
+			errs = append(errs, b.r.Close())
+		}
+		if b.w != nil {
+			errs = append(errs, b.w.Close())
+		}
+		if err := errors.Join(errs...); err != nil {
+			b.closeErr = fmt.Errorf("close vault database: %w", err)
+		}
+	})
+	return b.closeErr
+}
+
+const cols = `tenant_id, name, hosts, inject, preview, key_id, nonce, ciphertext, version, created_at, updated_at, revoked_at`
+
+const upsert = `INSERT INTO vault_secrets (` + cols + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (tenant_id, name) DO UPDATE SET
+	hosts = excluded.hosts, inject = excluded.inject, preview = excluded.preview,
+	key_id = excluded.key_id, nonce = excluded.nonce, ciphertext = excluded.ciphertext,
+	version = excluded.version, created_at = excluded.created_at,
+	updated_at = excluded.updated_at, revoked_at = excluded.revoked_at`
+
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func put(ctx context.Context, db execer, r *vault.Record) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	hosts := r.Hosts
+	if hosts == nil {
+		hosts = []string{}
+	}
+	hj, err := json.Marshal(hosts)
+	if err != nil {
+		return fmt.Errorf("record %q: hosts: %w", r.Name, err)
+	}
+	var revoked any
+	if r.RevokedAt != nil {
+		revoked = r.RevokedAt.UnixNano()
+	}
+	_, err = db.ExecContext(ctx, upsert, r.Tenant, r.Name, string(hj), r.Inject, r.Preview, r.KeyID,
+		r.Nonce, r.Ciphertext, r.Version, r.CreatedAt.UnixNano(), r.UpdatedAt.UnixNano(), revoked)
+	if err != nil {
+		return fmt.Errorf("write record %q of tenant %q: %w", r.Name, r.Tenant, err)
+	}
+	return nil
+}
+
+// Put implements vault.Backend.
+func (b *Backend) Put(ctx context.Context, r *vault.Record) error {
+	if err := put(ctx, b.w, r); err != nil {
+		return fmt.Errorf("put: %w", err)
+	}
+	return nil
+}
+
+// Get implements vault.Backend.
+func (b *Backend) Get(ctx context.Context, tenant, name string) (*vault.Record, error) {
+	r, err := scan(b.r.QueryRowContext(ctx, `SELECT `+cols+` FROM vault_secrets WHERE tenant_id = ? AND name = ?`, tenant, name))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("record %q of tenant %q: %w", name, tenant, vault.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("record %q of tenant %q: %w", name, tenant, err)
+	}
+	return r, nil
+}
+
+// List implements vault.Backend.
+func (b *Backend) List(ctx context.Context, tenant string) ([]*vault.Record, error) {
+	out, err := query(ctx, b.r, `SELECT `+cols+` FROM vault_secrets WHERE tenant_id = ? ORDER BY name`, tenant)
+	if err != nil {
+		return nil, fmt.Errorf("list records of tenant %q: %w", tenant, err)
+	}
+	return out, nil
+}
+
+// All implements vault.Backend.
+func (b *Backend) All(ctx context.Context) ([]*vault.Record, error) {
+	out, err := query(ctx, b.r, `SELECT `+cols+` FROM vault_secrets ORDER BY tenant_id, name`)
+	if err != nil {
+		return nil, fmt.Errorf("list all records: %w", err)
+	}
+	return out, nil
+}
+
+// Delete implements vault.Backend.
+func (b *Backend) Delete(ctx context.Context, tenant, name string) error {
+	res, err := b.w.ExecContext(ctx, `DELETE FROM vault_secrets WHERE tenant_id = ? AND name = ?`, tenant, name)
+	if err != nil {
+		return fmt.Errorf("delete record %q of tenant %q: %w", name, tenant, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("delete record %q of tenant %q: %w", name, tenant, err)
+	} else if n == 0 {
+		return fmt.Errorf("delete record %q of tenant %q: %w", name, tenant, vault.ErrNotFound)
+	}
+	return nil
+}
+
+// ReplaceAll implements vault.Backend: one transaction, rolled back on the
+// first record that fails (validation, constraint or I/O).
+func (b *Backend) ReplaceAll(ctx context.Context, recs []*vault.Record) (err error) {
+	tx, err := b.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("replace records: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	for _, r := range recs {
+		if err := put(ctx, tx, r); err != nil {
+			return fmt.Errorf("replace records (nothing changed): %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("replace records: commit: %w", err)
+	}
+	return nil
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scan(s scanner) (*vault.Record, error) {
+	var r vault.Record
+	var hosts string
+	var created, updated int64
+	var revoked sql.NullInt64
+	if err := s.Scan(&r.Tenant, &r.Name, &hosts, &r.Inject, &r.Preview, &r.KeyID, &r.Nonce, &r.Ciphertext,
+		&r.Version, &created, &updated, &revoked); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal([]byte(hosts), &r.Hosts); err != nil {
+		return nil, fmt.Errorf("record %q: hosts: %w", r.Name, err)
+	}
+	r.CreatedAt = time.Unix(0, created).UTC()
+	r.UpdatedAt = time.Unix(0, updated).UTC()
+	if revoked.Valid {
+		t := time.Unix(0, revoked.Int64).UTC()
+		r.RevokedAt = &t
+	}
+	return &r, nil
+}
+
+func query(ctx context.Context, db *sql.DB, q string, args ...any) ([]*vault.Record, error) {
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []*vault.Record{}
+	for rows.Next() {
+		r, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
