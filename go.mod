@@ -12,6 +12,7 @@ require (
 
 require (
 	github.com/aws/aws-sdk-go-v2 v1.47.7 // indirect
+	github.com/aws/smithy-go v1.28.8 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/go-cmp v0.6.0 // indirect
 	github.com/google/nftables v0.3.0 // indirect
