@@ -42,6 +42,10 @@ const (
 	StatusDestroyed = "destroyed"
 )
 
+// agentStartTimeout bounds the wait for a started sandbox's agent to answer
+// (VMs under TCG boot in seconds; a container's agent answers in ms).
+const agentStartTimeout = 60 * time.Second
+
 // Limits on create requests.
 const (
 	MinMemory   = 32 << 20
@@ -349,10 +353,21 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		return fail(fmt.Errorf("start %s sandbox: %w", rt.Name(), err))
 	}
 	tStart := time.Since(t1)
-	if err := <-agentErr; err != nil {
+	var aerr error
+	select {
+	case aerr = <-agentErr:
+	case <-time.After(agentStartTimeout):
+		// An agent that died at start never answers: do not hold the
+		// caller for the whole setup budget.
+		acancel()
+		<-agentErr
+		aerr = fmt.Errorf("no answer within %s", agentStartTimeout)
+	}
+	if aerr != nil {
+		e.dropAll()
 		_ = sb.Destroy(sctx)
 		m.detach(id)
-		return fail(fmt.Errorf("sandbox started but its agent does not answer: %w", err))
+		return fail(fmt.Errorf("sandbox started but its agent does not answer: %w", aerr))
 	}
 	rec.Status = StatusRunning
 	rec.UpdatedAt = m.cfg.Now().UTC()
