@@ -178,3 +178,32 @@ type Health struct {
 	Tenant    string `json:"tenant"`
 	Sandboxes int    `json:"sandboxes"`
 }
+
+// PutSecretRequest stores (or replaces) a secret in the vault. Value is
+// write-only: no answer ever contains it.
+type PutSecretRequest struct {
+	Name  string   `json:"name"`
+	Value string   `json:"value"`
+	Hosts []string `json:"hosts"`
+	// Inject is an optional "Header: template {value}" the gateway sets on
+	// requests to the hosts even when the guest sent nothing.
+	Inject string `json:"inject,omitempty"`
+}
+
+// RotateSecretRequest replaces a secret's value (bumps its version).
+type RotateSecretRequest struct {
+	Value string `json:"value"`
+}
+
+// Secret describes a stored secret: never its value, only a preview.
+type Secret struct {
+	Name      string     `json:"name"`
+	Tenant    string     `json:"tenant"`
+	Hosts     []string   `json:"hosts"`
+	Inject    string     `json:"inject,omitempty"`
+	Preview   string     `json:"preview"`
+	Version   int64      `json:"version"`
+	CreatedAt time.Time  `json:"created_at"`
+	UpdatedAt time.Time  `json:"updated_at"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+}

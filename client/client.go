@@ -331,3 +331,32 @@ func (c *Client) FollowEvents(ctx context.Context, sandbox string, after int64, 
 	}
 	return sc.Err()
 }
+
+// PutSecret stores a secret in the caller's tenant.
+func (c *Client) PutSecret(ctx context.Context, req *api.PutSecretRequest) (*api.Secret, error) {
+	var s api.Secret
+	return &s, c.do(ctx, "POST", "/v1/secrets", req, &s)
+}
+
+// Secrets lists the caller's secrets (previews only).
+func (c *Client) Secrets(ctx context.Context) ([]api.Secret, error) {
+	var out []api.Secret
+	return out, c.do(ctx, "GET", "/v1/secrets", nil, &out)
+}
+
+// RotateSecret replaces a secret's value.
+func (c *Client) RotateSecret(ctx context.Context, name, value string) (*api.Secret, error) {
+	var s api.Secret
+	return &s, c.do(ctx, "PUT", "/v1/secrets/"+url.PathEscape(name), &api.RotateSecretRequest{Value: value}, &s)
+}
+
+// DeleteSecret deletes a secret.
+func (c *Client) DeleteSecret(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/v1/secrets/"+url.PathEscape(name), nil, nil)
+}
+
+// RevokeSecret revokes a secret.
+func (c *Client) RevokeSecret(ctx context.Context, name string) (*api.Secret, error) {
+	var s api.Secret
+	return &s, c.do(ctx, "POST", "/v1/secrets/"+url.PathEscape(name)+"/revoke", nil, &s)
+}

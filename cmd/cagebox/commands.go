@@ -87,7 +87,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var listen, agent, minIso, timeout, logLevel, pool string
 	var resolve, upstreamCAs []string
 	var proxyPort, dnsPort uint16
-	var netCfgTable, netCfgPrefix string
+	var netCfgTable, netCfgPrefix, masterKey string
 	cmd := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the cagebox daemon",
@@ -135,7 +135,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{
 				Home: g.home, Listen: listen, AgentPath: agent, MinIsolation: floor,
-				DefaultTimeout: def, Logger: log, Network: netCfg,
+				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey,
 			})
 		},
 	}
@@ -150,6 +150,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&netCfgTable, "net-table", os.Getenv("CAGEBOX_NET_TABLE"), "nftables table the daemon owns (default cagebox; env CAGEBOX_NET_TABLE)")
 	cmd.Flags().StringVar(&netCfgPrefix, "net-ifprefix", os.Getenv("CAGEBOX_NET_IFPREFIX"), "prefix of host-side sandbox interfaces, 1-3 characters (default cbx; env CAGEBOX_NET_IFPREFIX)")
 	cmd.Flags().Uint16Var(&proxyPort, "proxy-port", 0, "port of the transparent proxy on each sandbox's gateway address (default 15001)")
+	cmd.Flags().StringVar(&masterKey, "master-key-file", "", "vault master key file, created 0600 at first start (default $CAGEBOX_HOME/master.key; CAGEBOX_MASTER_KEY overrides)")
 	cmd.Flags().Uint16Var(&dnsPort, "dns-port", 0, "port of the synthetic DNS resolver on each gateway address (default 15053)")
 	return cmd
 }

@@ -75,6 +75,7 @@ func newRoot() *cobra.Command {
 		imageCmd(g),
 		eventsCmd(g),
 		tenantCmd(g),
+		secretCmd(g),
 	)
 	return root
 }

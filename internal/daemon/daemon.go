@@ -24,6 +24,8 @@ import (
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
+	"github.com/cagebox/cagebox/internal/vault"
+	"github.com/cagebox/cagebox/internal/vault/sqlitebackend"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/container"
 )
@@ -44,6 +46,10 @@ type Config struct {
 	Ready func()
 	// Network configures the egress gateway.
 	Network NetworkConfig
+	// MasterKeyFile holds the vault's master key (created 0600 at first
+	// start); default $CAGEBOX_HOME/master.key. CAGEBOX_MASTER_KEY (hex or
+	// base64) takes precedence and is removed from the environment.
+	MasterKeyFile string
 }
 
 // NetworkConfig configures sandbox networking.
@@ -135,7 +141,12 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
 	defer mgr.Close()
-	srv := NewServer(st, mgr, images, log)
+	v, closeVault, err := openVault(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeVault()
+	srv := NewServer(st, mgr, images, v, log)
 
 	sock := SocketPath(cfg.Home)
 	if err := removeStaleSocket(sock); err != nil {
@@ -249,4 +260,30 @@ func keepSandbox(ctx context.Context, st store.Store) func(string) bool {
 		}
 	}
 	return func(id string) bool { return keep[id] }
+}
+
+// openVault opens the secret vault: its own SQLite file beside the store,
+// sealed under a master key that never enters that database.
+func openVault(cfg Config) (*vault.Vault, func(), error) {
+	var key *vault.MasterKey
+	var err error
+	if os.Getenv("CAGEBOX_MASTER_KEY") != "" {
+		key, err = vault.KeyFromEnv("CAGEBOX_MASTER_KEY")
+		// Keep it out of every child process (runc, qemu, agents).
+		os.Unsetenv("CAGEBOX_MASTER_KEY")
+	} else {
+		path := cfg.MasterKeyFile
+		if path == "" {
+			path = filepath.Join(cfg.Home, "master.key")
+		}
+		key, err = vault.LoadOrCreateKeyFile(path)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("vault master key: %w", err)
+	}
+	b, err := sqlitebackend.Open(filepath.Join(cfg.Home, "vault.db"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("open vault: %w", err)
+	}
+	return vault.New(b, key), func() { b.Close() }, nil
 }

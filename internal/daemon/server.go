@@ -22,6 +22,7 @@ import (
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
+	"github.com/cagebox/cagebox/internal/vault"
 	"github.com/cagebox/cagebox/isolation"
 )
 
@@ -63,6 +64,12 @@ func Routes() []Route {
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/files", handler: (*Server).writeFile},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/dir", handler: (*Server).listDir},
 		{Method: "GET", Path: "/v1/events", handler: (*Server).listEvents},
+		{Method: "POST", Path: "/v1/secrets", handler: (*Server).putSecret},
+		{Method: "GET", Path: "/v1/secrets", handler: (*Server).listSecrets},
+		{Method: "GET", Path: "/v1/secrets/{name}", handler: (*Server).getSecret},
+		{Method: "PUT", Path: "/v1/secrets/{name}", handler: (*Server).rotateSecret},
+		{Method: "DELETE", Path: "/v1/secrets/{name}", handler: (*Server).deleteSecret},
+		{Method: "POST", Path: "/v1/secrets/{name}/revoke", handler: (*Server).revokeSecret},
 		{Method: "POST", Path: "/v1/tenants", Admin: true, handler: (*Server).createTenant},
 		{Method: "GET", Path: "/v1/tenants", Admin: true, handler: (*Server).listTenants},
 		{Method: "POST", Path: "/v1/tenants/{id}/keys", Admin: true, handler: (*Server).createKey},
@@ -71,6 +78,7 @@ func Routes() []Route {
 
 // Server is the HTTP API.
 type Server struct {
+	vault   *vault.Vault
 	store   store.Store
 	mgr     *sandbox.Manager
 	images  *image.Cache
@@ -83,8 +91,8 @@ type ctxKey int
 const viaUnixKey ctxKey = 1
 
 // NewServer builds the API handler.
-func NewServer(st store.Store, mgr *sandbox.Manager, images *image.Cache, log *slog.Logger) *Server {
-	s := &Server{store: st, mgr: mgr, images: images, log: log}
+func NewServer(st store.Store, mgr *sandbox.Manager, images *image.Cache, v *vault.Vault, log *slog.Logger) *Server {
+	s := &Server{store: st, mgr: mgr, images: images, vault: v, log: log}
 	mux := http.NewServeMux()
 	for _, r := range Routes() {
 		r := r
@@ -656,5 +664,86 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, t *store.Tena
 		return err
 	}
 	writeJSON(w, http.StatusCreated, api.APIKey{ID: rec.ID, Tenant: tid, Prefix: rec.Prefix, Key: key, CreatedAt: rec.CreatedAt})
+	return nil
+}
+
+func secretView(in *vault.Info) api.Secret {
+	return api.Secret{Name: in.Name, Tenant: in.Tenant, Hosts: in.Hosts, Inject: in.Inject, Preview: in.Preview,
+		Version: in.Version, CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, RevokedAt: in.RevokedAt}
+}
+
+// Secrets live in the caller's own tenant; the admin manages the admin
+// tenant's (a secret is never shared across tenants).
+func (s *Server) putSecret(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	var req api.PutSecretRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	in, err := s.vault.Put(r.Context(), t.ID, req.Name, []byte(req.Value), req.Hosts, req.Inject)
+	if err != nil {
+		return err
+	}
+	s.mgr.Emit(t.ID, "", "secret.put", map[string]any{"name": in.Name, "hosts": in.Hosts, "version": in.Version, "preview": in.Preview})
+	writeJSON(w, http.StatusCreated, secretView(in))
+	return nil
+}
+
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	l, err := s.vault.List(r.Context(), t.ID)
+	if err != nil {
+		return err
+	}
+	out := []api.Secret{}
+	for _, in := range l {
+		out = append(out, secretView(in))
+	}
+	writeJSON(w, 200, out)
+	return nil
+}
+
+func (s *Server) getSecret(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	in, err := s.vault.Info(r.Context(), t.ID, r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, secretView(in))
+	return nil
+}
+
+func (s *Server) rotateSecret(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	var req api.RotateSecretRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	in, err := s.vault.Rotate(r.Context(), t.ID, r.PathValue("name"), []byte(req.Value))
+	if err != nil {
+		return err
+	}
+	s.mgr.Emit(t.ID, "", "secret.rotated", map[string]any{"name": in.Name, "version": in.Version, "preview": in.Preview})
+	writeJSON(w, 200, secretView(in))
+	return nil
+}
+
+func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	name := r.PathValue("name")
+	if err := s.vault.Delete(r.Context(), t.ID, name); err != nil {
+		return err
+	}
+	s.mgr.Emit(t.ID, "", "secret.deleted", map[string]any{"name": name})
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) revokeSecret(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	name := r.PathValue("name")
+	if err := s.vault.Revoke(r.Context(), t.ID, name); err != nil {
+		return err
+	}
+	in, err := s.vault.Info(r.Context(), t.ID, name)
+	if err != nil {
+		return err
+	}
+	s.mgr.Emit(t.ID, "", "secret.revoked", map[string]any{"name": name})
+	writeJSON(w, 200, secretView(in))
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 
 	"github.com/cagebox/cagebox/internal/store"
+	"github.com/cagebox/cagebox/internal/vault"
 	"github.com/cagebox/cagebox/isolation"
 )
 
@@ -26,9 +27,11 @@ func HTTPStatus(err error) int {
 	switch {
 	case err == nil:
 		return http.StatusOK
-	case errors.Is(err, ErrNotFound), errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, ErrNotFound), errors.Is(err, store.ErrNotFound), errors.Is(err, vault.ErrNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, vault.ErrRevoked):
+		return http.StatusConflict
+	case errors.Is(err, ErrInvalid), errors.Is(err, vault.ErrInvalid):
 		return http.StatusBadRequest
 	case errors.Is(err, ErrUnauthorized):
 		return http.StatusUnauthorized

@@ -74,6 +74,30 @@ func TestTenantIsolation(t *testing.T) {
 			t.Errorf("tenant beta: %s %s answered %d (%s), want 404", tc.method, tc.path, resp.StatusCode, ae.Error)
 		}
 	}
+	if _, err := a.PutSecret(ctx, &api.PutSecretRequest{Name: "ALPHA_KEY", Value: "alpha-secret-value-1234", Hosts: []string{"api.alpha.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ method, path, body string }{
+		{"GET", "/v1/secrets/ALPHA_KEY", ""},
+		{"PUT", "/v1/secrets/ALPHA_KEY", `{"value":"overwritten-by-beta"}`},
+		{"POST", "/v1/secrets/ALPHA_KEY/revoke", ""},
+		{"DELETE", "/v1/secrets/ALPHA_KEY", ""},
+	} {
+		resp, err := b.Raw(ctx, tc.method, tc.path, "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("tenant beta: %s %s answered %d, want 404", tc.method, tc.path, resp.StatusCode)
+		}
+	}
+	if l, err := b.Secrets(ctx); err != nil || len(l) != 0 {
+		t.Errorf("tenant beta lists secrets %+v %v", l, err)
+	}
+	if l, err := a.Secrets(ctx); err != nil || len(l) != 1 || l[0].Version != 1 || l[0].RevokedAt != nil {
+		t.Errorf("alpha's secret after beta's attempts: %+v %v", l, err)
+	}
 	if l, err := b.List(ctx); err != nil || len(l) != 0 {
 		t.Errorf("tenant beta lists %+v %v", l, err)
 	}

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/client"
+)
+
+// secretValue reads a value from exactly one source; never from argv (it
+// would sit in shell history and /proc/*/cmdline).
+func secretValue(fromEnv, fromFile string) (string, error) {
+	switch {
+	case fromEnv != "" && fromFile != "":
+		return "", errors.New("give the value with --from-env or --from-file, not both")
+	case fromEnv != "":
+		v, ok := os.LookupEnv(fromEnv)
+		if !ok || v == "" {
+			return "", fmt.Errorf("--from-env: environment variable %s is not set", fromEnv)
+		}
+		return v, nil
+	case fromFile != "":
+		b, err := os.ReadFile(fromFile)
+		if err != nil {
+			return "", fmt.Errorf("--from-file: %w", err)
+		}
+		return strings.TrimRight(string(b), "\r\n"), nil
+	}
+	if fi, err := os.Stdin.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		return "", errors.New("no value: pipe it on stdin, or use --from-env VAR or --from-file FILE")
+	}
+	b, err := io.ReadAll(io.LimitReader(os.Stdin, 1<<20))
+	if err != nil {
+		return "", fmt.Errorf("read stdin: %w", err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+func secretCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "secret", Short: "Manage credentials in the vault (values never leave the host)"}
+	var fromEnv, fromFile, inject string
+	var hosts []string
+	add := &cobra.Command{
+		Use:   "add NAME --host HOST[,HOST] [--from-env VAR | --from-file F | < stdin]",
+		Short: "Store a secret (replaces one of the same name)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(hosts) == 0 {
+				return errors.New("--host: name the hosts this secret may be sent to")
+			}
+			v, err := secretValue(fromEnv, fromFile)
+			if err != nil {
+				return err
+			}
+			s, err := g.client().PutSecret(cmd.Context(), &api.PutSecretRequest{Name: args[0], Value: v, Hosts: hosts, Inject: inject})
+			if err != nil {
+				return err
+			}
+			fmt.Printf("%s stored (version %d, …%s) for %s\n", s.Name, s.Version, s.Preview, strings.Join(s.Hosts, ", "))
+			return nil
+		},
+	}
+	add.Flags().StringSliceVar(&hosts, "host", nil, "hosts the secret may be sent to (exact or *.wildcard; repeatable or comma-separated)")
+	add.Flags().StringVar(&fromEnv, "from-env", "", "read the value from this environment variable")
+	add.Flags().StringVar(&fromFile, "from-file", "", "read the value from this file")
+	add.Flags().StringVar(&inject, "inject", "", `header the gateway sets on requests to the hosts, e.g. "Authorization: Bearer {value}"`)
+
+	var rotEnv, rotFile string
+	rotate := &cobra.Command{
+		Use:   "rotate NAME [--from-env VAR | --from-file F | < stdin]",
+		Short: "Replace a secret's value (running sandboxes use it from the next request)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			v, err := secretValue(rotEnv, rotFile)
+			if err != nil {
+				return err
+			}
+			s, err := g.client().RotateSecret(cmd.Context(), args[0], v)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("%s rotated (version %d, …%s)\n", s.Name, s.Version, s.Preview)
+			return nil
+		},
+	}
+	rotate.Flags().StringVar(&rotEnv, "from-env", "", "read the value from this environment variable")
+	rotate.Flags().StringVar(&rotFile, "from-file", "", "read the value from this file")
+
+	var asJSON bool
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List secrets (the last 4 characters only)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := g.client().Secrets(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(l)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tPREVIEW\tHOSTS\tVERSION\tUPDATED\tSTATUS")
+			for _, s := range l {
+				status := "active"
+				if s.RevokedAt != nil {
+					status = "revoked " + s.RevokedAt.Local().Format(time.DateTime)
+				}
+				fmt.Fprintf(tw, "%s\t…%s\t%s\t%d\t%s\t%s\n", s.Name, s.Preview, strings.Join(s.Hosts, ","), s.Version, s.UpdatedAt.Local().Format(time.DateTime), status)
+			}
+			return tw.Flush()
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	rm := simpleCmd(g, "rm", "Delete secrets", func(ctx context.Context, c *client.Client, name string) error { return c.DeleteSecret(ctx, name) })
+	revoke := simpleCmd(g, "revoke", "Revoke secrets: unusable from the next request on", func(ctx context.Context, c *client.Client, name string) error {
+		_, err := c.RevokeSecret(ctx, name)
+		return err
+	})
+	rm.Use, revoke.Use = "rm NAME [NAME...]", "revoke NAME [NAME...]"
+	cmd.AddCommand(add, ls, rotate, rm, revoke)
+	return cmd
+}
