@@ -45,6 +45,37 @@ type CreateSandboxRequest struct {
 	// Allow is a shorthand: one allow rule (ports 443 and 80, any method
 	// and path) per host, added after Policy's rules.
 	Allow []string `json:"allow,omitempty"`
+	// Secrets are credentials the guest sees only as placeholders.
+	Secrets []SecretBinding `json:"secrets,omitempty"`
+}
+
+// SecretBinding gives a sandbox a credential: env var Name holds a
+// placeholder of the real value's shape, and the egress gateway swaps in the
+// real value only on requests to Hosts over intercepted TLS.
+type SecretBinding struct {
+	// Name is the guest's environment variable.
+	Name string `json:"name"`
+	// Secret names a stored secret (default: Name); its hosts apply unless
+	// Hosts narrows them.
+	Secret string `json:"secret,omitempty"`
+	// Value is an inline value (write-only): sealed in the vault for this
+	// sandbox's life, never stored in clear or returned.
+	Value string `json:"value,omitempty"`
+	// Hosts: required with Value; with Secret, a subset of its hosts.
+	Hosts []string `json:"hosts,omitempty"`
+	// Body opts in to substitution in request bodies.
+	Body bool `json:"body,omitempty"`
+	// Mode "env" puts the REAL value in the guest's environment (for
+	// protocols the gateway cannot see); inspect and events mark it.
+	Mode string `json:"mode,omitempty"`
+}
+
+// BoundSecret is a binding as a sandbox shows it (never a value).
+type BoundSecret struct {
+	Name   string   `json:"name"`
+	Secret string   `json:"secret"`
+	Hosts  []string `json:"hosts"`
+	Mode   string   `json:"mode"`
 }
 
 // Resources are a sandbox's limits as applied.
@@ -74,6 +105,10 @@ type Sandbox struct {
 	Network *Network `json:"network,omitempty"`
 	// Policy is the egress policy in force.
 	Policy json.RawMessage `json:"policy,omitempty"`
+	// Secrets are the sandbox's credential bindings; RealInGuest lists the
+	// "env" mode ones, whose real value is inside the guest.
+	Secrets     []BoundSecret `json:"secrets,omitempty"`
+	RealInGuest []string      `json:"real_values_in_guest,omitempty"`
 }
 
 // Network describes a sandbox's routed link.

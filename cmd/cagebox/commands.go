@@ -170,6 +170,7 @@ type createFlags struct {
 	env                                         []string
 	allow                                       []string
 	policyFile                                  string
+	secrets, secretBody, secretEnv              []string
 }
 
 func (f *createFlags) add(cmd *cobra.Command) {
@@ -184,6 +185,48 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().StringArrayVar(&f.allow, "allow", nil, "allow HTTP(S) to this host, e.g. api.github.com or *.example.com (repeatable; default: nothing is reachable)")
 	cmd.Flags().StringVar(&f.policyFile, "policy", "", "egress policy document, YAML or JSON (see docs/policy.md)")
+	cmd.Flags().StringArrayVar(&f.secrets, "secret", nil, "credential binding: NAME@HOST[,HOST] takes the value from this CLI's environment variable NAME (never argv); NAME=vault:KEY[@HOST,...] uses a stored secret. The guest's $NAME holds a placeholder (repeatable)")
+	cmd.Flags().StringArrayVar(&f.secretBody, "secret-in-body", nil, "also swap NAME's placeholder in request bodies (repeatable)")
+	cmd.Flags().StringArrayVar(&f.secretEnv, "secret-env", nil, "deliver NAME's REAL value into the guest's environment (weaker: for protocols the gateway cannot see; repeatable)")
+}
+
+// secretBindings parses --secret values.
+func (f *createFlags) secretBindings() ([]api.SecretBinding, error) {
+	body := map[string]bool{}
+	for _, n := range f.secretBody {
+		body[n] = true
+	}
+	env := map[string]bool{}
+	for _, n := range f.secretEnv {
+		env[n] = true
+	}
+	var out []api.SecretBinding
+	for _, s := range f.secrets {
+		var b api.SecretBinding
+		if name, ref, ok := strings.Cut(s, "=vault:"); ok {
+			b.Name = name
+			key, hosts, _ := strings.Cut(ref, "@")
+			b.Secret = key
+			if hosts != "" {
+				b.Hosts = strings.Split(hosts, ",")
+			}
+		} else if name, hosts, ok := strings.Cut(s, "@"); ok && hosts != "" {
+			b.Name, b.Hosts = name, strings.Split(hosts, ",")
+			v, ok := os.LookupEnv(name)
+			if !ok || v == "" {
+				return nil, fmt.Errorf("--secret %s: the environment variable %s holds the value, and it is not set", s, name)
+			}
+			b.Value = v
+		} else {
+			return nil, fmt.Errorf("--secret %q: want NAME@HOST[,HOST] or NAME=vault:KEY", s)
+		}
+		b.Body = body[b.Name]
+		if env[b.Name] {
+			b.Mode = "env"
+		}
+		out = append(out, b)
+	}
+	return out, nil
 }
 
 func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
@@ -218,6 +261,11 @@ func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
 	}
 	req.Timeout, req.IdleTimeout = f.timeout, f.idle
 	req.Allow = f.allow
+	sec, err := f.secretBindings()
+	if err != nil {
+		return nil, err
+	}
+	req.Secrets = sec
 	if f.policyFile != "" {
 		b, err := os.ReadFile(f.policyFile)
 		if err != nil {

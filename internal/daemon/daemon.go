@@ -117,9 +117,14 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	v, closeVault, err := openVault(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeVault()
 	mgr := sandbox.New(sandbox.Config{
-		Gateway: gw,
-		Store:   st, Images: images, StateDir: filepath.Join(cfg.Home, "sandboxes"),
+		Gateway: gw, Vault: v,
+		Store: st, Images: images, StateDir: filepath.Join(cfg.Home, "sandboxes"),
 		AgentPath: cfg.AgentPath, Logger: log, MinIsolation: cfg.MinIsolation,
 		DefaultTimeout: cfg.DefaultTimeout,
 	})
@@ -141,11 +146,6 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
 	defer mgr.Close()
-	v, closeVault, err := openVault(cfg)
-	if err != nil {
-		return err
-	}
-	defer closeVault()
 	srv := NewServer(st, mgr, images, v, log)
 
 	sock := SocketPath(cfg.Home)

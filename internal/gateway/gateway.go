@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 	"github.com/cagebox/cagebox/internal/link"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/resolver"
+	"github.com/cagebox/cagebox/internal/substitute"
 )
 
 // Defaults.
@@ -77,10 +79,25 @@ type Attachment struct {
 	dns        *resolver.Server
 	ln         net.Listener
 
-	// mu guards journaled.
+	// mu guards journaled and secrets.
 	mu sync.Mutex
 	// journaled are the names whose synthetic address is in the journal.
 	journaled map[string]bool
+	// secrets swaps placeholders for real values (nil: no bindings).
+	secrets *substitute.Set
+}
+
+// SetSecrets installs the sandbox's credential bindings.
+func (a *Attachment) SetSecrets(s *substitute.Set) {
+	a.mu.Lock()
+	a.secrets = s
+	a.mu.Unlock()
+}
+
+func (a *Attachment) secretSet() *substitute.Set {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.secrets
 }
 
 // New prepares the gateway; Init installs the rules.
@@ -109,6 +126,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.proxy, err = egress.New(egress.Config{
 		Lookup:      g.lookup,
 		OnEvent:     g.onProxyEvent,
+		Hook:        g.substitute,
 		Resolve:     cfg.Resolve,
 		UpstreamCAs: cfg.UpstreamCAs,
 		Logger:      cfg.Logger,
@@ -392,4 +410,39 @@ func (g *Gateway) replayNames(a *Attachment) {
 		}
 		a.journaled[name] = true
 	}
+}
+
+// substitute is the proxy's request hook: placeholders become real values
+// on requests to their bound hosts over intercepted TLS, and anything else
+// carrying a placeholder is refused (and raises an alert).
+func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusal {
+	a, ok := g.Get(sb.ID)
+	if !ok {
+		return &egress.Refusal{Rule: "secret", Reason: "sandbox is detaching"}
+	}
+	set := a.secretSet()
+	if set == nil {
+		return nil
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	res, err := set.Apply(r, strings.ToLower(host), r.TLS != nil)
+	if err != nil {
+		g.cfg.Emit(sb.Tenant, sb.ID, "secret.error", map[string]any{"host": host, "error": err.Error()})
+		return &egress.Refusal{Rule: "secret", Reason: err.Error()}
+	}
+	if res.Refusal != nil {
+		kind := "secret.refused"
+		if res.Alert {
+			kind = "secret.alert"
+		}
+		g.cfg.Emit(sb.Tenant, sb.ID, kind, map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": res.Refusal.Rule, "reason": res.Refusal.Reason})
+		return &egress.Refusal{Rule: res.Refusal.Rule, Reason: res.Refusal.Reason}
+	}
+	if len(res.Replaced) > 0 {
+		g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": res.Replaced})
+	}
+	return nil
 }

@@ -28,6 +28,8 @@ import (
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
+	"github.com/cagebox/cagebox/internal/substitute"
+	"github.com/cagebox/cagebox/internal/vault"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/oci"
 )
@@ -69,6 +71,8 @@ type Config struct {
 	Now func() time.Time
 	// Gateway attaches sandboxes to the network; nil = no network at all.
 	Gateway *gateway.Gateway
+	// Vault holds credentials for secret bindings; nil = no bindings.
+	Vault *vault.Vault
 }
 
 // Manager runs sandboxes for every tenant.
@@ -165,6 +169,7 @@ type specRecord struct {
 	StateDir    string              `json:"state_dir"`
 	IdleTimeout string              `json:"idle_timeout,omitempty"`
 	Policy      *policy.Document    `json:"policy,omitempty"`
+	Secrets     []boundSecret       `json:"secrets,omitempty"`
 }
 
 func newID() string {
@@ -261,6 +266,16 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	}
 
 	id := newID()
+	bound, secretEnv, undoSecrets, err := m.bindSecrets(ctx, tenant.ID, id, req.Secrets)
+	if err != nil {
+		undoSecrets()
+		return nil, err
+	}
+	secrets, err := m.secretSet(tenant.ID, bound)
+	if err != nil {
+		undoSecrets()
+		return nil, fmt.Errorf("%w: secrets: %v", errdefs.ErrInvalid, err)
+	}
 	tok := make([]byte, 32)
 	_, _ = rand.Read(tok)
 	res := isolation.Resources{MemoryBytes: req.MemoryBytes, CPUs: req.CPUs, PIDs: req.PIDs, DiskBytes: req.DiskBytes}
@@ -271,11 +286,11 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		RootFS:     img.Path,
 		AgentPath:  m.cfg.AgentPath,
 		AgentToken: hex.EncodeToString(tok),
-		Env:        req.Env,
+		Env:        append(append([]string(nil), req.Env...), secretEnv...),
 		Hostname:   "sandbox",
 		Resources:  res,
 	}
-	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, Policy: doc}
+	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, Policy: doc, Secrets: bound}
 	specJSON, _ := json.Marshal(sr)
 	now := m.cfg.Now().UTC()
 	if timeout == 0 {
@@ -294,6 +309,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	// The record exists before anything is made on the host, so a crash at
 	// any later point is found and cleaned up by Recover.
 	if err := m.cfg.Store.CreateSandbox(ctx, rec); err != nil {
+		undoSecrets()
 		return nil, fmt.Errorf("record sandbox: %w", err)
 	}
 	// Setup is bounded by the daemon, not by the caller's connection: a
@@ -301,6 +317,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	fail := func(err error) (*api.Sandbox, error) {
+		undoSecrets()
 		log.Error("create failed", "err", err)
 		rec.Status, rec.Error = StatusFailed, err.Error()
 		rec.UpdatedAt = m.cfg.Now().UTC()
@@ -314,6 +331,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		if err != nil {
 			return fail(fmt.Errorf("attach network: %w", err))
 		}
+		att.SetSecrets(secrets)
 		spec.NetNS = att.Link.NetNSPath
 		spec.Nameserver = att.Link.HostAddr.String()
 		spec.TrustedCAPEM = att.CA.CertPEM()
@@ -379,6 +397,15 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	m.mu.Lock()
 	m.live[id] = e
 	m.mu.Unlock()
+	var envMode []string
+	for _, b := range bound {
+		if b.Mode == ModeEnv {
+			envMode = append(envMode, b.Name)
+		}
+	}
+	if len(envMode) > 0 {
+		m.emit(tenant.ID, id, "secret.env_delivered", map[string]any{"names": envMode, "warning": "real values are inside the guest"})
+	}
 	log.Info("sandbox running", "image", img.Name, "setup", tCreate, "start", tStart, "agent_ready", time.Since(t1))
 	m.emit(tenant.ID, id, "sandbox.created", map[string]any{"runtime": rt.Name(), "image": img.Name})
 	return m.view(rec), nil
@@ -459,6 +486,12 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 	}
 	if sr.Policy != nil {
 		v.Policy, _ = json.Marshal(sr.Policy)
+	}
+	for _, b := range sr.Secrets {
+		v.Secrets = append(v.Secrets, api.BoundSecret{Name: b.Name, Secret: b.Secret, Hosts: b.Hosts, Mode: b.Mode})
+		if b.Mode == ModeEnv {
+			v.RealInGuest = append(v.RealInGuest, b.Name)
+		}
 	}
 	if gw := m.cfg.Gateway; gw != nil {
 		if a, ok := gw.Get(r.ID); ok {
@@ -828,6 +861,10 @@ func (m *Manager) destroy(r *store.Sandbox, reason string) error {
 		m.cleanupOrphanDir(r)
 	}
 	m.detach(r.ID)
+	var sr specRecord
+	if json.Unmarshal(r.Spec, &sr) == nil {
+		m.dropInline(r.TenantID, sr.Secrets)
+	}
 	r.Status = StatusDestroyed
 	if reason != "removed" {
 		r.Error = reason
@@ -924,8 +961,15 @@ func (m *Manager) Recover(ctx context.Context) error {
 			if sr.Policy != nil {
 				pol, err = policy.Compile(sr.Policy)
 			}
+			var att *gateway.Attachment
 			if err == nil {
-				_, err = gw.Attach(ctx, r.ID, r.TenantID, pol, true)
+				att, err = gw.Attach(ctx, r.ID, r.TenantID, pol, true)
+			}
+			if err == nil {
+				var set *substitute.Set
+				if set, err = m.secretSet(r.TenantID, sr.Secrets); err == nil {
+					att.SetSecrets(set)
+				}
 			}
 			if err != nil {
 				// Without its gateway the sandbox would have no policy

