@@ -67,6 +67,10 @@ type SecretBinding struct {
 	Body bool `json:"body,omitempty"`
 	// Mode "env" puts the REAL value in the guest's environment (for
 	// protocols the gateway cannot see); inspect and events mark it.
+	// Mode "sigv4": the secret's value is "ACCESS_KEY_ID:SECRET_ACCESS_KEY";
+	// the guest gets placeholder AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY,
+	// signs normally, and the gateway verifies the signature with the
+	// placeholders and re-signs with the real key.
 	Mode string `json:"mode,omitempty"`
 }
 

@@ -171,7 +171,7 @@ type createFlags struct {
 	env                                         []string
 	allow                                       []string
 	policyFile                                  string
-	secrets, secretBody, secretEnv              []string
+	secrets, secretBody, secretEnv, secretSigV4 []string
 }
 
 func (f *createFlags) add(cmd *cobra.Command) {
@@ -188,6 +188,7 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.policyFile, "policy", "", "egress policy document, YAML or JSON (see docs/policy.md)")
 	cmd.Flags().StringArrayVar(&f.secrets, "secret", nil, "credential binding: NAME@HOST[,HOST] takes the value from this CLI's environment variable NAME (never argv); NAME=vault:KEY[@HOST,...] uses a stored secret. The guest's $NAME holds a placeholder (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretBody, "secret-in-body", nil, "also swap NAME's placeholder in request bodies (repeatable)")
+	cmd.Flags().StringArrayVar(&f.secretSigV4, "secret-sigv4", nil, "NAME's value is ACCESS_KEY_ID:SECRET_ACCESS_KEY: the guest gets placeholder AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and the gateway re-signs its SigV4 requests with the real key (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretEnv, "secret-env", nil, "deliver NAME's REAL value into the guest's environment (weaker: for protocols the gateway cannot see; repeatable)")
 }
 
@@ -200,6 +201,10 @@ func (f *createFlags) secretBindings() ([]api.SecretBinding, error) {
 	env := map[string]bool{}
 	for _, n := range f.secretEnv {
 		env[n] = true
+	}
+	sigv4 := map[string]bool{}
+	for _, n := range f.secretSigV4 {
+		sigv4[n] = true
 	}
 	var out []api.SecretBinding
 	for _, s := range f.secrets {
@@ -224,6 +229,9 @@ func (f *createFlags) secretBindings() ([]api.SecretBinding, error) {
 		b.Body = body[b.Name]
 		if env[b.Name] {
 			b.Mode = "env"
+		}
+		if sigv4[b.Name] {
+			b.Mode = "sigv4"
 		}
 		out = append(out, b)
 	}

@@ -24,8 +24,10 @@ import (
 	"github.com/cagebox/cagebox/internal/egress"
 	"github.com/cagebox/cagebox/internal/link"
 	"github.com/cagebox/cagebox/internal/policy"
+	"github.com/cagebox/cagebox/internal/resign"
 	"github.com/cagebox/cagebox/internal/resolver"
 	"github.com/cagebox/cagebox/internal/substitute"
+	"github.com/cagebox/cagebox/internal/vault"
 )
 
 // Defaults.
@@ -101,6 +103,50 @@ type Attachment struct {
 	journaled map[string]bool
 	// secrets swaps placeholders for real values (nil: no bindings).
 	secrets *substitute.Set
+	// sigv4 re-signs AWS requests signed with placeholder keys.
+	sigv4 []*SigV4Binding
+}
+
+// SigV4Binding: the guest signs with Placeholder; on requests to Hosts over
+// intercepted TLS the gateway verifies that signature and re-signs with the
+// real key.
+type SigV4Binding struct {
+	Name        string
+	Hosts       []string
+	Placeholder resign.AWSCreds
+	Real        func() (resign.AWSCreds, error)
+}
+
+// SetSigV4 installs the sandbox's re-signing bindings.
+func (a *Attachment) SetSigV4(bs []*SigV4Binding) {
+	a.mu.Lock()
+	a.sigv4 = bs
+	a.mu.Unlock()
+}
+
+func (a *Attachment) sigV4() []*SigV4Binding {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.sigv4
+}
+
+// known tells the exfil scan which strings are this sandbox's own
+// placeholders.
+type known struct {
+	set   *substitute.Set
+	sigv4 []*SigV4Binding
+}
+
+func (k known) IsPlaceholder(s string) bool {
+	if k.set != nil && k.set.IsPlaceholder(s) {
+		return true
+	}
+	for _, b := range k.sigv4 {
+		if s == b.Placeholder.AccessKeyID || s == b.Placeholder.SecretAccessKey {
+			return true
+		}
+	}
+	return false
 }
 
 // SetSecrets installs the sandbox's credential bindings.
@@ -460,11 +506,7 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusa
 		if r.ContentLength > 0 && r.ContentLength <= exfilBodyLimit {
 			limit = exfilBodyLimit
 		}
-		var known []substitute.Known
-		if set != nil {
-			known = append(known, set)
-		}
-		if fs, err := g.det.Scan(r, limit, known...); err == nil && len(fs) > 0 {
+		if fs, err := g.det.Scan(r, limit, known{set, a.sigV4()}); err == nil && len(fs) > 0 {
 			for _, f := range fs {
 				g.cfg.Emit(sb.Tenant, sb.ID, "secret.exfil_suspect", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": f.Rule, "where": f.Where, "preview": f.Preview, "mode": g.cfg.Exfil})
 			}
@@ -472,6 +514,9 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusa
 				return &egress.Refusal{Rule: fs[0].Rule, Reason: "request carries a credential-shaped string (" + fs[0].Rule + " in " + fs[0].Where + ", …" + strings.TrimPrefix(fs[0].Preview, "…") + ")"}
 			}
 		}
+	}
+	if ref := g.resignSigV4(sb, a, r, host); ref != nil {
+		return ref
 	}
 	if set == nil {
 		return nil
@@ -491,6 +536,41 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusa
 	}
 	if len(res.Replaced) > 0 {
 		g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": res.Replaced})
+	}
+	return nil
+}
+
+// resignSigV4 handles requests signed with a sandbox's placeholder AWS key:
+// re-signed with the real key for a bound host over intercepted TLS,
+// refused (with an alert) anywhere else or when the signature does not
+// verify. It runs before the generic swap, which must not touch them.
+func (g *Gateway) resignSigV4(sb *egress.Sandbox, a *Attachment, r *http.Request, host string) *egress.Refusal {
+	bs := a.sigV4()
+	if len(bs) == 0 {
+		return nil
+	}
+	cred := r.Header.Get("Authorization") + " " + r.URL.Query().Get("X-Amz-Credential")
+	for _, b := range bs {
+		if !strings.Contains(cred, b.Placeholder.AccessKeyID) {
+			continue
+		}
+		refuse := func(kind, reason string) *egress.Refusal {
+			g.cfg.Emit(sb.Tenant, sb.ID, kind, map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": "secret:" + b.Name, "reason": reason})
+			return &egress.Refusal{Rule: "secret:" + b.Name, Reason: reason}
+		}
+		if r.TLS == nil || !vault.MatchHost(b.Hosts, host) {
+			return refuse("secret.alert", fmt.Sprintf("AWS request signed with the placeholder key of %s sent to %s (bound to %s)", b.Name, host, strings.Join(b.Hosts, ", ")))
+		}
+		real, err := b.Real()
+		if err != nil {
+			return refuse("secret.refused", fmt.Sprintf("%s cannot be used: %v", b.Name, err))
+		}
+		s := &resign.SigV4{Placeholder: b.Placeholder, Real: real}
+		if err := s.Resign(r); err != nil {
+			return refuse("secret.refused", fmt.Sprintf("AWS signature of %s: %v", b.Name, err))
+		}
+		g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": []string{b.Name}, "resigned": "sigv4"})
+		return nil
 	}
 	return nil
 }

@@ -332,6 +332,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 			return fail(fmt.Errorf("attach network: %w", err))
 		}
 		att.SetSecrets(secrets)
+		att.SetSigV4(m.sigV4Bindings(tenant.ID, bound))
 		spec.NetNS = att.Link.NetNSPath
 		spec.Nameserver = att.Link.HostAddr.String()
 		spec.TrustedCAPEM = att.CA.CertPEM()
@@ -969,6 +970,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 				var set *substitute.Set
 				if set, err = m.secretSet(r.TenantID, sr.Secrets); err == nil {
 					att.SetSecrets(set)
+					att.SetSigV4(m.sigV4Bindings(r.TenantID, sr.Secrets))
 				}
 			}
 			if err != nil {

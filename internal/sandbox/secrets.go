@@ -8,6 +8,8 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/gateway"
+	"github.com/cagebox/cagebox/internal/resign"
 	"github.com/cagebox/cagebox/internal/substitute"
 	"github.com/cagebox/cagebox/internal/vault"
 )
@@ -16,6 +18,7 @@ import (
 const (
 	ModeProxy = "proxy"
 	ModeEnv   = "env"
+	ModeSigV4 = "sigv4"
 )
 
 // boundSecret is a binding as stored in the sandbox record: everything
@@ -28,7 +31,9 @@ type boundSecret struct {
 	Body        bool     `json:"body,omitempty"`
 	Mode        string   `json:"mode"`
 	Placeholder string   `json:"placeholder,omitempty"` // what the guest holds (not a secret)
-	Inject      string   `json:"inject,omitempty"`
+	// PlaceholderSecret is the sigv4 mode's placeholder secret access key.
+	PlaceholderSecret string `json:"placeholder_secret,omitempty"`
+	Inject            string `json:"inject,omitempty"`
 }
 
 // inlineName is the vault name of a sandbox's inline secret.
@@ -65,8 +70,8 @@ func (m *Manager) bindSecrets(ctx context.Context, tenant, id string, reqs []api
 		if mode == "" {
 			mode = ModeProxy
 		}
-		if mode != ModeProxy && mode != ModeEnv {
-			return nil, nil, undo, fmt.Errorf("%w: %s.mode: %q is not proxy or env", errdefs.ErrInvalid, field, b.Mode)
+		if mode != ModeProxy && mode != ModeEnv && mode != ModeSigV4 {
+			return nil, nil, undo, fmt.Errorf("%w: %s.mode: %q is not proxy, env or sigv4", errdefs.ErrInvalid, field, b.Mode)
 		}
 		bs := boundSecret{Name: b.Name, Body: b.Body, Mode: mode}
 		if b.Value != "" {
@@ -112,9 +117,24 @@ func (m *Manager) bindSecrets(ctx context.Context, tenant, id string, reqs []api
 		if err != nil {
 			return nil, nil, undo, fmt.Errorf("%s: %w", field, err)
 		}
-		if mode == ModeEnv {
+		switch mode {
+		case ModeEnv:
 			env = append(env, b.Name+"="+string(val.Bytes()))
-		} else {
+		case ModeSigV4:
+			akid, secret, ok := strings.Cut(string(val.Bytes()), ":")
+			if !ok || akid == "" || secret == "" {
+				val.Wipe()
+				return nil, nil, undo, fmt.Errorf("%w: %s: a sigv4 secret's value is ACCESS_KEY_ID:SECRET_ACCESS_KEY", errdefs.ErrInvalid, field)
+			}
+			if bs.Placeholder, err = substitute.NewPlaceholder([]byte(akid)); err == nil {
+				bs.PlaceholderSecret, err = substitute.NewPlaceholder([]byte(secret))
+			}
+			if err != nil {
+				val.Wipe()
+				return nil, nil, undo, fmt.Errorf("%s: placeholder: %w", field, err)
+			}
+			env = append(env, "AWS_ACCESS_KEY_ID="+bs.Placeholder, "AWS_SECRET_ACCESS_KEY="+bs.PlaceholderSecret)
+		default:
 			ph, err := substitute.NewPlaceholder(val.Bytes())
 			if err != nil {
 				return nil, nil, undo, fmt.Errorf("%s: placeholder: %w", field, err)
@@ -159,4 +179,30 @@ func (m *Manager) dropInline(tenant string, bound []boundSecret) {
 			_ = m.cfg.Vault.Delete(context.Background(), tenant, b.Secret)
 		}
 	}
+}
+
+// sigV4Bindings builds the gateway's re-signing bindings; the real key is
+// read from the vault on every request (revocation applies at once).
+func (m *Manager) sigV4Bindings(tenant string, bound []boundSecret) []*gateway.SigV4Binding {
+	var out []*gateway.SigV4Binding
+	for _, b := range bound {
+		if b.Mode != ModeSigV4 {
+			continue
+		}
+		name := b.Secret
+		out = append(out, &gateway.SigV4Binding{
+			Name: b.Name, Hosts: b.Hosts,
+			Placeholder: resign.AWSCreds{AccessKeyID: b.Placeholder, SecretAccessKey: b.PlaceholderSecret},
+			Real: func() (resign.AWSCreds, error) {
+				v, _, err := m.cfg.Vault.Value(context.Background(), tenant, name)
+				if err != nil {
+					return resign.AWSCreds{}, err
+				}
+				defer v.Wipe()
+				akid, secret, _ := strings.Cut(string(v.Bytes()), ":")
+				return resign.AWSCreds{AccessKeyID: akid, SecretAccessKey: secret}, nil
+			},
+		})
+	}
+	return out
 }

@@ -28,6 +28,9 @@ type upstream struct {
 	caFile string
 	port   int
 
+	// validate, when set, must accept a request (else 403).
+	validate func(*http.Request) error
+
 	// mu guards seen.
 	mu   sync.Mutex
 	seen []string // "METHOD host path proto"
@@ -51,6 +54,12 @@ func newUpstream(t *testing.T, names ...string) *upstream {
 		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		u.seen = append(u.seen, fmt.Sprintf("%s %s %s %s auth=%s q=%s body=%s", r.Method, r.Host, r.URL.Path, r.Proto, r.Header.Get("Authorization"), r.URL.RawQuery, body))
 		u.mu.Unlock()
+		if u.validate != nil {
+			if err := u.validate(r); err != nil {
+				http.Error(w, "signature rejected: "+err.Error(), 403)
+				return
+			}
+		}
 		if r.Header.Get("X-Forwarded-For") != "" {
 			http.Error(w, "proxy leaked X-Forwarded-For", 500)
 			return
