@@ -360,3 +360,9 @@ func (c *Client) RevokeSecret(ctx context.Context, name string) (*api.Secret, er
 	var s api.Secret
 	return &s, c.do(ctx, "POST", "/v1/secrets/"+url.PathEscape(name)+"/revoke", nil, &s)
 }
+
+// Unbind removes a secret binding from a running sandbox.
+func (c *Client) Unbind(ctx context.Context, id, name string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	return &sb, c.do(ctx, "DELETE", "/v1/sandboxes/"+url.PathEscape(id)+"/secrets/"+url.PathEscape(name), nil, &sb)
+}

@@ -127,6 +127,18 @@ func secretCmd(g *globals) *cobra.Command {
 		return err
 	})
 	rm.Use, revoke.Use = "rm NAME [NAME...]", "revoke NAME [NAME...]"
-	cmd.AddCommand(add, ls, rotate, rm, revoke)
+	unbind := &cobra.Command{
+		Use:   "unbind SANDBOX NAME",
+		Short: "Remove a secret binding from a running sandbox (its placeholder is refused from the next request)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, err := g.client().Unbind(cmd.Context(), args[0], args[1]); err != nil {
+				return err
+			}
+			fmt.Printf("%s unbound from %s\n", args[1], args[0])
+			return nil
+		},
+	}
+	cmd.AddCommand(add, ls, rotate, rm, revoke, unbind)
 	return cmd
 }

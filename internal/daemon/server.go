@@ -63,6 +63,7 @@ func Routes() []Route {
 		{Method: "GET", Path: "/v1/sandboxes/{id}/files", handler: (*Server).readFile},
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/files", handler: (*Server).writeFile},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/dir", handler: (*Server).listDir},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}/secrets/{name}", handler: (*Server).unbindSecret},
 		{Method: "GET", Path: "/v1/events", handler: (*Server).listEvents},
 		{Method: "POST", Path: "/v1/secrets", handler: (*Server).putSecret},
 		{Method: "GET", Path: "/v1/secrets", handler: (*Server).listSecrets},
@@ -745,5 +746,14 @@ func (s *Server) revokeSecret(w http.ResponseWriter, r *http.Request, t *store.T
 	}
 	s.mgr.Emit(t.ID, "", "secret.revoked", map[string]any{"name": name})
 	writeJSON(w, 200, secretView(in))
+	return nil
+}
+
+func (s *Server) unbindSecret(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	sb, err := s.mgr.Unbind(r.Context(), scope(t), r.PathValue("id"), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, sb)
 	return nil
 }

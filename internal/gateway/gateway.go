@@ -156,6 +156,9 @@ func (a *Attachment) SetSecrets(s *substitute.Set) {
 	a.mu.Unlock()
 }
 
+// Secrets returns the sandbox's substitution set (nil: none).
+func (a *Attachment) Secrets() *substitute.Set { return a.secretSet() }
+
 func (a *Attachment) secretSet() *substitute.Set {
 	a.mu.Lock()
 	defer a.mu.Unlock()

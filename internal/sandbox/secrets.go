@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -205,4 +206,48 @@ func (m *Manager) sigV4Bindings(tenant string, bound []boundSecret) []*gateway.S
 		})
 	}
 	return out
+}
+
+// Unbind removes a secret binding from a running sandbox: from the very
+// next request its placeholder is refused (with an alert) everywhere, and
+// an inline value is deleted from the vault. The guest's environment keeps
+// the (now useless) placeholder.
+func (m *Manager) Unbind(ctx context.Context, tenant, id, name string) (*api.Sandbox, error) {
+	r, err := m.cfg.Store.GetSandbox(ctx, tenant, id)
+	if err != nil {
+		return nil, notFound(id, err)
+	}
+	var sr specRecord
+	if err := json.Unmarshal(r.Spec, &sr); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	var kept []boundSecret
+	var gone *boundSecret
+	for i := range sr.Secrets {
+		if sr.Secrets[i].Name == name {
+			gone = &sr.Secrets[i]
+			continue
+		}
+		kept = append(kept, sr.Secrets[i])
+	}
+	if gone == nil {
+		return nil, fmt.Errorf("%w: sandbox %s has no secret binding %q", errdefs.ErrNotFound, id, name)
+	}
+	if gw := m.cfg.Gateway; gw != nil {
+		if a, ok := gw.Get(id); ok {
+			if set := a.Secrets(); set != nil {
+				set.Remove(name)
+			}
+			a.SetSigV4(m.sigV4Bindings(r.TenantID, kept))
+		}
+	}
+	m.dropInline(r.TenantID, []boundSecret{*gone})
+	sr.Secrets = kept
+	r.Spec, _ = json.Marshal(sr)
+	r.UpdatedAt = m.cfg.Now().UTC()
+	if err := m.cfg.Store.UpdateSandbox(ctx, r); err != nil {
+		return nil, err
+	}
+	m.emit(r.TenantID, id, "secret.unbound", map[string]any{"name": name})
+	return m.view(r), nil
 }

@@ -94,6 +94,18 @@ func TestCredentialSwap(t *testing.T) {
 		t.Errorf("a request with a revoked secret reached the upstream")
 	}
 
+	// Unbind: the placeholder is refused from the next request on.
+	if r := e.cli("", "secret", "unbind", id, "GITHUB_TOKEN"); r.code != 0 {
+		t.Fatalf("unbind: %+v", r)
+	}
+	n2 := len(up.requests())
+	if r := sh(`curl -sS -H "Authorization: Bearer $GITHUB_TOKEN" https://api.example.test/after-unbind`); !strings.Contains(r.stdout, "denied") {
+		t.Errorf("after unbind: %+v", r)
+	}
+	if len(up.requests()) != n2 {
+		t.Errorf("a request with an unbound placeholder reached the upstream")
+	}
+
 	// The real value is nowhere the guest can see: its files (the merged
 	// overlay root, from the host), every process's environment and
 	// command line (from the host's /proc via the sandbox's cgroup), and
@@ -127,7 +139,7 @@ func TestCredentialSwap(t *testing.T) {
 		t.Error("real value in what the agent sent back")
 	}
 	sb, err := e.client().Get(context.Background(), id)
-	if err != nil || len(sb.Secrets) != 2 || len(sb.RealInGuest) != 0 {
+	if err != nil || len(sb.Secrets) != 1 || len(sb.RealInGuest) != 0 {
 		t.Errorf("inspect: %+v %v", sb, err)
 	}
 	if strings.Contains(e.logBuf.String(), real) {

@@ -62,6 +62,7 @@ func TestTenantIsolation(t *testing.T) {
 		{"PUT", p + "/files?path=/tmp/x", "data"},
 		{"GET", p + "/dir?path=/", ""},
 		{"GET", "/v1/events?sandbox=" + id, ""},
+		{"DELETE", p + "/secrets/ANY", ""},
 	} {
 		resp, err := b.Raw(ctx, tc.method, tc.path, "application/json", strings.NewReader(tc.body))
 		if err != nil {
