@@ -177,3 +177,32 @@ func TestCredentialSwap(t *testing.T) {
 	}
 	_ = api.Sandbox{}
 }
+
+// TestSecretEnvMode: the weaker model delivers the real value into the
+// guest, and says so in inspect and events.
+func TestSecretEnvMode(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	os.Setenv("DB_PASSWORD", "pg-real-password-0001")
+	defer os.Unsetenv("DB_PASSWORD")
+	r := e.cli("", "create", "--secret", "DB_PASSWORD@db.example.test", "--secret-env", "DB_PASSWORD")
+	if r.code != 0 {
+		t.Fatalf("create: %+v", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	if r := e.cli("", "exec", id, "--", "sh", "-c", "printf %s \"$DB_PASSWORD\""); r.stdout != "pg-real-password-0001" {
+		t.Fatalf("env mode: %+v", r)
+	}
+	sb, err := e.client().Get(context.Background(), id)
+	if err != nil || len(sb.RealInGuest) != 1 || sb.RealInGuest[0] != "DB_PASSWORD" {
+		t.Fatalf("inspect does not mark the real value in the guest: %+v %v", sb, err)
+	}
+	evs, _ := e.client().Events(context.Background(), id, 0)
+	found := false
+	for _, ev := range evs {
+		found = found || ev.Kind == "secret.env_delivered"
+	}
+	if !found {
+		t.Error("no secret.env_delivered event")
+	}
+}
