@@ -51,32 +51,8 @@ func egressBench(dur time.Duration, conc int) {
 	_ = os.WriteFile(caFile, pki.CAPEM, 0o644)
 
 	// (b) the cagebox proxy.
-	ca, err := egress.NewCA("bench", time.Hour)
-	if err != nil {
-		fail(err)
-	}
-	synthetic := netip.MustParseAddrPort("198.18.0.2:443")
-	sb := &egress.Sandbox{ID: "bench", Tenant: "bench", CA: ca,
-		Policy: egress.PolicyFunc(func(context.Context, *egress.Request) (egress.Decision, error) {
-			return egress.Decision{Allow: true, Rule: "bench"}, nil
-		}),
-		NameOf: func(a netip.Addr) (string, bool) { return benchName, a == synthetic.Addr() },
-	}
-	px, err := egress.New(egress.Config{
-		Lookup:      func(net.Conn) (*egress.Sandbox, netip.AddrPort, bool) { return sb, synthetic, true },
-		Resolve:     map[string]netip.AddrPort{benchName + ":443": upAddr},
-		UpstreamCAs: upPool,
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		fail(err)
-	}
-	pl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fail(err)
-	}
-	go func() { _ = px.Serve(pl) }()
-	defer px.Close()
+	pl, ca, closeProxy := benchProxy(upAddr, upPool, nil)
+	defer closeProxy()
 	sbPool := x509.NewCertPool()
 	sbPool.AppendCertsFromPEM(ca.CertPEM())
 
@@ -104,7 +80,7 @@ func egressBench(dur time.Duration, conc int) {
 		{"cagebox proxy (intercepting)", func(h2 bool) *http.Client {
 			return &http.Client{Transport: transport(h2, sbPool, func(ctx context.Context, _, _ string) (net.Conn, error) {
 				var d net.Dialer
-				return d.DialContext(ctx, "tcp", pl.Addr().String())
+				return d.DialContext(ctx, "tcp", pl.String())
 			}, nil)}
 		}},
 	}
@@ -242,4 +218,37 @@ func waitPort(port int, d time.Duration) bool {
 		}
 	}
 	return false
+}
+
+// benchProxy runs the cagebox proxy on loopback as one sandbox's gateway:
+// every connection is that sandbox's, to api.example.test (a synthetic
+// address), allowed by policy, upstream at upAddr; hook may be nil.
+func benchProxy(upAddr netip.AddrPort, upPool *x509.CertPool, hook egress.RequestHook) (net.Addr, *egress.CA, func()) {
+	ca, err := egress.NewCA("bench", time.Hour)
+	if err != nil {
+		fail(err)
+	}
+	synthetic := netip.MustParseAddrPort("198.18.0.2:443")
+	sb := &egress.Sandbox{ID: "bench", Tenant: "bench", CA: ca,
+		Policy: egress.PolicyFunc(func(context.Context, *egress.Request) (egress.Decision, error) {
+			return egress.Decision{Allow: true, Rule: "bench"}, nil
+		}),
+		NameOf: func(a netip.Addr) (string, bool) { return benchName, a == synthetic.Addr() },
+	}
+	px, err := egress.New(egress.Config{
+		Lookup:      func(net.Conn) (*egress.Sandbox, netip.AddrPort, bool) { return sb, synthetic, true },
+		Resolve:     map[string]netip.AddrPort{benchName + ":443": upAddr},
+		UpstreamCAs: upPool,
+		Hook:        hook,
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		fail(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fail(err)
+	}
+	go func() { _ = px.Serve(l) }()
+	return l.Addr(), ca, func() { px.Close() }
 }

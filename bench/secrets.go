@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -82,37 +81,14 @@ func secretsBench(dur time.Duration, conc, revokes int) {
 		return nil
 	}
 	mk := func(h egress.RequestHook) (*http.Client, func()) {
-		ca, err := egress.NewCA("bench", time.Hour)
-		if err != nil {
-			fail(err)
-		}
-		synthetic := netip.MustParseAddrPort("198.18.0.2:443")
-		sb := &egress.Sandbox{ID: "bench", Tenant: "bench", CA: ca,
-			Policy: egress.PolicyFunc(func(context.Context, *egress.Request) (egress.Decision, error) {
-				return egress.Decision{Allow: true, Rule: "bench"}, nil
-			}),
-			NameOf: func(a netip.Addr) (string, bool) { return benchName, a == synthetic.Addr() },
-		}
-		px, err := egress.New(egress.Config{
-			Lookup:  func(net.Conn) (*egress.Sandbox, netip.AddrPort, bool) { return sb, synthetic, true },
-			Resolve: map[string]netip.AddrPort{benchName + ":443": upAddr}, UpstreamCAs: pki.Pool, Hook: h,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		})
-		if err != nil {
-			fail(err)
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			fail(err)
-		}
-		go func() { _ = px.Serve(l) }()
+		addr, ca, closeProxy := benchProxy(upAddr, pki.Pool, h)
 		pool := pki.Pool.Clone()
 		pool.AppendCertsFromPEM(ca.CertPEM())
 		c := &http.Client{Transport: transport(true, pool, func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "tcp", l.Addr().String())
+			return d.DialContext(ctx, "tcp", addr.String())
 		}, nil)}
-		return c, func() { px.Close() }
+		return c, closeProxy
 	}
 	plain, closePlain := mk(nil)
 	defer closePlain()
