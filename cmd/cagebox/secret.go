@@ -14,6 +14,7 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/client"
+	"github.com/cagebox/cagebox/internal/daemon"
 )
 
 // secretValue reads a value from exactly one source; never from argv (it
@@ -139,6 +140,27 @@ func secretCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(add, ls, rotate, rm, revoke, unbind)
+	var keyFile string
+	rotateKey := &cobra.Command{
+		Use:   "rotate-master-key",
+		Short: "Re-seal every secret under a new master key (stop the daemon first)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			hctx, cancel := context.WithTimeout(cmd.Context(), time.Second)
+			_, err := g.client().Health(hctx)
+			cancel()
+			if err == nil {
+				return errors.New("a daemon is running on this home: stop it first (its vault holds the old key)")
+			}
+			id, n, err := daemon.RotateMasterKey(cmd.Context(), g.home, keyFile)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("re-sealed %d secrets under master key %s\n", n, id)
+			return nil
+		},
+	}
+	rotateKey.Flags().StringVar(&keyFile, "master-key-file", "", "the daemon's master key file (default $CAGEBOX_HOME/master.key)")
+	cmd.AddCommand(add, ls, rotate, rm, revoke, unbind, rotateKey)
 	return cmd
 }

@@ -275,18 +275,62 @@ func openVault(cfg Config) (*vault.Vault, func(), error) {
 		// Keep it out of every child process (runc, qemu, agents).
 		os.Unsetenv("CAGEBOX_MASTER_KEY")
 	} else {
-		path := cfg.MasterKeyFile
-		if path == "" {
-			path = filepath.Join(cfg.Home, "master.key")
+		path := MasterKeyPath(cfg.Home, cfg.MasterKeyFile)
+		if _, err := os.Stat(path + ".new"); err == nil {
+			return nil, nil, fmt.Errorf("%s.new exists: a master-key rotation was interrupted; run `cagebox secret rotate-master-key` again to finish it", path)
 		}
 		key, err = vault.LoadOrCreateKeyFile(path)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("vault master key: %w", err)
 	}
-	b, err := sqlitebackend.Open(filepath.Join(cfg.Home, "vault.db"))
+	b, err := sqlitebackend.Open(VaultPath(cfg.Home))
 	if err != nil {
 		return nil, nil, fmt.Errorf("open vault: %w", err)
 	}
 	return vault.New(b, key), func() { b.Close() }, nil
+}
+
+// MasterKeyPath is the vault's master key file.
+func MasterKeyPath(home, flag string) string {
+	if flag != "" {
+		return flag
+	}
+	return filepath.Join(home, "master.key")
+}
+
+// VaultPath is the vault's database.
+func VaultPath(home string) string { return filepath.Join(home, "vault.db") }
+
+// RotateMasterKey re-seals every secret under a new master key, with the
+// daemon stopped. The new key is written to KEY.new first; the re-seal is
+// one transaction; then KEY.new replaces KEY. Interrupted at any point, a
+// re-run finishes the job (records already under the new key are skipped),
+// and the daemon refuses to start while KEY.new exists.
+func RotateMasterKey(ctx context.Context, home, keyFile string) (string, int, error) {
+	if os.Getenv("CAGEBOX_MASTER_KEY") != "" {
+		return "", 0, errors.New("the master key comes from CAGEBOX_MASTER_KEY: rotate it with vault.RotateMasterKey from your own key store")
+	}
+	path := MasterKeyPath(home, keyFile)
+	old, err := vault.LoadOrCreateKeyFile(path)
+	if err != nil {
+		return "", 0, err
+	}
+	next, err := vault.LoadOrCreateKeyFile(path + ".new")
+	if err != nil {
+		return "", 0, err
+	}
+	b, err := sqlitebackend.Open(VaultPath(home))
+	if err != nil {
+		return "", 0, fmt.Errorf("open vault: %w", err)
+	}
+	defer b.Close()
+	n, err := vault.RotateMasterKey(ctx, b, old, next)
+	if err != nil {
+		return "", 0, err
+	}
+	if err := os.Rename(path+".new", path); err != nil {
+		return "", 0, fmt.Errorf("install the new key: %w (the secrets are sealed under %s.new)", err, path)
+	}
+	return next.ID, n, nil
 }

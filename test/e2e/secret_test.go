@@ -86,3 +86,46 @@ func TestSecretVault(t *testing.T) {
 		t.Error("a secret value reached the events or the daemon log")
 	}
 }
+
+// TestMasterKeyRotation: every secret survives a master-key rotation, and
+// the old key no longer opens them.
+func TestMasterKeyRotation(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	os.Setenv("CBX_ROT", "value-that-must-survive-rotation-42")
+	defer os.Unsetenv("CBX_ROT")
+	for _, n := range []string{"ONE", "TWO", "THREE"} {
+		if r := e.cli("", "secret", "add", n, "--host", "api.example.test", "--from-env", "CBX_ROT"); r.code != 0 {
+			t.Fatal(r)
+		}
+	}
+	if r := e.cli("", "secret", "rotate-master-key"); r.code == 0 || !strings.Contains(r.stderr, "stop it first") {
+		t.Fatalf("rotation with the daemon running: %+v", r)
+	}
+	oldKey, _ := os.ReadFile(filepath.Join(e.home, "master.key"))
+	e.stopDaemon(15)
+	if r := e.cli("", "secret", "rotate-master-key"); r.code != 0 || !strings.Contains(r.stdout, "re-sealed 3 secrets") {
+		t.Fatalf("rotate-master-key: %+v", r)
+	}
+	newKey, _ := os.ReadFile(filepath.Join(e.home, "master.key"))
+	if bytes.Equal(oldKey, newKey) || len(newKey) == 0 {
+		t.Fatal("master key unchanged")
+	}
+	e.startDaemon()
+	// env mode prints the value: each secret opens under the new key.
+	for _, n := range []string{"ONE", "TWO", "THREE"} {
+		r := e.cli("", "run", "--secret", n+"=vault:"+n, "--secret-env", n, "--", "sh", "-c", "printf %s \"$"+n+"\"")
+		if r.stdout != "value-that-must-survive-rotation-42" {
+			t.Fatalf("%s after rotation: %+v", n, r)
+		}
+	}
+	// The old key opens nothing: put it back and the vault fails closed.
+	e.stopDaemon(15)
+	if err := os.WriteFile(filepath.Join(e.home, "master.key"), oldKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.startDaemon()
+	if r := e.cli("", "run", "--secret", "ONE=vault:ONE", "--secret-env", "ONE", "--", "true"); r.code == 0 || strings.Contains(r.stdout+r.stderr, "value-that-must-survive") {
+		t.Fatalf("the old key still opens a secret: %+v", r)
+	}
+}
