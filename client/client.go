@@ -68,30 +68,42 @@ func (c *Client) req(ctx context.Context, method, path string, body io.Reader) (
 	return r, nil
 }
 
+// open sends a request and returns its response when the status is 2xx;
+// otherwise it decodes the API error. The caller closes the body.
+func (c *Client) open(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Response, error) {
+	r, err := c.req(ctx, method, path, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		r.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.http.Do(r)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
+
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
+	ct := ""
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
 			return err
 		}
-		body = bytes.NewReader(b)
+		body, ct = bytes.NewReader(b), "application/json"
 	}
-	r, err := c.req(ctx, method, path, body)
-	if err != nil {
-		return err
-	}
-	if in != nil {
-		r.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.http.Do(r)
+	resp, err := c.open(ctx, method, path, ct, body)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return decodeError(resp)
-	}
 	if out == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
@@ -179,19 +191,11 @@ func (c *Client) Exec(ctx context.Context, id string, req *api.ExecRequest, stdi
 	if req.Stdin && stdin != nil {
 		body = io.MultiReader(body, stdin)
 	}
-	r, err := c.req(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/exec", body)
-	if err != nil {
-		return nil, err
-	}
-	r.Header.Set("Content-Type", "application/octet-stream")
-	resp, err := c.http.Do(r)
+	resp, err := c.open(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/exec", "application/octet-stream", body)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return nil, decodeError(resp)
-	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 8<<20)
 	for sc.Scan() {
@@ -223,36 +227,21 @@ func (c *Client) Exec(ctx context.Context, id string, req *api.ExecRequest, stdi
 // WriteFile writes a file into a sandbox.
 func (c *Client) WriteFile(ctx context.Context, id, path string, mode uint32, data io.Reader) error {
 	q := url.Values{"path": {path}, "mode": {fmt.Sprintf("%o", mode)}}
-	r, err := c.req(ctx, "PUT", "/v1/sandboxes/"+url.PathEscape(id)+"/files?"+q.Encode(), data)
+	resp, err := c.open(ctx, "PUT", "/v1/sandboxes/"+url.PathEscape(id)+"/files?"+q.Encode(), "application/octet-stream", data)
 	if err != nil {
 		return err
 	}
-	resp, err := c.http.Do(r)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return decodeError(resp)
-	}
-	return nil
+	return resp.Body.Close()
 }
 
 // ReadFile reads a file from a sandbox.
 func (c *Client) ReadFile(ctx context.Context, id, path string) ([]byte, error) {
 	q := url.Values{"path": {path}}
-	r, err := c.req(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id)+"/files?"+q.Encode(), nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.http.Do(r)
+	resp, err := c.open(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id)+"/files?"+q.Encode(), "", nil)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return nil, decodeError(resp)
-	}
 	return io.ReadAll(resp.Body)
 }
 
@@ -303,18 +292,11 @@ func (c *Client) FollowEvents(ctx context.Context, sandbox string, after int64, 
 	if after > 0 {
 		q.Set("after", fmt.Sprint(after))
 	}
-	r, err := c.req(ctx, "GET", "/v1/events?"+q.Encode(), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.http.Do(r)
+	resp, err := c.open(ctx, "GET", "/v1/events?"+q.Encode(), "", nil)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return decodeError(resp)
-	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
