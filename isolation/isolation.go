@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sort"
 	"sync"
 	"time"
@@ -75,6 +76,15 @@ type Spec struct {
 	// NetNS is the path of a network namespace for the sandbox to join. Empty
 	// means a new namespace with loopback only (no network at all).
 	NetNS string
+	// GuestIf, GuestAddr, Gateway and Prefix describe the routed link inside
+	// NetNS (interface "eth0" holding GuestAddr, default route via Gateway).
+	// Containers inherit them with the namespace; a VM runtime moves the
+	// link into its guest (TAP + redirect) and configures the guest's
+	// interface from them. Zero when NetNS is empty.
+	GuestIf   string
+	GuestAddr netip.Addr
+	Gateway   netip.Addr
+	Prefix    netip.Prefix
 	// Nameserver is the guest's DNS server (its gateway's synthetic
 	// resolver); empty leaves the image's resolv.conf.
 	Nameserver string

@@ -334,6 +334,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		att.SetSecrets(secrets)
 		att.SetSigV4(m.sigV4Bindings(tenant.ID, bound))
 		spec.NetNS = att.Link.NetNSPath
+		spec.GuestIf, spec.GuestAddr, spec.Gateway, spec.Prefix = att.Link.GuestIf, att.Link.GuestAddr, att.Link.HostAddr, att.Link.Prefix
 		spec.Nameserver = att.Link.HostAddr.String()
 		spec.TrustedCAPEM = att.CA.CertPEM()
 		spec.Env = append(isolation.CAEnv(), spec.Env...)
