@@ -71,7 +71,31 @@ type SecretBinding struct {
 	// the guest gets placeholder AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY,
 	// signs normally, and the gateway verifies the signature with the
 	// placeholders and re-signs with the real key.
+	// Mode "hmac": the secret is an HMAC signing key; the guest gets a
+	// placeholder key in Name, signs with it, and the gateway verifies the
+	// signature (HMAC says how it is made) and re-signs with the real key on
+	// requests to Hosts. The placeholder itself is never sent anywhere.
 	Mode string `json:"mode,omitempty"`
+	// HMAC configures mode "hmac".
+	HMAC *HMACSigning `json:"hmac,omitempty"`
+}
+
+// HMACSigning describes a keyed-hash request signature:
+// Header: Prefix + Encoding(HMAC-Algorithm(key, parts joined by "\n")).
+type HMACSigning struct {
+	// Algorithm: sha256 (default), sha1 or sha512.
+	Algorithm string `json:"algorithm,omitempty"`
+	// Header carries the signature, e.g. "X-Signature".
+	Header string `json:"header"`
+	// Prefix is put before the encoded signature, e.g. "sha256=".
+	Prefix string `json:"prefix,omitempty"`
+	// Encoding: hex (default), base64 or base64url.
+	Encoding string `json:"encoding,omitempty"`
+	// Sign lists the canonical parts, joined by "\n": method, path (as
+	// sent), query (raw), header:NAME (e.g. header:X-Timestamp), body.
+	Sign []string `json:"sign"`
+	// MaxBody bounds the body read for a "body" part (default 64 MiB).
+	MaxBody int64 `json:"max_body,omitempty"`
 }
 
 // BoundSecret is a binding as a sandbox shows it (never a value).
@@ -80,6 +104,8 @@ type BoundSecret struct {
 	Secret string   `json:"secret"`
 	Hosts  []string `json:"hosts"`
 	Mode   string   `json:"mode"`
+	// HMAC is the signing configuration of a mode "hmac" binding.
+	HMAC *HMACSigning `json:"hmac,omitempty"`
 }
 
 // Resources are a sandbox's limits as applied.

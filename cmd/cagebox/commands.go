@@ -172,6 +172,7 @@ type createFlags struct {
 	allow                                       []string
 	policyFile                                  string
 	secrets, secretBody, secretEnv, secretSigV4 []string
+	secretHMAC                                  []string
 }
 
 func (f *createFlags) add(cmd *cobra.Command) {
@@ -189,6 +190,7 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringArrayVar(&f.secrets, "secret", nil, "credential binding: NAME@HOST[,HOST] takes the value from this CLI's environment variable NAME (never argv); NAME=vault:KEY[@HOST,...] uses a stored secret. The guest's $NAME holds a placeholder (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretBody, "secret-in-body", nil, "also swap NAME's placeholder in request bodies (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretSigV4, "secret-sigv4", nil, "NAME's value is ACCESS_KEY_ID:SECRET_ACCESS_KEY: the guest gets placeholder AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and the gateway re-signs its SigV4 requests with the real key (repeatable)")
+	cmd.Flags().StringArrayVar(&f.secretHMAC, "secret-hmac", nil, "NAME:header=H,sign=PART+PART...[,algorithm=sha256|sha1|sha512][,encoding=hex|base64|base64url][,prefix=P][,max-body=BYTES]: NAME is an HMAC signing key; the guest signs with a placeholder key and the gateway re-signs with the real one. PARTs: method, path, query, header:NAME, body (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretEnv, "secret-env", nil, "deliver NAME's REAL value into the guest's environment (weaker: for protocols the gateway cannot see; repeatable)")
 }
 
@@ -206,6 +208,15 @@ func (f *createFlags) secretBindings() ([]api.SecretBinding, error) {
 	for _, n := range f.secretSigV4 {
 		sigv4[n] = true
 	}
+	hmacs := map[string]*api.HMACSigning{}
+	for _, v := range f.secretHMAC {
+		name, cfg, err := parseHMACFlag(v)
+		if err != nil {
+			return nil, err
+		}
+		hmacs[name] = cfg
+	}
+	named := map[string]bool{}
 	var out []api.SecretBinding
 	for _, s := range f.secrets {
 		var b api.SecretBinding
@@ -233,9 +244,64 @@ func (f *createFlags) secretBindings() ([]api.SecretBinding, error) {
 		if sigv4[b.Name] {
 			b.Mode = "sigv4"
 		}
+		if c := hmacs[b.Name]; c != nil {
+			b.Mode, b.HMAC = "hmac", c
+		}
+		named[b.Name] = true
 		out = append(out, b)
 	}
+	for flag, names := range map[string][]string{"--secret-in-body": f.secretBody, "--secret-env": f.secretEnv, "--secret-sigv4": f.secretSigV4} {
+		for _, n := range names {
+			if !named[n] {
+				return nil, fmt.Errorf("%s %s: no --secret binds %s", flag, n, n)
+			}
+		}
+	}
+	for n := range hmacs {
+		if !named[n] {
+			return nil, fmt.Errorf("--secret-hmac %s: no --secret binds %s", n, n)
+		}
+	}
 	return out, nil
+}
+
+// parseHMACFlag parses NAME:key=value,... (see --secret-hmac).
+func parseHMACFlag(v string) (string, *api.HMACSigning, error) {
+	name, rest, ok := strings.Cut(v, ":")
+	if !ok || name == "" || rest == "" {
+		return "", nil, fmt.Errorf("--secret-hmac %q: want NAME:header=H,sign=PART+PART (e.g. HOOK:header=X-Signature,prefix=sha256=,sign=method+path+header:X-Timestamp+body)", v)
+	}
+	c := &api.HMACSigning{}
+	for _, kv := range strings.Split(rest, ",") {
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok {
+			return "", nil, fmt.Errorf("--secret-hmac %s: %q: want key=value", name, kv)
+		}
+		switch k {
+		case "header":
+			c.Header = val
+		case "sign":
+			c.Sign = strings.Split(val, "+")
+		case "algorithm":
+			c.Algorithm = val
+		case "encoding":
+			c.Encoding = val
+		case "prefix":
+			c.Prefix = val
+		case "max-body":
+			n, err := parseSize(val)
+			if err != nil {
+				return "", nil, fmt.Errorf("--secret-hmac %s: max-body: %w", name, err)
+			}
+			c.MaxBody = n
+		default:
+			return "", nil, fmt.Errorf("--secret-hmac %s: unknown key %q (header, sign, algorithm, encoding, prefix, max-body)", name, k)
+		}
+	}
+	if c.Header == "" || len(c.Sign) == 0 {
+		return "", nil, fmt.Errorf("--secret-hmac %s: header= and sign= are required", name)
+	}
+	return name, c, nil
 }
 
 func (f *createFlags) request() (*api.CreateSandboxRequest, error) {

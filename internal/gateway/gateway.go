@@ -105,6 +105,33 @@ type Attachment struct {
 	secrets *substitute.Set
 	// sigv4 re-signs AWS requests signed with placeholder keys.
 	sigv4 []*SigV4Binding
+	// hmac re-signs requests carrying a placeholder-keyed HMAC signature.
+	hmac []*HMACBinding
+}
+
+// HMACBinding: the guest signs with a placeholder key as Signer describes;
+// on requests to Hosts over intercepted TLS the gateway verifies that
+// signature and re-signs with the real key (Real, read per request).
+type HMACBinding struct {
+	Name  string
+	Hosts []string
+	// Signer holds the configuration and the placeholder key; Real is
+	// filled in per request on a copy.
+	Signer *resign.HMAC
+	Real   func() ([]byte, error)
+}
+
+// SetHMAC installs the sandbox's HMAC re-signing bindings.
+func (a *Attachment) SetHMAC(bs []*HMACBinding) {
+	a.mu.Lock()
+	a.hmac = bs
+	a.mu.Unlock()
+}
+
+func (a *Attachment) hmacs() []*HMACBinding {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.hmac
 }
 
 // SigV4Binding: the guest signs with Placeholder; on requests to Hosts over
@@ -521,6 +548,9 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusa
 	if ref := g.resignSigV4(sb, a, r, host); ref != nil {
 		return ref
 	}
+	if ref := g.resignHMAC(sb, a, r, host); ref != nil {
+		return ref
+	}
 	if set == nil {
 		return nil
 	}
@@ -539,6 +569,43 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusa
 	}
 	if len(res.Replaced) > 0 {
 		g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": res.Replaced})
+	}
+	return nil
+}
+
+// resignHMAC handles requests carrying an HMAC signature made with a
+// sandbox's placeholder key: re-signed with the real key for a bound host
+// over intercepted TLS; refused with an alert when such a signature heads
+// anywhere else; refused when it does not verify on a bound host. A
+// request without the binding's header passes untouched.
+func (g *Gateway) resignHMAC(sb *egress.Sandbox, a *Attachment, r *http.Request, host string) *egress.Refusal {
+	for _, b := range a.hmacs() {
+		if r.Header.Get(b.Signer.Header) == "" {
+			continue
+		}
+		refuse := func(kind, reason string) *egress.Refusal {
+			g.cfg.Emit(sb.Tenant, sb.ID, kind, map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": "secret:" + b.Name, "reason": reason})
+			return &egress.Refusal{Rule: "secret:" + b.Name, Reason: reason}
+		}
+		if r.TLS == nil || !vault.MatchHost(b.Hosts, host) {
+			// Another header of the same name is none of our business;
+			// a signature made with our placeholder key is.
+			if b.Signer.Verify(r) == nil {
+				return refuse("secret.alert", fmt.Sprintf("request signed with the placeholder key of %s sent to %s (bound to %s)", b.Name, host, strings.Join(b.Hosts, ", ")))
+			}
+			continue
+		}
+		real, err := b.Real()
+		if err != nil {
+			return refuse("secret.refused", fmt.Sprintf("%s cannot be used: %v", b.Name, err))
+		}
+		s := *b.Signer
+		s.Real = real
+		if err := s.Resign(r); err != nil {
+			return refuse("secret.refused", fmt.Sprintf("HMAC signature of %s: %v", b.Name, err))
+		}
+		g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": []string{b.Name}, "resigned": "hmac"})
+		return nil
 	}
 	return nil
 }

@@ -34,58 +34,103 @@ type HMAC struct {
 	MaxBody int64
 }
 
+// Validate checks the configuration (not the keys) and says what to fix.
+func (h *HMAC) Validate() error {
+	if _, err := h.hashFunc(); err != nil {
+		return err
+	}
+	if _, err := h.decode(""); err != nil {
+		return err
+	}
+	if h.Header == "" || strings.ContainsAny(h.Header, " \t\r\n:") {
+		return unsupported("hmac: header %q: name the header that carries the signature, e.g. X-Signature", h.Header)
+	}
+	if strings.ContainsAny(h.Prefix, "\r\n") {
+		return unsupported("hmac: the prefix must be one line")
+	}
+	if len(h.Canonical) == 0 {
+		return unsupported("hmac: no canonical parts configured (e.g. method, path, query, header:X-Timestamp, body)")
+	}
+	for _, p := range h.Canonical {
+		switch {
+		case p == "method", p == "path", p == "query", p == "body":
+		case strings.HasPrefix(p, "header:") && len(p) > len("header:"):
+		default:
+			return unsupported("hmac: unknown canonical part %q (want method, path, query, header:NAME or body)", p)
+		}
+	}
+	if h.MaxBody < 0 {
+		return unsupported("hmac: negative body limit")
+	}
+	return nil
+}
+
 // Resign verifies r's signature header with Placeholder and replaces it by
 // the signature with Real. ErrNotSigned: the header is absent.
 // ErrBadSignature: it does not verify. ErrUnsupported: the configuration is
 // invalid or the body is over the limit. r is changed only on success
 // (except that a body read is put back as a replayable reader).
 func (h *HMAC) Resign(r *http.Request) error {
-	newHash, err := h.hashFunc()
+	verifyMsg, err := h.verify(r)
 	if err != nil {
 		return err
 	}
-	if h.Header == "" {
-		return unsupported("hmac: no signature header configured")
-	}
-	vals := r.Header.Values(h.Header)
-	if len(vals) == 0 {
-		return ErrNotSigned
-	}
-	if len(vals) > 1 {
-		return bad("hmac: several %s headers", h.Header)
-	}
-	got, ok := strings.CutPrefix(strings.TrimSpace(vals[0]), h.Prefix)
-	if !ok {
-		return bad("hmac: %s lacks the configured prefix", h.Header)
-	}
-	sig, err := h.decode(got)
-	if err != nil {
-		return bad("hmac: %s is not valid %s", h.Header, h.Encoding)
-	}
-
 	if len(h.Real) == 0 {
 		return unsupported("hmac: no real secret is configured for this binding")
 	}
-	verifyMsg, err := h.canonical(r, wirePath(r))
-	if err != nil {
-		return err
-	}
-	m := hmac.New(newHash, h.Placeholder)
-	m.Write(verifyMsg)
-	if len(h.Placeholder) == 0 || !hmac.Equal(m.Sum(nil), sig) {
-		return bad("hmac: the request does not match its signature (changed after signing, or signed with another secret)")
-	}
-
+	newHash, _ := h.hashFunc()
 	signMsg := verifyMsg
 	if fp := forwardPath(r); fp != wirePath(r) && slices.Contains(h.Canonical, "path") {
 		if signMsg, err = h.canonical(r, fp); err != nil {
 			return err
 		}
 	}
-	m = hmac.New(newHash, h.Real)
+	m := hmac.New(newHash, h.Real)
 	m.Write(signMsg)
 	r.Header.Set(h.Header, h.Prefix+h.encode(m.Sum(nil)))
 	return nil
+}
+
+// Verify reports whether r carries a signature made with Placeholder: nil
+// if it does, ErrNotSigned if the header is absent, ErrBadSignature if it
+// does not verify. r is not changed (a body read is put back).
+func (h *HMAC) Verify(r *http.Request) error {
+	_, err := h.verify(r)
+	return err
+}
+
+// verify checks the signature with Placeholder and returns the canonical
+// message it covers.
+func (h *HMAC) verify(r *http.Request) ([]byte, error) {
+	if err := h.Validate(); err != nil {
+		return nil, err
+	}
+	newHash, _ := h.hashFunc()
+	vals := r.Header.Values(h.Header)
+	if len(vals) == 0 {
+		return nil, ErrNotSigned
+	}
+	if len(vals) > 1 {
+		return nil, bad("hmac: several %s headers", h.Header)
+	}
+	got, ok := strings.CutPrefix(strings.TrimSpace(vals[0]), h.Prefix)
+	if !ok {
+		return nil, bad("hmac: %s lacks the configured prefix", h.Header)
+	}
+	sig, err := h.decode(got)
+	if err != nil {
+		return nil, bad("hmac: %s is not valid %s", h.Header, h.Encoding)
+	}
+	msg, err := h.canonical(r, wirePath(r))
+	if err != nil {
+		return nil, err
+	}
+	m := hmac.New(newHash, h.Placeholder)
+	m.Write(msg)
+	if len(h.Placeholder) == 0 || !hmac.Equal(m.Sum(nil), sig) {
+		return nil, bad("hmac: the request does not match its signature (changed after signing, or signed with another secret)")
+	}
+	return msg, nil
 }
 
 func (h *HMAC) hashFunc() (func() hash.Hash, error) {

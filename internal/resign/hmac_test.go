@@ -235,3 +235,42 @@ func TestErrorsCarryNoSecrets(t *testing.T) {
 		}
 	}
 }
+
+func TestHMACVerifyAndValidate(t *testing.T) {
+	cfg := HMAC{Algorithm: "sha256", Header: "X-Signature", Prefix: "sha256=", Canonical: []string{"method", "path", "header:X-Timestamp", "body"}, Placeholder: hmacPlaceholder}
+	mk := func(key []byte, body string) *http.Request {
+		r := httptest.NewRequest("POST", "https://hooks.example/a", strings.NewReader(body))
+		r.Header.Set("X-Timestamp", "1700000000")
+		r.Header.Set("X-Signature", testHMAC(cfg, key, "POST", "/a", "", r.Header, []byte(body)))
+		return r
+	}
+	if err := cfg.Verify(mk(hmacPlaceholder, "x")); err != nil {
+		t.Fatalf("placeholder-signed: %v", err)
+	}
+	r := mk(hmacPlaceholder, "x")
+	if err := cfg.Verify(r); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(r.Body); string(b) != "x" {
+		t.Fatalf("Verify consumed the body: %q", b)
+	}
+	if err := cfg.Verify(mk(hmacReal, "x")); !errors.Is(err, ErrBadSignature) {
+		t.Fatalf("signed with another key: %v", err)
+	}
+	if err := cfg.Verify(httptest.NewRequest("GET", "https://hooks.example/", nil)); !errors.Is(err, ErrNotSigned) {
+		t.Fatalf("unsigned: %v", err)
+	}
+	for _, bad := range []HMAC{
+		{Header: "", Canonical: []string{"body"}},
+		{Header: "X-Sig", Canonical: nil},
+		{Header: "X-Sig", Canonical: []string{"bogus"}},
+		{Header: "X-Sig", Canonical: []string{"header:"}},
+		{Header: "X-Sig", Canonical: []string{"body"}, Algorithm: "md5"},
+		{Header: "X-Sig", Canonical: []string{"body"}, Encoding: "base32"},
+		{Header: "X Sig", Canonical: []string{"body"}},
+	} {
+		if err := bad.Validate(); !errors.Is(err, ErrUnsupported) {
+			t.Errorf("%+v: %v", bad, err)
+		}
+	}
+}

@@ -333,6 +333,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		}
 		att.SetSecrets(secrets)
 		att.SetSigV4(m.sigV4Bindings(tenant.ID, bound))
+		att.SetHMAC(m.hmacBindings(tenant.ID, bound))
 		spec.NetNS = att.Link.NetNSPath
 		spec.GuestIf, spec.GuestAddr, spec.Gateway, spec.Prefix = att.Link.GuestIf, att.Link.GuestAddr, att.Link.HostAddr, att.Link.Prefix
 		spec.Nameserver = att.Link.HostAddr.String()
@@ -490,7 +491,7 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 		v.Policy, _ = json.Marshal(sr.Policy)
 	}
 	for _, b := range sr.Secrets {
-		v.Secrets = append(v.Secrets, api.BoundSecret{Name: b.Name, Secret: b.Secret, Hosts: b.Hosts, Mode: b.Mode})
+		v.Secrets = append(v.Secrets, api.BoundSecret{Name: b.Name, Secret: b.Secret, Hosts: b.Hosts, Mode: b.Mode, HMAC: b.HMAC})
 		if b.Mode == ModeEnv {
 			v.RealInGuest = append(v.RealInGuest, b.Name)
 		}
@@ -972,6 +973,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 				if set, err = m.secretSet(r.TenantID, sr.Secrets); err == nil {
 					att.SetSecrets(set)
 					att.SetSigV4(m.sigV4Bindings(r.TenantID, sr.Secrets))
+					att.SetHMAC(m.hmacBindings(r.TenantID, sr.Secrets))
 				}
 			}
 			if err != nil {

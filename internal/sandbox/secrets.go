@@ -20,6 +20,7 @@ const (
 	ModeProxy = "proxy"
 	ModeEnv   = "env"
 	ModeSigV4 = "sigv4"
+	ModeHMAC  = "hmac"
 )
 
 // boundSecret is a binding as stored in the sandbox record: everything
@@ -35,6 +36,8 @@ type boundSecret struct {
 	// PlaceholderSecret is the sigv4 mode's placeholder secret access key.
 	PlaceholderSecret string `json:"placeholder_secret,omitempty"`
 	Inject            string `json:"inject,omitempty"`
+	// HMAC is the hmac mode's signing configuration.
+	HMAC *api.HMACSigning `json:"hmac,omitempty"`
 }
 
 // inlineName is the vault name of a sandbox's inline secret.
@@ -71,10 +74,18 @@ func (m *Manager) bindSecrets(ctx context.Context, tenant, id string, reqs []api
 		if mode == "" {
 			mode = ModeProxy
 		}
-		if mode != ModeProxy && mode != ModeEnv && mode != ModeSigV4 {
-			return nil, nil, undo, fmt.Errorf("%w: %s.mode: %q is not proxy, env or sigv4", errdefs.ErrInvalid, field, b.Mode)
+		if mode != ModeProxy && mode != ModeEnv && mode != ModeSigV4 && mode != ModeHMAC {
+			return nil, nil, undo, fmt.Errorf("%w: %s.mode: %q is not proxy, env, sigv4 or hmac", errdefs.ErrInvalid, field, b.Mode)
 		}
-		bs := boundSecret{Name: b.Name, Body: b.Body, Mode: mode}
+		if (mode == ModeHMAC) != (b.HMAC != nil) {
+			return nil, nil, undo, fmt.Errorf("%w: %s.hmac: give the signing configuration with mode hmac, and only then", errdefs.ErrInvalid, field)
+		}
+		if b.HMAC != nil {
+			if err := hmacSigner(b.HMAC, nil, nil).Validate(); err != nil {
+				return nil, nil, undo, fmt.Errorf("%w: %s.hmac: %v", errdefs.ErrInvalid, field, err)
+			}
+		}
+		bs := boundSecret{Name: b.Name, Body: b.Body, Mode: mode, HMAC: b.HMAC}
 		if b.Value != "" {
 			if b.Secret != "" {
 				return nil, nil, undo, fmt.Errorf("%w: %s: give a value or a stored secret, not both", errdefs.ErrInvalid, field)
@@ -151,11 +162,21 @@ func (m *Manager) bindSecrets(ctx context.Context, tenant, id string, reqs []api
 
 // secretSet builds the gateway's substitution set for a sandbox's
 // proxy-mode bindings; the real value is fetched from the vault on every
-// request, so a revoke or rotate applies to the very next one.
+// request, so a revoke or rotate applies to the very next one. The
+// placeholders of signing keys (hmac, the sigv4 secret) are guards: refused
+// wherever a request carries them.
 func (m *Manager) secretSet(tenant string, bound []boundSecret) (*substitute.Set, error) {
 	var bs []*substitute.Binding
 	for _, b := range bound {
-		if b.Mode != ModeProxy {
+		switch b.Mode {
+		case ModeHMAC:
+			bs = append(bs, &substitute.Binding{Name: b.Name, Placeholder: b.Placeholder, Guard: true})
+			continue
+		case ModeSigV4:
+			bs = append(bs, &substitute.Binding{Name: b.Name, Placeholder: b.PlaceholderSecret, Guard: true})
+			continue
+		case ModeProxy:
+		default:
 			continue
 		}
 		name := b.Secret
@@ -208,6 +229,38 @@ func (m *Manager) sigV4Bindings(tenant string, bound []boundSecret) []*gateway.S
 	return out
 }
 
+// hmacSigner is the resign configuration of an hmac binding.
+func hmacSigner(c *api.HMACSigning, placeholder, real []byte) *resign.HMAC {
+	return &resign.HMAC{
+		Algorithm: c.Algorithm, Header: c.Header, Prefix: c.Prefix, Encoding: c.Encoding,
+		Canonical: c.Sign, MaxBody: c.MaxBody, Placeholder: placeholder, Real: real,
+	}
+}
+
+// hmacBindings builds the gateway's HMAC re-signing bindings; the real key
+// is read from the vault on every request.
+func (m *Manager) hmacBindings(tenant string, bound []boundSecret) []*gateway.HMACBinding {
+	var out []*gateway.HMACBinding
+	for _, b := range bound {
+		if b.Mode != ModeHMAC || b.HMAC == nil {
+			continue
+		}
+		name := b.Secret
+		out = append(out, &gateway.HMACBinding{
+			Name: b.Name, Hosts: b.Hosts,
+			Signer: hmacSigner(b.HMAC, []byte(b.Placeholder), nil),
+			Real: func() ([]byte, error) {
+				v, _, err := m.cfg.Vault.Value(context.Background(), tenant, name)
+				if err != nil {
+					return nil, err
+				}
+				return v.Bytes(), nil
+			},
+		})
+	}
+	return out
+}
+
 // Unbind removes a secret binding from a running sandbox: from the very
 // next request its placeholder is refused (with an alert) everywhere, and
 // an inline value is deleted from the vault. The guest's environment keeps
@@ -239,6 +292,7 @@ func (m *Manager) Unbind(ctx context.Context, tenant, id, name string) (*api.San
 				set.Remove(name)
 			}
 			a.SetSigV4(m.sigV4Bindings(r.TenantID, kept))
+			a.SetHMAC(m.hmacBindings(r.TenantID, kept))
 		}
 	}
 	m.dropInline(r.TenantID, []boundSecret{*gone})

@@ -45,6 +45,11 @@ type Binding struct {
 	// Inject, e.g. "Authorization: Bearer {value}", sets that header on every
 	// request to a bound host over intercepted TLS, whatever the guest sent.
 	Inject string
+	// Guard marks a placeholder that is never swapped: the placeholder of a
+	// signing key (an HMAC or SigV4 secret) that a gateway re-signer uses
+	// and no request should ever carry. Wherever it appears the request is
+	// refused with an alert. Hosts, Body, Inject and Real are ignored.
+	Guard bool
 }
 
 // entry is a Binding as added: validated, normalised and with its search
@@ -59,7 +64,8 @@ type entry struct {
 	injKey    string // canonical header name, "" without Inject
 	injTmpl   string
 	pat       patterns
-	dead      bool // removed: known only to be refused
+	dead      bool // removed (or a guard): known only to be refused
+	guard     bool
 }
 
 // Set holds the bindings of one sandbox. It is safe for concurrent use;
@@ -200,6 +206,11 @@ func newEntry(b *Binding) (*entry, error) {
 			return nil, fmt.Errorf("%w: binding %s: placeholder must be printable ASCII without spaces, %% or \\", ErrInvalid, b.Name)
 		}
 	}
+	if b.Guard {
+		e := &entry{b: b, name: b.Name, ph: b.Placeholder, dead: true, guard: true}
+		e.pat = newPatterns(e.ph)
+		return e, nil
+	}
 	if b.Real == nil {
 		return nil, fmt.Errorf("%w: binding %s has no source for its real value", ErrInvalid, b.Name)
 	}
@@ -253,6 +264,9 @@ func (e *entry) bound(host string) bool {
 }
 
 func (e *entry) hostList() string {
+	if e.guard {
+		return "no host: it is a signing key the gateway uses to re-sign, never sent"
+	}
 	if e.dead {
 		return "no host: the binding was removed"
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -54,6 +55,7 @@ func newUpstream(t *testing.T, names ...string) *upstream {
 		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		u.seen = append(u.seen, fmt.Sprintf("%s %s %s %s auth=%s q=%s body=%s", r.Method, r.Host, r.URL.Path, r.Proto, r.Header.Get("Authorization"), r.URL.RawQuery, body))
 		u.mu.Unlock()
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		if u.validate != nil {
 			if err := u.validate(r); err != nil {
 				http.Error(w, "signature rejected: "+err.Error(), 403)
