@@ -208,13 +208,21 @@ type Tenant struct {
 	ID           string    `json:"id"`
 	Name         string    `json:"name"`
 	MinIsolation string    `json:"min_isolation,omitempty"`
-	CreatedAt    time.Time `json:"created_at"`
+	// Untrusted: multi-tenant untrusted code; the floor is hypervisor.
+	Untrusted bool `json:"untrusted,omitempty"`
+	// Floor is the isolation floor in force for the tenant (the daemon's
+	// and the tenant's, whichever is stronger).
+	Floor     string    `json:"floor,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // CreateTenantRequest creates a tenant (admin only).
 type CreateTenantRequest struct {
 	Name         string `json:"name"`
 	MinIsolation string `json:"min_isolation,omitempty"`
+	// Untrusted marks a tenant that runs untrusted code for others: its
+	// sandboxes need the hypervisor class.
+	Untrusted bool `json:"untrusted,omitempty"`
 }
 
 // APIKey is returned once, when a key is created; only its hash is stored.

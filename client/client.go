@@ -264,6 +264,12 @@ func (c *Client) CreateTenant(ctx context.Context, req *api.CreateTenantRequest)
 	return &t, c.do(ctx, "POST", "/v1/tenants", req, &t)
 }
 
+// Tenants lists tenants (admin only).
+func (c *Client) Tenants(ctx context.Context) ([]api.Tenant, error) {
+	var out []api.Tenant
+	return out, c.do(ctx, "GET", "/v1/tenants", nil, &out)
+}
+
 // CreateKey creates an API key for a tenant (admin only).
 func (c *Client) CreateKey(ctx context.Context, tenant string) (*api.APIKey, error) {
 	var k api.APIKey

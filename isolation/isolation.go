@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -211,6 +212,7 @@ func Pick(name string, floor Class) (Runtime, error) {
 		var reasons []string
 		for _, rt := range All() {
 			if rt.Class() < floor {
+				reasons = append(reasons, fmt.Sprintf("%s is %s, below the floor", rt.Name(), rt.Class()))
 				continue
 			}
 			if err := rt.Available(); err != nil {
@@ -219,7 +221,7 @@ func Pick(name string, floor Class) (Runtime, error) {
 			}
 			return rt, nil
 		}
-		return nil, fmt.Errorf("%w: no runtime of class %s or stronger is available here (%v)", ErrUnavailable, floor, reasons)
+		return nil, fmt.Errorf("%w: no runtime of class %s or stronger is available here (%s)", ErrUnavailable, floor, strings.Join(reasons, "; "))
 	}
 	rt, ok := Lookup(name)
 	if !ok {

@@ -84,7 +84,7 @@ func (g *globals) ensureDaemon(ctx context.Context) (*client.Client, error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var listen, agent, minIso, timeout, logLevel, pool string
+	var listen, agent, minIso, timeout, logLevel, pool, defRuntime string
 	var resolve, upstreamCAs []string
 	var proxyPort, dnsPort uint16
 	var netCfgTable, netCfgPrefix, masterKey, exfil string
@@ -134,7 +134,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{
-				Home: g.home, Listen: listen, AgentPath: agent, MinIsolation: floor,
+				Home: g.home, Listen: listen, AgentPath: agent, MinIsolation: floor, DefaultRuntime: defRuntime,
 				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey,
 			})
 		},
@@ -142,6 +142,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", "", "also serve the API on this TCP address (API keys required), e.g. 127.0.0.1:7070")
 	cmd.Flags().StringVar(&agent, "agent", os.Getenv("CAGEBOX_AGENT"), "path of the static cagebox-agent binary (default: beside this binary)")
 	cmd.Flags().StringVar(&minIso, "min-isolation", "", "isolation floor: namespaces, app-kernel or hypervisor")
+	cmd.Flags().StringVar(&defRuntime, "default-runtime", "auto", "runtime for requests that name none: auto (the strongest available that meets the floor) or a name from `cagebox runtimes`")
 	cmd.Flags().StringVar(&timeout, "default-timeout", "", "maximum lifetime of sandboxes created without --timeout (default unlimited)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().StringArrayVar(&resolve, "resolve", nil, "send sandboxes' traffic for HOST:PORT to ADDR:PORT (HOST:PORT=ADDR:PORT, repeatable; the only way a name may reach a loopback or private address)")
@@ -176,7 +177,7 @@ type createFlags struct {
 }
 
 func (f *createFlags) add(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.runtime, "runtime", "auto", "runtime name, or auto for the strongest available (cagebox runtimes)")
+	cmd.Flags().StringVar(&f.runtime, "runtime", "", "runtime name, or auto for the strongest available that meets the floor (default: the daemon's --default-runtime; cagebox runtimes)")
 	cmd.Flags().StringVar(&f.image, "image", "default", "guest image (cagebox image ls)")
 	cmd.Flags().StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G (default 512M)")
 	cmd.Flags().Float64Var(&f.cpus, "cpus", 0, "CPU limit in cores, e.g. 0.5 or 2 (default 1)")
@@ -640,7 +641,8 @@ func runtimesCmd(g *globals) *cobra.Command {
 			} else {
 				// No daemon: describe this host directly.
 				daemon.RegisterRuntimes(g.home)
-				l = daemon.RuntimeList(isolation.Namespaces)
+				def, _ := isolation.Pick("auto", isolation.Namespaces)
+				l = daemon.RuntimeList(isolation.Namespaces, def)
 			}
 			if asJSON {
 				return printJSON(l)
@@ -770,18 +772,20 @@ func eventsCmd(g *globals) *cobra.Command {
 func tenantCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "tenant", Short: "Manage tenants and their API keys (admin)"}
 	var minIso string
+	var untrusted bool
 	create := &cobra.Command{
 		Use:  "create NAME",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			t, err := g.client().CreateTenant(cmd.Context(), &api.CreateTenantRequest{Name: args[0], MinIsolation: minIso})
+			t, err := g.client().CreateTenant(cmd.Context(), &api.CreateTenantRequest{Name: args[0], MinIsolation: minIso, Untrusted: untrusted})
 			if err != nil {
 				return err
 			}
 			return printJSON(t)
 		},
 	}
-	create.Flags().StringVar(&minIso, "min-isolation", "", "the tenant's isolation floor")
+	create.Flags().StringVar(&minIso, "min-isolation", "", "the tenant's isolation floor: namespaces, app-kernel or hypervisor")
+	create.Flags().BoolVar(&untrusted, "untrusted", false, "the tenant runs untrusted code for others (multi-tenant): its floor is hypervisor")
 	key := &cobra.Command{
 		Use:   "key TENANT",
 		Short: "Create an API key (printed once)",
@@ -795,6 +799,23 @@ func tenantCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(create, key)
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List tenants with their isolation floors",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := g.client().Tenants(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tFLOOR\tUNTRUSTED\tCREATED")
+			for _, t := range l {
+				fmt.Fprintf(tw, "%s\t%s\t%v\t%s\n", t.Name, t.Floor, t.Untrusted, t.CreatedAt.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.AddCommand(create, key, ls)
 	return cmd
 }

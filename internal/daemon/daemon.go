@@ -39,6 +39,9 @@ type Config struct {
 	// AgentPath is the static cagebox-agent binary.
 	AgentPath    string
 	MinIsolation isolation.Class
+	// DefaultRuntime serves requests that name no runtime ("auto": the
+	// strongest available that meets the floor).
+	DefaultRuntime string
 	// DefaultTimeout is the maximum lifetime of sandboxes created without one.
 	DefaultTimeout time.Duration
 	Logger         *slog.Logger
@@ -112,6 +115,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer st.Close()
 	RegisterRuntimes(cfg.Home)
+	if d := cfg.DefaultRuntime; d != "" && d != "auto" {
+		if _, ok := isolation.Lookup(d); !ok {
+			return fmt.Errorf("--default-runtime: unknown runtime %q: `cagebox runtimes` lists them", d)
+		}
+	}
 	images := &image.Cache{Dir: filepath.Join(cfg.Home, "images")}
 	// The gateway reports events through the manager, which is built after
 	// it; emit is set before any sandbox exists.
@@ -129,7 +137,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Gateway: gw, Vault: v,
 		Store: st, Images: images, StateDir: filepath.Join(cfg.Home, "sandboxes"),
 		AgentPath: cfg.AgentPath, Logger: log, MinIsolation: cfg.MinIsolation,
-		DefaultTimeout: cfg.DefaultTimeout,
+		DefaultTimeout: cfg.DefaultTimeout, DefaultRuntime: cfg.DefaultRuntime,
 	})
 	if err := os.MkdirAll(filepath.Join(cfg.Home, "sandboxes"), 0o700); err != nil {
 		return err

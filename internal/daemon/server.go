@@ -219,14 +219,15 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request, t *store.Tenant)
 }
 
 func (s *Server) runtimes(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
-	writeJSON(w, 200, RuntimeList(s.mgr.Floor(t)))
+	def, _ := s.mgr.PickRuntime("", t)
+	writeJSON(w, 200, RuntimeList(s.mgr.Floor(t), def))
 	return nil
 }
 
-// RuntimeList describes every registered runtime.
-func RuntimeList(floor isolation.Class) []api.Runtime {
+// RuntimeList describes every registered runtime; def is the one a request
+// naming none gets (nil: none).
+func RuntimeList(floor isolation.Class, def isolation.Runtime) []api.Runtime {
 	var out []api.Runtime
-	def, _ := isolation.Pick("auto", floor)
 	for _, rt := range isolation.All() {
 		a := api.Runtime{Name: rt.Name(), Class: rt.Class().String(), Available: true}
 		if err := rt.Available(); err != nil {
@@ -612,19 +613,27 @@ func (s *Server) createTenant(w http.ResponseWriter, r *http.Request, t *store.T
 		return fmt.Errorf("%w: name: %q must be 1-63 characters of a-z, 0-9, '-' or '_'", errdefs.ErrInvalid, req.Name)
 	}
 	if req.MinIsolation != "" {
-		if _, err := isolation.ParseClass(req.MinIsolation); err != nil {
+		c, err := isolation.ParseClass(req.MinIsolation)
+		if err != nil {
 			return fmt.Errorf("%w: min_isolation: %v", errdefs.ErrInvalid, err)
 		}
+		if req.Untrusted && c < isolation.Hypervisor {
+			return fmt.Errorf("%w: min_isolation: an untrusted tenant's floor is hypervisor; drop min_isolation or set it to hypervisor", errdefs.ErrInvalid)
+		}
 	}
-	tn := &store.Tenant{ID: req.Name, Name: req.Name, MinIsolation: req.MinIsolation, CreatedAt: time.Now().UTC()}
+	tn := &store.Tenant{ID: req.Name, Name: req.Name, MinIsolation: req.MinIsolation, Untrusted: req.Untrusted, CreatedAt: time.Now().UTC()}
 	if err := s.store.CreateTenant(r.Context(), tn); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return fmt.Errorf("%w: tenant %q exists", errdefs.ErrConflict, req.Name)
 		}
 		return err
 	}
-	writeJSON(w, http.StatusCreated, api.Tenant{ID: tn.ID, Name: tn.Name, MinIsolation: tn.MinIsolation, CreatedAt: tn.CreatedAt})
+	writeJSON(w, http.StatusCreated, s.tenantView(tn))
 	return nil
+}
+
+func (s *Server) tenantView(tn *store.Tenant) api.Tenant {
+	return api.Tenant{ID: tn.ID, Name: tn.Name, MinIsolation: tn.MinIsolation, Untrusted: tn.Untrusted, Floor: s.mgr.Floor(tn).String(), CreatedAt: tn.CreatedAt}
 }
 
 func validName(s string) bool {
@@ -646,7 +655,7 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request, t *store.Te
 	}
 	out := []api.Tenant{}
 	for _, tn := range ts {
-		out = append(out, api.Tenant{ID: tn.ID, Name: tn.Name, MinIsolation: tn.MinIsolation, CreatedAt: tn.CreatedAt})
+		out = append(out, s.tenantView(tn))
 	}
 	writeJSON(w, 200, out)
 	return nil

@@ -64,6 +64,9 @@ type Config struct {
 	Logger    *slog.Logger
 	// MinIsolation is the daemon-wide floor.
 	MinIsolation isolation.Class
+	// DefaultRuntime serves requests that name no runtime; "" or "auto"
+	// is the strongest available runtime meeting the floor.
+	DefaultRuntime string
 	// DefaultTimeout is the maximum lifetime when a request gives none
 	// (0 = unlimited).
 	DefaultTimeout time.Duration
@@ -243,7 +246,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	if err != nil {
 		return nil, err
 	}
-	rt, err := isolation.Pick(req.Runtime, m.Floor(tenant))
+	rt, err := m.PickRuntime(req.Runtime, tenant)
 	if err != nil {
 		if errors.Is(err, isolation.ErrUnavailable) {
 			return nil, err
@@ -1097,8 +1100,28 @@ func (m *Manager) emit(tenant, sandbox, kind string, data any) {
 
 // Floor is the isolation floor for tenant: the daemon's, raised by the
 // tenant's own.
+// PickRuntime chooses the runtime for a request naming name ("" = the
+// daemon's default; "auto" = the strongest available meeting the tenant's
+// floor). A default that is below the tenant's floor or unavailable here
+// gives way to auto; a runtime the request names explicitly never does.
+func (m *Manager) PickRuntime(name string, tenant *store.Tenant) (isolation.Runtime, error) {
+	floor := m.Floor(tenant)
+	if name == "" {
+		if d := m.cfg.DefaultRuntime; d != "" && d != "auto" {
+			if rt, err := isolation.Pick(d, floor); err == nil {
+				return rt, nil
+			}
+		}
+		name = "auto"
+	}
+	return isolation.Pick(name, floor)
+}
+
 func (m *Manager) Floor(tenant *store.Tenant) isolation.Class {
 	floor := m.cfg.MinIsolation
+	if tenant != nil && tenant.Untrusted && floor < isolation.Hypervisor {
+		floor = isolation.Hypervisor
+	}
 	if tenant != nil && tenant.MinIsolation != "" {
 		if c, err := isolation.ParseClass(tenant.MinIsolation); err == nil && c > floor {
 			floor = c

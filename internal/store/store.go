@@ -48,7 +48,10 @@ type Tenant struct {
 	// MinIsolation is the weakest isolation class this tenant's sandboxes
 	// may use ("" for no floor).
 	MinIsolation string
-	CreatedAt    time.Time // set by CreateTenant when zero
+	// Untrusted marks a tenant running untrusted code for others
+	// (multi-tenant): its floor is at least the hypervisor class.
+	Untrusted bool
+	CreatedAt time.Time // set by CreateTenant when zero
 }
 
 // APIKey authenticates a tenant over TCP. Only a hash of the secret is

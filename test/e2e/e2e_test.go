@@ -101,12 +101,22 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) client() *client.Client { return client.Unix(filepath.Join(e.home, "cagebox.sock")) }
 
+// e2eRuntime is the runtime the tests' sandboxes use unless a test names
+// one: CAGEBOX_E2E_RUNTIME (scripts/test.sh runs the egress tests again on
+// gvisor and qemu), default container.
+func e2eRuntime() string {
+	if r := os.Getenv("CAGEBOX_E2E_RUNTIME"); r != "" {
+		return r
+	}
+	return "container"
+}
+
 func (e *env) startDaemon(extra ...string) {
 	e.t.Helper()
 	if e.logBuf == nil {
 		e.logBuf = &bytes.Buffer{}
 	}
-	args := append([]string{"--home", e.home, "daemon", "--agent", filepath.Join(binDir, "cagebox-agent")}, extra...)
+	args := append([]string{"--home", e.home, "daemon", "--agent", filepath.Join(binDir, "cagebox-agent"), "--default-runtime", e2eRuntime()}, extra...)
 	cmd := exec.Command(filepath.Join(binDir, "cagebox"), args...)
 	cmd.Stdout, cmd.Stderr = e.logBuf, e.logBuf
 	if err := cmd.Start(); err != nil {

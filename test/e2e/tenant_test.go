@@ -132,3 +132,69 @@ func TestTenantIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTenantFloors: an untrusted (multi-tenant) tenant's floor is
+// hypervisor: a weaker runtime it names is refused with the floor in the
+// message, the daemon's default gives way to the strongest runtime that
+// meets it, and `runtimes` says so.
+func TestTenantFloors(t *testing.T) {
+	e := newEnv(t)
+	addr := freePort(t)
+	e.startDaemon("--listen", addr)
+	ctx := context.Background()
+	admin := e.client()
+	if _, err := admin.CreateTenant(ctx, &api.CreateTenantRequest{Name: "mixed", Untrusted: true, MinIsolation: "namespaces"}); err == nil || !strings.Contains(err.Error(), "untrusted") {
+		t.Fatalf("untrusted tenant with a namespaces floor: %v", err)
+	}
+	tn, err := admin.CreateTenant(ctx, &api.CreateTenantRequest{Name: "agents", Untrusted: true})
+	if err != nil || !tn.Untrusted || tn.Floor != "hypervisor" {
+		t.Fatalf("untrusted tenant: %+v %v", tn, err)
+	}
+	if r := e.cli("", "tenant", "ls"); !strings.Contains(r.stdout, "agents") || !strings.Contains(r.stdout, "hypervisor") {
+		t.Errorf("tenant ls: %+v", r)
+	}
+	k, err := admin.CreateKey(ctx, "agents")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client.TCP("http://"+addr, k.Key)
+	rts, err := c.Runtimes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	weaker := 0
+	for _, rt := range rts {
+		if rt.Class == "hypervisor" {
+			continue
+		}
+		weaker++
+		_, err := c.Create(ctx, &api.CreateSandboxRequest{Runtime: rt.Name})
+		if err == nil || !strings.Contains(err.Error(), "below the isolation floor hypervisor") {
+			t.Errorf("untrusted tenant asking for %s: %v", rt.Name, err)
+		}
+	}
+	if weaker == 0 {
+		t.Fatalf("no runtime below hypervisor listed: %+v", rts)
+	}
+	for _, rt := range rts {
+		if rt.Class != "hypervisor" && (rt.Default || (rt.Available && !strings.Contains(rt.Reason, "floor"))) {
+			t.Errorf("runtimes for an untrusted tenant: %+v", rt)
+		}
+	}
+	if r := e.cli("", "ls", "--json"); strings.Contains(r.stdout, `"id"`) {
+		t.Fatalf("refused creates left sandboxes: %s", r.stdout)
+	}
+	// The daemon's default (container in these tests) gives way to auto:
+	// a hypervisor sandbox where one can run, else a clear refusal.
+	sb, err := c.Create(ctx, &api.CreateSandboxRequest{Image: "busybox", Timeout: "2m"})
+	if err != nil {
+		if !strings.Contains(err.Error(), "hypervisor") {
+			t.Fatalf("default runtime for an untrusted tenant: %v", err)
+		}
+		return
+	}
+	defer c.Remove(ctx, sb.ID)
+	if sb.Class != "hypervisor" {
+		t.Fatalf("untrusted tenant's sandbox runs on %s (%s)", sb.Runtime, sb.Class)
+	}
+}

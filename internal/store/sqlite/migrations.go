@@ -65,6 +65,9 @@ CREATE TABLE events (
 CREATE INDEX events_tenant ON events (tenant_id, seq);
 CREATE INDEX events_sandbox ON events (sandbox_id, seq);
 `},
+	{version: 2, name: "untrusted tenants", sql: `
+ALTER TABLE tenants ADD COLUMN untrusted INTEGER NOT NULL DEFAULT 0;
+`},
 }
 
 const createMigrationsTable = `CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -151,8 +151,8 @@ func (s *Store) CreateTenant(ctx context.Context, t *store.Tenant) error {
 		t.CreatedAt = now()
 	}
 	t.CreatedAt = store.NormTime(t.CreatedAt)
-	_, err := s.w.ExecContext(ctx, `INSERT INTO tenants (id, name, min_isolation, created_at) VALUES (?, ?, ?, ?)`,
-		t.ID, t.Name, t.MinIsolation, toNanos(t.CreatedAt))
+	_, err := s.w.ExecContext(ctx, `INSERT INTO tenants (id, name, min_isolation, untrusted, created_at) VALUES (?, ?, ?, ?, ?)`,
+		t.ID, t.Name, t.MinIsolation, t.Untrusted, toNanos(t.CreatedAt))
 	if err != nil {
 		return fmt.Errorf("create tenant %q: %w", t.ID, mapErr(err))
 	}
@@ -162,7 +162,7 @@ func (s *Store) CreateTenant(ctx context.Context, t *store.Tenant) error {
 // GetTenant implements store.Store.
 func (s *Store) GetTenant(ctx context.Context, id string) (*store.Tenant, error) {
 	t, err := scanTenant(s.r.QueryRowContext(ctx,
-		`SELECT id, name, min_isolation, created_at FROM tenants WHERE id = ?`, id))
+		`SELECT id, name, min_isolation, untrusted, created_at FROM tenants WHERE id = ?`, id))
 	if err != nil {
 		return nil, fmt.Errorf("tenant %q: %w", id, mapErr(err))
 	}
@@ -171,7 +171,7 @@ func (s *Store) GetTenant(ctx context.Context, id string) (*store.Tenant, error)
 
 // ListTenants implements store.Store.
 func (s *Store) ListTenants(ctx context.Context) ([]*store.Tenant, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT id, name, min_isolation, created_at FROM tenants ORDER BY created_at, id`)
+	rows, err := s.r.QueryContext(ctx, `SELECT id, name, min_isolation, untrusted, created_at FROM tenants ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("list tenants: %w", err)
 	}
@@ -185,7 +185,7 @@ func (s *Store) ListTenants(ctx context.Context) ([]*store.Tenant, error) {
 func scanTenant(r scanner) (*store.Tenant, error) {
 	var t store.Tenant
 	var created int64
-	if err := r.Scan(&t.ID, &t.Name, &t.MinIsolation, &created); err != nil {
+	if err := r.Scan(&t.ID, &t.Name, &t.MinIsolation, &t.Untrusted, &created); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = fromNanos(created)

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -219,7 +220,7 @@ func TestReopenWhileOpenElsewhere(t *testing.T) {
 
 // extra is a migration a later cagebox might add. Its CREATE TABLE has no
 // IF NOT EXISTS, so running it twice would fail.
-var extra = migration{version: 2, name: "add widgets", sql: `
+var extra = migration{version: len(migrations) + 1, name: "add widgets", sql: `
 CREATE TABLE widgets (id TEXT PRIMARY KEY);
 INSERT INTO widgets (id) VALUES ('w1');
 `}
@@ -227,8 +228,8 @@ INSERT INTO widgets (id) VALUES ('w1');
 func TestMigrationsApplyOnlyNew(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "cagebox.db")
 	s := mustOpen(t, path, migrations)
-	if got := versions(t, s); !equalInts(got, []int{1}) {
-		t.Fatalf("versions = %v, want [1]", got)
+	if got := versions(t, s); !equalInts(got, allVersions(len(migrations))) {
+		t.Fatalf("versions = %v, want %v", got, allVersions(len(migrations)))
 	}
 	if err := s.CreateTenant(t.Context(), &store.Tenant{ID: "t1", Name: "one"}); err != nil {
 		t.Fatal(err)
@@ -238,8 +239,8 @@ func TestMigrationsApplyOnlyNew(t *testing.T) {
 	withExtra := append(append([]migration(nil), migrations...), extra)
 	for i := range 2 { // the second open must not re-run anything
 		s = mustOpen(t, path, withExtra)
-		if got := versions(t, s); !equalInts(got, []int{1, 2}) {
-			t.Errorf("open %d: versions = %v, want [1 2]", i, got)
+		if got := versions(t, s); !equalInts(got, allVersions(len(withExtra))) {
+			t.Errorf("open %d: versions = %v, want %v", i, got, allVersions(len(withExtra)))
 		}
 		var n int
 		if err := s.r.QueryRowContext(t.Context(), `SELECT COUNT(*) FROM widgets`).Scan(&n); err != nil || n != 1 {
@@ -261,7 +262,7 @@ func TestMigrationFromNewerVersionRefused(t *testing.T) {
 	if err == nil {
 		t.Fatal("opening a database from a newer version succeeded")
 	}
-	for _, want := range []string{"schema version 2", "knows versions up to 1", "newer cagebox"} {
+	for _, want := range []string{fmt.Sprintf("schema version %d", extra.version), fmt.Sprintf("knows versions up to %d", len(migrations)), "newer cagebox"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -272,23 +273,51 @@ func TestFailedMigrationRollsBack(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "cagebox.db")
 	mustOpen(t, path, migrations).Close()
 
-	broken := migration{version: 2, name: "broken", sql: `
+	broken := migration{version: len(migrations) + 1, name: "broken", sql: `
 CREATE TABLE half (id TEXT);
 INSERT INTO no_such_table VALUES (1);
 `}
 	_, err := openWith(t.Context(), path, append(append([]migration(nil), migrations...), broken))
-	if err == nil || !strings.Contains(err.Error(), "migration 2 (broken)") {
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("migration %d (broken)", broken.version)) {
 		t.Fatalf("open with a broken migration: %v, want an error naming it", err)
 	}
 	s := mustOpen(t, path, migrations)
 	defer s.Close()
-	if got := versions(t, s); !equalInts(got, []int{1}) {
-		t.Errorf("versions = %v, want [1]", got)
+	if got := versions(t, s); !equalInts(got, allVersions(len(migrations))) {
+		t.Errorf("versions = %v, want %v", got, allVersions(len(migrations)))
 	}
 	var n int
 	err = s.r.QueryRowContext(t.Context(), `SELECT COUNT(*) FROM sqlite_master WHERE name = 'half'`).Scan(&n)
 	if err != nil || n != 0 {
 		t.Errorf("table from the failed migration: count %d, %v; want rolled back", n, err)
+	}
+}
+
+func allVersions(n int) []int {
+	var v []int
+	for i := 1; i <= n; i++ {
+		v = append(v, i)
+	}
+	return v
+}
+
+// A database made by the first schema keeps its tenants through the
+// later migrations (untrusted defaults to false).
+func TestUpgradeFromFirstSchema(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cagebox.db")
+	old, err := openWith(t.Context(), path, migrations[:1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.w.ExecContext(t.Context(), `INSERT INTO tenants (id, name, min_isolation, created_at) VALUES ('t1', 'one', 'app-kernel', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	s := mustOpen(t, path, migrations)
+	defer s.Close()
+	tn, err := s.GetTenant(t.Context(), "t1")
+	if err != nil || tn.MinIsolation != "app-kernel" || tn.Untrusted {
+		t.Fatalf("tenant after upgrade: %+v %v", tn, err)
 	}
 }
 

@@ -194,7 +194,7 @@ func testAdminSeeded(t *testing.T, s store.Store) {
 
 func testTenants(t *testing.T, s store.Store) {
 	// Inserted out of CreatedAt order; listed in CreatedAt order.
-	tb := &store.Tenant{ID: "b", Name: "Bee", MinIsolation: "hypervisor", CreatedAt: base.Add(2 * time.Hour)}
+	tb := &store.Tenant{ID: "b", Name: "Bee", MinIsolation: "hypervisor", Untrusted: true, CreatedAt: base.Add(2 * time.Hour)}
 	ta := &store.Tenant{ID: "a", Name: "Ay", CreatedAt: base.Add(time.Hour)}
 	for _, tn := range []*store.Tenant{tb, ta} {
 		if err := s.CreateTenant(ctx(t), tn); err != nil {
@@ -205,7 +205,7 @@ func testTenants(t *testing.T, s store.Store) {
 	if err != nil {
 		t.Fatalf("GetTenant(b): %v", err)
 	}
-	if got.ID != "b" || got.Name != "Bee" || got.MinIsolation != "hypervisor" || !got.CreatedAt.Equal(tb.CreatedAt) {
+	if got.ID != "b" || got.Name != "Bee" || got.MinIsolation != "hypervisor" || !got.Untrusted || !got.CreatedAt.Equal(tb.CreatedAt) {
 		t.Errorf("GetTenant(b) = %+v, want %+v", got, tb)
 	}
 
