@@ -37,6 +37,9 @@ func TestCredentialSwap(t *testing.T) {
 	}
 	id := strings.TrimSpace(r.stdout)
 	sh := func(script string) result { t.Helper(); return e.cli("", "exec", id, "--", "sh", "-c", script) }
+	if sb, err := e.client().Get(context.Background(), id); err != nil || sb.Runtime != e2eRuntime() {
+		t.Fatalf("sandbox runtime: %v %v, want %s (CAGEBOX_E2E_RUNTIME)", sb, err, e2eRuntime())
+	}
 
 	r = sh(`printf %s "$GITHUB_TOKEN"`)
 	ph := r.stdout

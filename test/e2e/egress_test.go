@@ -107,6 +107,9 @@ func TestEgress(t *testing.T) {
 	if sb.Network == nil {
 		t.Fatalf("sandbox has no network: %+v", sb)
 	}
+	if sb.Runtime != e2eRuntime() {
+		t.Fatalf("sandbox runs on %s, want %s (CAGEBOX_E2E_RUNTIME)", sb.Runtime, e2eRuntime())
+	}
 	gw := sb.Network.Gateway
 	sh := func(script string) result {
 		t.Helper()
