@@ -2,7 +2,7 @@
 GO ?= go
 BIN := bin
 
-.PHONY: build test test-short bench demo clean
+.PHONY: build test test-runtimes test-short bench demo clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/cagebox-agent ./cmd/cagebox-agent
@@ -11,6 +11,16 @@ build:
 test: build
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 40m ./...
+	$(MAKE) -s test-runtimes
+
+# The gateway's end-to-end tests again on the other runtimes setup installs
+# (E2E_RUNTIMES= to skip). A runtime that cannot run fails the tests.
+E2E_RUNTIMES ?= gvisor qemu
+test-runtimes: build
+	@for rt in $(E2E_RUNTIMES); do \
+	  echo "test-runtimes: egress and credential end-to-end tests on $$rt"; \
+	  CAGEBOX_E2E_RUNTIME=$$rt $(GO) test -count=1 -timeout 30m -run 'TestEgress$$|TestCredentialSwap$$|TestHMACResign$$' ./test/e2e/ || exit 1; \
+	done
 
 bench: build
 	$(GO) run ./bench $(BENCHFLAGS)

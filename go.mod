@@ -3,6 +3,7 @@ module github.com/cagebox/cagebox
 go 1.26.8
 
 require (
+	github.com/cavaliergopher/cpio v1.0.1
 	github.com/hashicorp/yamux v0.1.2
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/spf13/cobra v1.10.2

@@ -205,9 +205,9 @@ type FileInfo struct {
 
 // Tenant is an owner of sandboxes, secrets, policies and events.
 type Tenant struct {
-	ID           string    `json:"id"`
-	Name         string    `json:"name"`
-	MinIsolation string    `json:"min_isolation,omitempty"`
+	ID           string `json:"id"`
+	Name         string `json:"name"`
+	MinIsolation string `json:"min_isolation,omitempty"`
 	// Untrusted: multi-tenant untrusted code; the floor is hypervisor.
 	Untrusted bool `json:"untrusted,omitempty"`
 	// Floor is the isolation floor in force for the tenant (the daemon's

@@ -33,6 +33,7 @@ import (
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/container"
 	"github.com/cagebox/cagebox/isolation/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 func main() {
@@ -42,6 +43,8 @@ func main() {
 	only := flag.String("only", "", "run only \"runtime\", \"egress\" or \"secrets\"")
 	egressDur := flag.Duration("egress-time", 4*time.Second, "egress: load duration per client kind")
 	egressConc := flag.Int("egress-conc", 16, "egress: concurrent clients")
+	vmN := flag.Int("vm-n", 5, "cold starts per side for the qemu runtime (TCG boots take seconds)")
+	runtimes := flag.String("runtimes", "container,gvisor,qemu", "runtimes to measure cold starts of (those available here)")
 	flag.Parse()
 	if *only == "egress" {
 		egressBench(*egressDur, *egressConc)
@@ -67,6 +70,17 @@ func main() {
 	}
 	defer os.RemoveAll(home)
 	cache := &image.Cache{Dir: filepath.Join(home, "images")}
+	benchImages, benchAgent = cache.Dir, agentPath
+	// VM runtimes boot the kernel setup fetched into $CAGEBOX_HOME/vm.
+	machineHome := os.Getenv("CAGEBOX_HOME")
+	if machineHome == "" {
+		machineHome = "/var/lib/cagebox"
+	}
+	if _, err := os.Stat(filepath.Join(machineHome, "vm", "kernel")); err == nil {
+		if err := os.Symlink(filepath.Join(machineHome, "vm"), filepath.Join(home, "vm")); err != nil {
+			fail(err)
+		}
+	}
 	img, err := cache.BuildBusybox(context.Background(), "default")
 	if err != nil {
 		fail(err)
@@ -90,26 +104,11 @@ func main() {
 	c := client.Unix(daemon.SocketPath(home))
 	rt := container.New(container.Options{StateRoot: filepath.Join(home, "oci")})
 
-	fmt.Printf("cagebox bench — %s, %d CPUs, image busybox (%d KiB)\n\n", rt.Detail(), numCPU(), img.SizeBytes>>10)
+	fmt.Printf("cagebox bench — %d CPUs, image busybox (%d KiB)\n\n", numCPU(), img.SizeBytes>>10)
 
-	// Warm caches on both sides once.
-	coldCagebox(c)
-	bareRun(rt.Binary(), img.Path, agentPath, home)
+	coldStarts(c, home, img.Path, agentPath, *n, *vmN, *runtimes)
 
-	var cb, bare []time.Duration
-	for i := 0; i < *n; i++ {
-		// Interleave so both sides see the same machine state.
-		cb = append(cb, coldCagebox(c))
-		bare = append(bare, bareRun(rt.Binary(), img.Path, agentPath, home))
-	}
-	p50c, p99c := pct(cb, 50), pct(cb, 99)
-	p50b, p99b := pct(bare, 50), pct(bare, 99)
-	fmt.Println("cold create → first exec (n =", *n, ")")
-	fmt.Printf("  %-44s p50 %8s  p99 %8s\n", "cagebox (API create + exec true)", ms(p50c), ms(p99c))
-	fmt.Printf("  %-44s p50 %8s  p99 %8s\n", "bare "+filepath.Base(rt.Binary())+" run of an equivalent bundle", ms(p50b), ms(p99b))
-	fmt.Printf("  ratio cagebox/bare                           p50 %7.2fx  p99 %7.2fx   (goal ≤ 1.15x)\n\n", ratio(p50c, p50b), ratio(p99c, p99b))
-
-	sb, err := c.Create(context.Background(), &api.CreateSandboxRequest{})
+	sb, err := c.Create(context.Background(), &api.CreateSandboxRequest{Runtime: container.Name})
 	if err != nil {
 		fail(err)
 	}
@@ -140,10 +139,13 @@ func main() {
 	}
 }
 
-func coldCagebox(c *client.Client) time.Duration {
+// benchImages and benchAgent are the bench daemon's image cache and agent.
+var benchImages, benchAgent string
+
+func coldCagebox(c *client.Client, runtime string) time.Duration {
 	ctx := context.Background()
 	t0 := time.Now()
-	sb, err := c.Create(ctx, &api.CreateSandboxRequest{})
+	sb, err := c.Create(ctx, &api.CreateSandboxRequest{Runtime: runtime})
 	if err != nil {
 		fail(err)
 	}
@@ -158,10 +160,11 @@ func coldCagebox(c *client.Client) time.Duration {
 	return d
 }
 
-// bareRun times `runc run` of a bundle equivalent to a sandbox's (same
+// bareRun times `<bin> run` of a bundle equivalent to a sandbox's (same
 // namespaces, seccomp, limits, mounts; the image root read-only, so without
-// cagebox's overlay and agent) whose process is /bin/true.
-func bareRun(bin, rootfs, agentPath, home string) time.Duration {
+// cagebox's overlay and agent) whose process is /bin/true. flags go before
+// "run" (runsc's platform and network); tweak adjusts the spec.
+func bareRun(bin string, flags []string, tweak func(*specs.Spec), rootfs, agentPath, home string) time.Duration {
 	dir, err := os.MkdirTemp(home, "bare")
 	if err != nil {
 		fail(err)
@@ -179,16 +182,23 @@ func bareRun(bin, rootfs, agentPath, home string) time.Duration {
 		}
 	}
 	sp.Mounts = mounts
+	if tweak != nil {
+		tweak(sp)
+	}
 	if err := oci.WriteBundle(dir, sp); err != nil {
 		fail(err)
 	}
-	root := filepath.Join(home, "bare-oci")
+	root := filepath.Join(home, "bare-"+filepath.Base(bin))
+	args := append([]string{"--root", root}, flags...)
+	args = append(args, "run", "--bundle", dir, id)
 	t0 := time.Now()
-	cmd := exec.Command(bin, "--root", root, "run", "--bundle", dir, id)
+	cmd := exec.Command(bin, args...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		fail(fmt.Errorf("bare run: %v: %s", err, out))
+		fail(fmt.Errorf("bare %s run: %v: %s", filepath.Base(bin), err, out))
 	}
-	return time.Since(t0)
+	d := time.Since(t0)
+	_ = exec.Command(bin, "--root", root, "delete", "--force", id).Run()
+	return d
 }
 
 func directExec(rt *container.Runtime, rootfs, agentPath, home string, n int) []time.Duration {

@@ -158,6 +158,19 @@ type OOMCounter interface {
 	OOMKills() (uint64, error)
 }
 
+// OOMScope is implemented by sandboxes that can say what running out of
+// memory kills. A runtime with an OOM killer in the guest (a container's
+// memory cgroup, a VM's kernel) kills the process that ran over the limit
+// and the sandbox lives on: it reports false, or does not implement
+// OOMScope at all. A runtime without a guest OOM killer (gVisor: the host
+// kills the sandbox's kernel process) reports true: when the sandbox's
+// memory limit is reached, the whole sandbox dies, agent and all. Such a
+// sandbox must implement OOMCounter, so its death can be told apart from
+// a crash.
+type OOMScope interface {
+	OOMKillsSandbox() bool
+}
+
 // Errors runtimes wrap.
 var (
 	ErrGone        = errors.New("sandbox is gone")

@@ -9,7 +9,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-pkgs=(runc crun debootstrap e2fsprogs busybox-static iproute2 nftables ca-certificates curl)
+pkgs=(runc crun runsc debootstrap e2fsprogs busybox-static iproute2 nftables ca-certificates curl qemu-system-x86)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -28,3 +28,11 @@ home=${CAGEBOX_HOME:-/var/lib/cagebox}
 mkdir -p "$home"
 bin/cagebox --home "$home" image build busybox
 bin/cagebox --home "$home" image build default
+
+# microVM artifacts for the qemu runtime (and Firecracker): the guest kernel
+# pinned in internal/vmimage/kernel.go (apt-get download + dpkg-deb -x, its
+# sha256 recorded), the initramfs around bin/cagebox-agent, and each image's
+# ext4 disk. `image build` already made them if QEMU was installed; this
+# makes sure, and fails loudly if the pinned kernel is gone from the mirror.
+bin/cagebox --home "$home" image build --vm yes busybox
+bin/cagebox --home "$home" image build --vm yes default

@@ -4,5 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export CAGEBOX_TEST_IMAGES=${CAGEBOX_HOME:-/var/lib/cagebox}/images
+# The VM kernel, initramfs and image disks setup made (qemu runtime tests).
+export CAGEBOX_TEST_VM=${CAGEBOX_HOME:-/var/lib/cagebox}/vm
 export PATH=$PATH:/usr/local/go/bin
 make test

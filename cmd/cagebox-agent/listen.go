@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -22,11 +23,11 @@ type listener interface {
 	serve(ctx context.Context, srv *agentproto.Server, log *slog.Logger) error
 }
 
-// parseListen understands unix:PATH, fd:N and dev:PATH.
+// parseListen understands unix:PATH, fd:N, dev:PATH and vsock:PORT.
 func parseListen(spec string) (listener, error) {
 	scheme, arg, ok := strings.Cut(spec, ":")
 	if !ok || arg == "" {
-		return nil, fmt.Errorf("%q: want unix:PATH, fd:N or dev:PATH", spec)
+		return nil, fmt.Errorf("%q: want unix:PATH, fd:N, dev:PATH or vsock:PORT", spec)
 	}
 	switch scheme {
 	case "unix":
@@ -40,8 +41,11 @@ func parseListen(spec string) (listener, error) {
 	case "dev":
 		return devListener(arg), nil
 	case "vsock":
-		// Plugs in here: listen on AF_VSOCK and accept like unixListener.
-		return nil, fmt.Errorf("%q: vsock is not supported yet", spec)
+		port, err := strconv.ParseUint(arg, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%q: bad vsock port", spec)
+		}
+		return vsockListener(port), nil
 	}
 	return nil, fmt.Errorf("%q: unknown scheme %q", spec, scheme)
 }
@@ -89,6 +93,13 @@ func acceptLoop(ctx context.Context, ln net.Listener, srv *agentproto.Server, lo
 func serveConn(srv *agentproto.Server, conn net.Conn, log *slog.Logger) {
 	log.Debug("connection", "remote", conn.RemoteAddr())
 	if err := srv.ServeConn(conn); err != nil {
+		if errors.Is(err, io.EOF) {
+			// A device with no host at the other end (a virtio-serial
+			// port) reads EOF at once, again and again until the host
+			// connects.
+			log.Debug("connection ended", "err", err)
+			return
+		}
 		log.Warn("connection ended", "err", err)
 	}
 }

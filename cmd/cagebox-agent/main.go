@@ -34,6 +34,15 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == probeArg {
+		os.Exit(probeConfinement(os.Stdout, os.Stderr))
+	}
+	switch {
+	case isVMInit():
+		os.Exit(vmInit())
+	case len(os.Args) > 1 && os.Args[1] == vmAgentArg:
+		os.Exit(vmAgentStage(os.Args[2:]))
+	}
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
@@ -47,7 +56,7 @@ func envOr(key, def string) string {
 func run(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("cagebox-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	listen := fs.String("listen", envOr("CAGEBOX_AGENT_LISTEN", ""), "where to serve: unix:PATH, fd:N or dev:PATH (vsock:PORT later)")
+	listen := fs.String("listen", envOr("CAGEBOX_AGENT_LISTEN", ""), "where to serve: unix:PATH, fd:N, dev:PATH or vsock:PORT")
 	tokenFile := fs.String("token-file", envOr("CAGEBOX_AGENT_TOKEN_FILE", ""), "file holding the connection token; removed once read")
 	envFile := fs.String("env-file", envOr("CAGEBOX_AGENT_ENV_FILE", ""), "base environment for processes, KEY=VALUE lines (default: PATH, HOME=/root, LANG=C.UTF-8)")
 	graceStr := fs.String("grace", envOr("CAGEBOX_AGENT_GRACE", "10s"), "on SIGTERM, how long processes get to exit before they are killed")

@@ -24,6 +24,7 @@ import (
 	"github.com/cagebox/cagebox/internal/daemon"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/policy"
+	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/isolation"
 )
 
@@ -155,6 +156,36 @@ func daemonCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&masterKey, "master-key-file", "", "vault master key file, created 0600 at first start (default $CAGEBOX_HOME/master.key; CAGEBOX_MASTER_KEY overrides)")
 	cmd.Flags().Uint16Var(&dnsPort, "dns-port", 0, "port of the synthetic DNS resolver on each gateway address (default 15053)")
 	return cmd
+}
+
+// prepareVM makes the microVM artifacts of img (see package vmimage):
+// fetches the pinned guest kernel if needed, builds the initramfs around the
+// agent and packs the image as ext4, so that the first VM sandbox of the
+// image starts without that work.
+func prepareVM(ctx context.Context, g *globals, img *image.Image, mode string) error {
+	switch mode {
+	case "no", "false":
+		return nil
+	case "auto":
+		if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+			return nil
+		}
+	case "yes", "true":
+	default:
+		return fmt.Errorf("--vm %q: use yes, no or auto", mode)
+	}
+	agent := os.Getenv("CAGEBOX_AGENT")
+	if agent == "" {
+		agent = defaultAgentPath()
+	}
+	start := time.Now()
+	vc := &vmimage.Cache{Dir: filepath.Join(g.home, "vm"), Progress: os.Stderr}
+	a, err := vc.Prepare(ctx, img, agent)
+	if err != nil {
+		return fmt.Errorf("vm artifacts of image %s: %w", img.Name, err)
+	}
+	fmt.Fprintf(os.Stderr, "vm artifacts of %s ready in %s (kernel %s, disk %s)\n", img.Name, time.Since(start).Round(time.Millisecond), vmimage.KernelRelease, filepath.Base(a.RootDisk))
+	return nil
 }
 
 func defaultAgentPath() string {
@@ -674,6 +705,7 @@ func imageCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Manage guest images"}
 	var force bool
 	var pkgs []string
+	var vm string
 	build := &cobra.Command{
 		Use:   "build [NAME]",
 		Short: "Build a guest image (default: the Debian image \"default\"; \"busybox\": a tiny test image)",
@@ -698,10 +730,11 @@ func imageCmd(g *globals) *cobra.Command {
 			if name == "busybox" { // debootstrap builds report their own progress and result
 				fmt.Fprintf(os.Stderr, "image %s ready in %s (%d KiB, %s)\n", img.Name, time.Since(start).Round(time.Millisecond), img.SizeBytes>>10, img.Digest)
 			}
-			return nil
+			return prepareVM(cmd.Context(), g, img, vm)
 		},
 	}
 	build.Flags().BoolVar(&force, "force", false, "rebuild even if the image exists")
+	build.Flags().StringVar(&vm, "vm", "auto", "also make the image's microVM artifacts (guest kernel, initramfs, ext4 disk): yes, no, or auto (when qemu-system-x86_64 is installed)")
 	build.Flags().StringSliceVar(&pkgs, "packages", nil, "Debian packages to install (default: sh, coreutils, curl, python3, ca-certificates, procps)")
 	ls := &cobra.Command{
 		Use:   "ls",

@@ -28,6 +28,8 @@ import (
 	"github.com/cagebox/cagebox/internal/vault/sqlitebackend"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/container"
+	"github.com/cagebox/cagebox/isolation/gvisor"
+	"github.com/cagebox/cagebox/isolation/qemu"
 )
 
 // Config configures the daemon.
@@ -93,6 +95,12 @@ func SocketPath(home string) string { return filepath.Join(home, "cagebox.sock")
 func RegisterRuntimes(home string) {
 	if _, ok := isolation.Lookup(container.Name); !ok {
 		isolation.Register(container.New(container.Options{StateRoot: filepath.Join(home, "oci")}))
+	}
+	if _, ok := isolation.Lookup(gvisor.Name); !ok {
+		isolation.Register(gvisor.New(gvisor.Options{StateRoot: filepath.Join(home, "runsc")}))
+	}
+	if _, ok := isolation.Lookup(qemu.Name); !ok {
+		isolation.Register(qemu.New(qemu.Options{Dir: filepath.Join(home, "vm")}))
 	}
 }
 

@@ -580,6 +580,9 @@ func (m *Manager) attached(ctx context.Context, tenant, id string) (*store.Sandb
 	e := m.live[id]
 	m.mu.Unlock()
 	if e == nil {
+		if r.Error != "" {
+			return r, nil, fmt.Errorf("%w: sandbox %s is %s, not running: %s", errdefs.ErrConflict, id, r.Status, r.Error)
+		}
 		return r, nil, fmt.Errorf("%w: sandbox %s is %s, not running", errdefs.ErrConflict, id, r.Status)
 	}
 	return r, e, nil
@@ -676,14 +679,20 @@ func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequ
 		e.touch(m.cfg.Now())
 	}()
 	e.touch(m.cfg.Now())
-	c, err := e.agent(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("%w: agent of %s: %v", errdefs.ErrUnavailable, id, err)
-	}
 	var oomBefore uint64
 	oc, hasOOM := e.sb.(isolation.OOMCounter)
 	if hasOOM {
 		oomBefore, _ = oc.OOMKills()
+	}
+	// A sandbox whose OOM kills it whole (isolation.OOMScope) and that has
+	// had one is dead: say so rather than wait for its agent.
+	if hasOOM && oomBefore > 0 && oomKillsSandbox(e.sb) {
+		msg := m.lostToOOM(e)
+		return nil, fmt.Errorf("%w: sandbox %s is %s: %s", errdefs.ErrConflict, id, StatusFailed, msg)
+	}
+	c, err := e.agent(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: agent of %s: %v", errdefs.ErrUnavailable, id, err)
 	}
 	areq := &agentproto.ExecRequest{Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User, Timeout: timeout, Stdin: req.Stdin}
 	if !req.Stdin {
@@ -693,6 +702,18 @@ func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequ
 	if err != nil {
 		if ctx.Err() == nil && isConnErr(err) {
 			e.dropClient(c)
+		}
+		// The agent went away with the whole sandbox: an OOM, when the
+		// counter says so, is what the user hears about, not the
+		// protocol error it caused.
+		if hasOOM && oomKillsSandbox(e.sb) {
+			if after, oerr := oc.OOMKills(); oerr == nil && after > oomBefore {
+				msg := m.lostToOOM(e)
+				code := 137
+				f := &api.ExecFrame{Stream: "exit", ExitCode: &code, Signal: "SIGKILL", OOMKilled: true, Error: msg}
+				m.emit(e.tenant, id, "sandbox.exec", map[string]any{"command": req.Argv[0], "args": len(req.Argv) - 1, "exit_code": code, "oom_killed": true, "timed_out": false})
+				return f, nil
+			}
 		}
 		return nil, fmt.Errorf("exec in %s: %w", id, err)
 	}
@@ -705,6 +726,54 @@ func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequ
 	}
 	m.emit(e.tenant, id, "sandbox.exec", map[string]any{"command": req.Argv[0], "args": len(req.Argv) - 1, "exit_code": code, "oom_killed": f.OOMKilled, "timed_out": res.TimedOut})
 	return f, nil
+}
+
+// oomKillsSandbox reports whether running out of memory kills sb whole
+// (its runtime has no OOM killer inside the guest).
+func oomKillsSandbox(sb isolation.Sandbox) bool {
+	sc, ok := sb.(isolation.OOMScope)
+	return ok && sc.OOMKillsSandbox()
+}
+
+// lostToOOM handles a sandbox that its memory limit killed whole: the first
+// caller detaches it, releases what it held on the host and marks its
+// record failed, saying why; every caller gets that message.
+func (m *Manager) lostToOOM(e *entry) string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	limit := ""
+	r, err := m.cfg.Store.GetSandbox(ctx, "", e.id)
+	if err == nil {
+		var sr specRecord
+		if json.Unmarshal(r.Spec, &sr) == nil && sr.Resources.MemoryBytes > 0 {
+			limit = fmt.Sprintf(" of %d MiB", sr.Resources.MemoryBytes>>20)
+		}
+	}
+	msg := fmt.Sprintf("the sandbox ran out of memory: it reached its memory limit%s and was killed with everything in it (its runtime has no OOM killer inside the sandbox); create a new sandbox with a larger --memory", limit)
+	m.mu.Lock()
+	first := m.live[e.id] == e
+	if first {
+		delete(m.live, e.id)
+	}
+	m.mu.Unlock()
+	if !first {
+		return msg
+	}
+	m.log.Warn("sandbox killed by its memory limit", "sandbox", e.id)
+	e.dropAll()
+	if err := e.sb.Destroy(ctx); err != nil {
+		m.log.Error("destroy after OOM", "sandbox", e.id, "err", err)
+	}
+	m.detach(e.id)
+	if r != nil {
+		r.Status, r.Error = StatusFailed, msg
+		r.UpdatedAt = m.cfg.Now().UTC()
+		if err := m.cfg.Store.UpdateSandbox(ctx, r); err != nil {
+			m.log.Error("record sandbox OOM", "sandbox", e.id, "err", err)
+		}
+	}
+	m.emit(e.tenant, e.id, "sandbox.failed", map[string]any{"error": msg, "oom_killed": true})
+	return msg
 }
 
 func isConnErr(err error) bool {

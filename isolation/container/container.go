@@ -5,7 +5,6 @@
 package container
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,15 +13,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
-	"github.com/cagebox/cagebox/internal/rootfs"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/oci"
 )
@@ -31,11 +26,11 @@ import (
 const Name = "container"
 
 // DefaultDiskBytes bounds the writable layer when the spec does not.
-const DefaultDiskBytes = 1 << 30
+const DefaultDiskBytes = oci.DefaultDiskBytes
 
 // CgroupParent is the cgroup (relative to each hierarchy's root) that holds
 // every sandbox's cgroup.
-const CgroupParent = "cagebox"
+const CgroupParent = oci.CgroupParent
 
 // Options configure the runtime.
 type Options struct {
@@ -141,6 +136,8 @@ func (sd *stateData) path(elem ...string) string {
 	return filepath.Join(append([]string{sd.Dir}, elem...)...)
 }
 
+func (sd *stateData) cli() oci.CLI { return oci.CLI{Binary: sd.Binary, Root: sd.StateRoot} }
+
 // Create implements isolation.Runtime.
 func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolation.Sandbox, err error) {
 	if err := rt.Available(); err != nil {
@@ -166,31 +163,12 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	}
 	undo.Add(func() { _ = os.RemoveAll(spec.StateDir) })
 
-	disk := spec.Resources.DiskBytes
-	if disk <= 0 {
-		disk = DefaultDiskBytes
+	rootfs, err := oci.MountRoot(spec.StateDir, spec.RootFS, spec.Resources.DiskBytes)
+	if err != nil {
+		return nil, err
 	}
-	rw, rootfs := s.sd.path("rw"), s.sd.path("rootfs")
-	for _, d := range []string{rw, rootfs} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			return nil, fmt.Errorf("create %s: %w", d, err)
-		}
-	}
-	if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("size=%d,mode=0700", disk)); err != nil {
-		return nil, fmt.Errorf("mount writable layer: %w", err)
-	}
-	undo.Add(func() { unmount(rw) })
-	for _, d := range []string{"upper", "work"} {
-		if err := os.Mkdir(filepath.Join(rw, d), 0o755); err != nil {
-			return nil, fmt.Errorf("create overlay dir: %w", err)
-		}
-	}
-	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", spec.RootFS, filepath.Join(rw, "upper"), filepath.Join(rw, "work"))
-	if err := unix.Mount("overlay", rootfs, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl); err != nil {
-		return nil, fmt.Errorf("mount overlay root over image %s: %w", spec.RootFS, err)
-	}
-	undo.Add(func() { unmount(rootfs) })
-	if err := writeGuestFiles(rootfs, spec); err != nil {
+	undo.Add(func() { oci.UnmountRoot(spec.StateDir) })
+	if err := oci.WriteGuestFiles(rootfs, spec); err != nil {
 		return nil, err
 	}
 	if err := oci.WriteRunDir(s.sd.path("run"), spec); err != nil {
@@ -210,47 +188,6 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	return s, nil
 }
 
-// writeGuestFiles writes the files every guest expects to find about itself.
-func writeGuestFiles(root string, spec *isolation.Spec) error {
-	host := spec.Hostname
-	if host == "" {
-		host = "sandbox"
-	}
-	files := map[string]string{
-		"etc/hostname": host + "\n",
-		"etc/hosts":    "127.0.0.1\tlocalhost " + host + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-	}
-	if spec.Nameserver != "" {
-		files["etc/resolv.conf"] = "nameserver " + spec.Nameserver + "\noptions ndots:0 attempts:2 timeout:2\n"
-	}
-	if len(spec.TrustedCAPEM) > 0 {
-		// The image's bundle plus the sandbox CA, both as the system bundle
-		// (copied up into the writable layer; the image is untouched) and
-		// as cagebox's own files.
-		system, _ := rootfs.ReadFile(root, isolation.GuestSystemBundle, 8<<20)
-		bundle := string(system)
-		if bundle != "" && !strings.HasSuffix(bundle, "\n") {
-			bundle += "\n"
-		}
-		bundle += string(spec.TrustedCAPEM)
-		files[strings.TrimPrefix(isolation.GuestCAPath, "/")] = string(spec.TrustedCAPEM)
-		files[strings.TrimPrefix(isolation.GuestCABundlePath, "/")] = bundle
-		files[strings.TrimPrefix(isolation.GuestSystemBundle, "/")] = bundle
-	}
-	for name, content := range files {
-		if err := rootfs.WriteFile(root, name, []byte(content), 0o644); err != nil {
-			return fmt.Errorf("write guest files: %w", err)
-		}
-	}
-	return nil
-}
-
-func unmount(p string) {
-	if err := unix.Unmount(p, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		_ = unix.Unmount(p, unix.MNT_DETACH)
-	}
-}
-
 // ID implements isolation.Sandbox.
 func (s *Sandbox) ID() string { return s.id }
 
@@ -258,18 +195,6 @@ func (s *Sandbox) ID() string { return s.id }
 func (s *Sandbox) State() isolation.State {
 	b, _ := json.Marshal(s.sd)
 	return isolation.State{ID: s.id, Runtime: Name, Data: b}
-}
-
-func (s *Sandbox) oci(ctx context.Context, args ...string) ([]byte, error) {
-	full := append([]string{"--root", s.sd.StateRoot}, args...)
-	cmd := exec.CommandContext(ctx, s.sd.Binary, full...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return out, fmt.Errorf("%s %s: %w: %s", filepath.Base(s.sd.Binary), args[0], err, strings.TrimSpace(stderr.String()))
-	}
-	return out, nil
 }
 
 // Start implements isolation.Sandbox: the agent runs as PID 1 and its
@@ -299,84 +224,33 @@ func (s *Sandbox) Start(ctx context.Context) error {
 		return err
 	}
 	defer devnull.Close()
-	cmd := exec.CommandContext(ctx, s.sd.Binary, "--root", s.sd.StateRoot, "run", "--detach",
-		"--preserve-fds", "1", "--bundle", s.sd.path("bundle"), s.id)
+	cmd := s.sd.cli().Command(ctx, "run", "--detach", "--preserve-fds", "1", "--bundle", s.sd.path("bundle"), s.id)
 	cmd.Stdin = devnull
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	cmd.ExtraFiles = []*os.File{lf}
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s run: %w: %s", filepath.Base(s.sd.Binary), err, tail(s.sd.path("agent.log"), 512))
+		return fmt.Errorf("%s run: %w: %s", filepath.Base(s.sd.Binary), err, oci.Tail(s.sd.path("agent.log"), 512))
 	}
 	return nil
 }
 
-func tail(path string, n int64) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	if int64(len(b)) > n {
-		b = b[int64(len(b))-n:]
-	}
-	return strings.TrimSpace(string(b))
-}
-
 // Pause implements isolation.Sandbox (cgroup freezer).
 func (s *Sandbox) Pause(ctx context.Context) error {
-	_, err := s.oci(ctx, "pause", s.id)
+	_, err := s.sd.cli().Run(ctx, "pause", s.id)
 	return err
 }
 
 // Resume implements isolation.Sandbox.
 func (s *Sandbox) Resume(ctx context.Context) error {
-	_, err := s.oci(ctx, "resume", s.id)
+	_, err := s.sd.cli().Run(ctx, "resume", s.id)
 	return err
-}
-
-// status is the OCI runtime's view: "created", "running", "paused",
-// "stopped", or "" when the container does not exist.
-func (s *Sandbox) status(ctx context.Context) string {
-	out, err := s.oci(ctx, "state", s.id)
-	if err != nil {
-		return ""
-	}
-	var st struct {
-		Status string `json:"status"`
-	}
-	if json.Unmarshal(out, &st) != nil {
-		return ""
-	}
-	return st.Status
 }
 
 // Stop implements isolation.Sandbox: SIGTERM to the agent (which forwards
 // it), then SIGKILL to everything after grace.
 func (s *Sandbox) Stop(ctx context.Context, grace time.Duration) error {
-	switch s.status(ctx) {
-	case "", "stopped":
-		return nil
-	case "paused":
-		if err := s.Resume(ctx); err != nil {
-			return err
-		}
-	}
-	_, _ = s.oci(ctx, "kill", s.id, "TERM")
-	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) {
-		if st := s.status(ctx); st == "" || st == "stopped" {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	if _, err := s.oci(ctx, "kill", "--all", s.id, "KILL"); err != nil && s.status(ctx) == "running" {
-		return err
-	}
-	return nil
+	return s.sd.cli().Stop(ctx, s.id, grace)
 }
 
 // DialAgent implements isolation.Sandbox.
@@ -404,11 +278,10 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	var errs []error
-	if _, err := s.oci(ctx, "delete", "--force", s.id); err != nil && !strings.Contains(err.Error(), "does not exist") && !strings.Contains(err.Error(), "not found") {
+	if err := s.sd.cli().Delete(ctx, s.id); err != nil {
 		errs = append(errs, err)
 	}
-	unmount(s.sd.path("rootfs"))
-	unmount(s.sd.path("rw"))
+	oci.UnmountRoot(s.sd.Dir)
 	if err := cgroups.Remove(s.sd.CgroupsPath); err != nil {
 		errs = append(errs, err)
 	}
@@ -426,14 +299,8 @@ func (s *Sandbox) Leftovers(ctx context.Context) []string {
 	if _, err := os.Stat(s.sd.Dir); err == nil {
 		out = append(out, "state dir "+s.sd.Dir)
 	}
-	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		for _, line := range strings.Split(string(mi), "\n") {
-			if strings.Contains(line, s.sd.Dir+"/") {
-				out = append(out, "mount "+line)
-			}
-		}
-	}
-	if st := s.status(ctx); st != "" {
+	out = append(out, oci.MountsBelow(s.sd.Dir)...)
+	if st := s.sd.cli().Status(ctx, s.id); st != "" {
 		out = append(out, "oci container in state "+st)
 	}
 	return out
@@ -446,7 +313,7 @@ func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.S
 		return nil, fmt.Errorf("container: decode state of %s: %w", st.ID, err)
 	}
 	s := &Sandbox{id: st.ID, sd: sd}
-	switch s.status(ctx) {
+	switch s.sd.cli().Status(ctx, s.id) {
 	case "running", "paused":
 		return s, nil
 	}

@@ -291,13 +291,28 @@ func Run(t *testing.T, rt isolation.Runtime, o Options) {
 		}
 	})
 	t.Run("Confinement", func(t *testing.T) {
-		out, _, _ := g.Exec(t, "sh", "-c", "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status")
-		for _, want := range []string{"CapPrm:\t0000000000000000", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1"} {
-			if !strings.Contains(out, want) {
-				t.Errorf("guest process status lacks %q:\n%s", want, out)
+		// What the guest's kernel enforces, read with system calls by a
+		// guest process (the agent binary in probe mode): the same for
+		// every kernel, whatever its /proc shows.
+		probe := probeConfinement(t, g, o.AgentPath)
+		for _, f := range confinementFields {
+			if probe[f.name] != f.want {
+				t.Errorf("guest process %s = %q, want %s (probe output %q)", f.name, probe[f.name], f.want, probe)
 			}
 		}
-		if !strings.Contains(out, "Seccomp:\t2") && rt.Class() == isolation.Namespaces {
+		if rt.Class() == isolation.Namespaces && probe["Seccomp"] != "2" {
+			t.Errorf("no seccomp filter on guest process: Seccomp = %q, want 2", probe["Seccomp"])
+		}
+		// What the guest's /proc says must agree, for every field it shows
+		// (gVisor's omits CapAmb and NoNewPrivs).
+		out, _, _ := g.Exec(t, "sh", "-c", "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status")
+		status := statusFields(out)
+		for _, f := range confinementFields {
+			if v, ok := status[f.name]; ok && v != f.want {
+				t.Errorf("guest process status says %s = %q, want %s:\n%s", f.name, v, f.want, out)
+			}
+		}
+		if v, ok := status["Seccomp"]; ok && v != "2" && rt.Class() == isolation.Namespaces {
 			t.Errorf("no seccomp filter on guest process:\n%s", out)
 		}
 		for _, attack := range []struct {
@@ -375,16 +390,18 @@ func Run(t *testing.T, rt isolation.Runtime, o Options) {
 		}
 	})
 	t.Run("MemoryOOM", func(t *testing.T) {
+		if sc, ok := g.Sandbox.(isolation.OOMScope); ok && sc.OOMKillsSandbox() {
+			memoryOOMKillsSandbox(t, rt, o, limits, g)
+			return
+		}
 		var before uint64
 		oc, hasOOM := g.Sandbox.(isolation.OOMCounter)
 		if hasOOM {
 			before, _ = oc.OOMKills()
 		}
-		// Command substitution holds the whole 400 MB in the shell's memory,
-		// over the 256 MiB limit.
-		_, _, res := g.Exec(t, "sh", "-c", "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo ${#x}")
+		_, _, res := g.Exec(t, "sh", "-c", allocOverLimit)
 		if res.ExitCode == 0 {
-			t.Fatalf("allocating 400 MB under a 256 MiB limit succeeded")
+			t.Fatalf("allocating 384 MiB under a 256 MiB limit succeeded")
 		}
 		if hasOOM {
 			after, err := oc.OOMKills()
@@ -447,6 +464,138 @@ func Run(t *testing.T, rt isolation.Runtime, o Options) {
 			}
 		}
 	})
+}
+
+// allocOverLimit holds 384 MiB, over the suite's 256 MiB limit, with few
+// system calls (an application kernel on ptrace pays ~80 µs for each): a
+// pipeline of three dd processes, each holding a 128 MiB buffer it has
+// filled. No single allocation is near the limit, so a VM guest's overcommit
+// check lets each one through and its OOM killer, not malloc, ends the
+// command. pipefail makes the killed stage's status the pipeline's.
+const allocOverLimit = "set -o pipefail; dd if=/dev/zero bs=128M count=3 | dd bs=128M iflag=fullblock | dd bs=128M iflag=fullblock of=/dev/null"
+
+// memoryOOMKillsSandbox is MemoryOOM for a runtime without a guest OOM
+// killer (isolation.OOMScope): on a sandbox of its own, the allocation must
+// fail, the OOM must be counted, and the whole sandbox must be gone, with
+// Stop and Destroy leaving nothing; other sandboxes (g) live on.
+func memoryOOMKillsSandbox(t *testing.T, rt isolation.Runtime, o Options, limits isolation.Resources, g *Guest) {
+	victim := Start(t, rt, o, limits)
+	oc, ok := victim.Sandbox.(isolation.OOMCounter)
+	if !ok {
+		t.Fatalf("%s sandboxes die of OOM (isolation.OOMScope) but cannot count OOM kills (isolation.OOMCounter)", rt.Name())
+	}
+	before, err := oc.OOMKills()
+	if err != nil {
+		t.Fatalf("OOM counter: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := victim.Client.Exec(ctx, &agentproto.ExecRequest{Argv: []string{"sh", "-c", allocOverLimit}}, nil, io.Discard, io.Discard)
+	if ctx.Err() != nil {
+		t.Fatalf("allocation still running after 60 s: %v", err)
+	}
+	if err == nil && res.ExitCode == 0 {
+		t.Fatalf("allocating 384 MiB under a 256 MiB limit succeeded")
+	}
+	after, cerr := oc.OOMKills()
+	if cerr != nil || after <= before {
+		t.Fatalf("OOM kill not reported: before %d after %d err %v (exec %+v, %v)", before, after, cerr, res, err)
+	}
+	// The sandbox is gone: its agent stops answering.
+	deadline := time.Now().Add(15 * time.Second)
+	for agentAnswers(victim) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox's agent still answers after the OOM kill (exec %+v, %v): a runtime that reports OOMKillsSandbox must lose the whole sandbox", res, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := victim.Sandbox.Stop(ctx, time.Second); err != nil {
+		t.Errorf("stop after the OOM kill: %v", err)
+	}
+	if err := victim.Sandbox.Destroy(ctx); err != nil {
+		t.Fatalf("destroy after the OOM kill: %v", err)
+	}
+	if lc, ok := victim.Sandbox.(isolation.LeakChecker); ok {
+		if left := lc.Leftovers(ctx); len(left) > 0 {
+			t.Fatalf("left behind after the OOM kill: %q", left)
+		}
+	}
+	if out, _, _ := g.Exec(t, "echo", "alive"); out != "alive\n" {
+		t.Fatalf("another sandbox did not survive the OOM kill: %q", out)
+	}
+}
+
+// agentAnswers reports whether a new connection to g's agent answers Health.
+func agentAnswers(g *Guest) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	conn, err := g.Sandbox.DialAgent(ctx)
+	if err != nil {
+		return false
+	}
+	c, err := agentproto.NewClient(ctx, conn, g.Token)
+	if err != nil {
+		conn.Close()
+		return false
+	}
+	defer c.Close()
+	_, err = c.Health(ctx)
+	return err == nil
+}
+
+// confinementFields are what every guest process must show, whatever the
+// runtime: no capability in any set, and no_new_privs.
+var confinementFields = []struct{ name, want string }{
+	{"CapInh", "0000000000000000"},
+	{"CapPrm", "0000000000000000"},
+	{"CapEff", "0000000000000000"},
+	{"CapBnd", "0000000000000000"},
+	{"CapAmb", "0000000000000000"},
+	{"NoNewPrivs", "1"},
+}
+
+// probeGuestPath is where the suite puts the agent binary to probe with.
+const probeGuestPath = "/tmp/cbx-probe"
+
+// probeConfinement copies the agent binary at agentPath (on the host) into
+// the guest and runs it there as an ordinary guest process in probe mode
+// (`cagebox-agent --probe-confinement`), which prints its confinement from
+// system calls in /proc/[pid]/status format.
+func probeConfinement(t *testing.T, g *Guest, agentPath string) map[string]string {
+	t.Helper()
+	f, err := os.Open(agentPath)
+	if err != nil {
+		t.Fatalf("open agent binary: %v", err)
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := g.Client.WriteFile(ctx, probeGuestPath, 0o755, f); err != nil {
+		t.Fatalf("copy the agent binary into the guest: %v", err)
+	}
+	defer g.Exec(t, "rm", "-f", probeGuestPath)
+	out, errOut, res := g.Exec(t, probeGuestPath, "--probe-confinement")
+	if res.ExitCode != 0 {
+		t.Fatalf("confinement probe failed: %+v: %s%s", res, out, errOut)
+	}
+	fields := statusFields(out)
+	for _, name := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"} {
+		if _, ok := fields[name]; !ok {
+			t.Fatalf("confinement probe printed no %s:\n%s", name, out)
+		}
+	}
+	return fields
+}
+
+// statusFields parses "Name:\tvalue" lines (/proc/[pid]/status format).
+func statusFields(out string) map[string]string {
+	m := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(line, ":\t"); ok {
+			m[k] = strings.TrimSpace(v)
+		}
+	}
+	return m
 }
 
 var (

@@ -38,6 +38,10 @@ var nsFlags = []uint64{unix.CLONE_NEWNS, unix.CLONE_NEWUTS, unix.CLONE_NEWIPC,
 // listed, so a 32-bit syscall cannot slip past a rule written for 64-bit).
 // clone with a namespace flag is refused, and clone3 (whose flags live in
 // memory a filter cannot read) fails with ENOSYS so libc falls back to clone.
+// mknod and mknodat of a character or block device are refused: under runc
+// the missing CAP_MKNOD already stops them, but gVisor's sentry (runsc
+// 20221219, which applies this profile with --oci-seccomp) makes no such
+// check. FIFOs and sockets stay allowed.
 func Seccomp() *specs.LinuxSeccomp {
 	eperm := uint(unix.EPERM)
 	enosys := uint(unix.ENOSYS)
@@ -54,6 +58,19 @@ func Seccomp() *specs.LinuxSeccomp {
 			ErrnoRet: &eperm,
 			Args:     []specs.LinuxSeccompArg{{Index: 0, Value: f, ValueTwo: f, Op: specs.OpMaskedEqual}},
 		})
+	}
+	for _, dev := range []uint64{unix.S_IFCHR, unix.S_IFBLK} {
+		for _, sc := range []struct {
+			name string
+			mode uint
+		}{{"mknod", 1}, {"mknodat", 2}} {
+			rules = append(rules, specs.LinuxSyscall{
+				Names:    []string{sc.name},
+				Action:   specs.ActErrno,
+				ErrnoRet: &eperm,
+				Args:     []specs.LinuxSeccompArg{{Index: sc.mode, Value: unix.S_IFMT, ValueTwo: dev, Op: specs.OpMaskedEqual}},
+			})
+		}
 	}
 	return &specs.LinuxSeccomp{
 		DefaultAction: specs.ActAllow,

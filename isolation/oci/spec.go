@@ -1,7 +1,8 @@
-// Package oci builds the OCI runtime bundles that the container (runc/crun)
-// and gVisor (runsc) runtimes share: namespaces, capabilities, seccomp,
-// masked paths, cgroup limits and the mounts that put cagebox-agent in the
-// guest as PID 1.
+// Package oci is what the container (runc/crun) and gVisor (runsc) runtimes
+// share: the OCI runtime bundle (namespaces, capabilities, seccomp, masked
+// paths, cgroup limits and the mounts that put cagebox-agent in the guest as
+// PID 1), the guest's writable overlay root and the files written into it,
+// and the OCI runtime command line (state, stop, delete).
 package oci
 
 import (
@@ -47,8 +48,11 @@ type BundleOptions struct {
 	RunDir string
 	// CgroupsPath is passed to the OCI runtime as linux.cgroupsPath.
 	CgroupsPath string
-	// ReadonlyRoot mounts the root read-only (gVisor uses its own overlay).
+	// ReadonlyRoot mounts the root read-only.
 	ReadonlyRoot bool
+	// AgentListen is the agent's --listen argument; empty means the
+	// listening socket passed on GuestListenFD ("fd:3").
+	AgentListen string
 }
 
 // Spec returns the OCI runtime spec of a sandbox.
@@ -82,13 +86,17 @@ func Spec(s *isolation.Spec, o BundleOptions) *specs.Spec {
 		{Type: specs.NetworkNamespace, Path: s.NetNS},
 	}
 
+	listen := o.AgentListen
+	if listen == "" {
+		listen = fmt.Sprintf("fd:%d", GuestListenFD)
+	}
 	noFile := nofileLimit()
 	return &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
 			Args: []string{GuestAgentPath,
-				"--listen", fmt.Sprintf("fd:%d", GuestListenFD),
+				"--listen", listen,
 				"--token-file", GuestRunDir + "/token",
 				"--env-file", GuestRunDir + "/env",
 			},

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/cagebox/cagebox/isolation"
 )
@@ -64,6 +65,39 @@ func TestSeccompCoversEveryABI(t *testing.T) {
 	for _, n := range []string{"mount", "ptrace", "bpf", "kexec_load", "keyctl", "init_module", "finit_module", "unshare", "setns", "userfaultfd", "open_by_handle_at", "clone3"} {
 		if !denied[n] {
 			t.Errorf("%s is not denied", n)
+		}
+	}
+}
+
+func TestAgentListen(t *testing.T) {
+	s := &isolation.Spec{ID: "x", AgentPath: "/agent"}
+	if got := Spec(s, BundleOptions{}).Process.Args[2]; got != "fd:3" {
+		t.Errorf("default listen %q, want fd:3", got)
+	}
+	if got := Spec(s, BundleOptions{AgentListen: "unix:/.cagebox/run/agent.sock"}).Process.Args[2]; got != "unix:/.cagebox/run/agent.sock" {
+		t.Errorf("listen %q", got)
+	}
+}
+
+func TestSeccompRefusesDeviceNodes(t *testing.T) {
+	found := map[string]map[uint64]bool{}
+	for _, r := range Seccomp().Syscalls {
+		if r.Action != specs.ActErrno || len(r.Args) != 1 || r.Args[0].Op != specs.OpMaskedEqual || r.Args[0].Value != unix.S_IFMT {
+			continue
+		}
+		for _, n := range r.Names {
+			want := map[string]uint{"mknod": 1, "mknodat": 2}
+			if idx, ok := want[n]; ok && r.Args[0].Index == idx {
+				if found[n] == nil {
+					found[n] = map[uint64]bool{}
+				}
+				found[n][r.Args[0].ValueTwo] = true
+			}
+		}
+	}
+	for _, n := range []string{"mknod", "mknodat"} {
+		if !found[n][unix.S_IFCHR] || !found[n][unix.S_IFBLK] {
+			t.Errorf("%s of character and block devices is not refused: %v", n, found[n])
 		}
 	}
 }

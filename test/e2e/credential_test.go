@@ -59,7 +59,7 @@ func TestCredentialSwap(t *testing.T) {
 		}
 		got := up.requests()
 		if len(got) == 0 || !strings.Contains(got[len(got)-1], c.want) {
-			t.Errorf("%s: upstream saw %q, want it to contain %q", c.name, got[len(got)-1:], c.want)
+			t.Errorf("%s: upstream saw %q, want its last request to contain %q", c.name, got, c.want)
 		}
 	}
 	// The placeholder to another (policy-allowed) host: refused, alert.
@@ -123,33 +123,39 @@ func TestCredentialSwap(t *testing.T) {
 		t.Errorf("a request with an unbound placeholder reached the upstream")
 	}
 
-	// The real value is nowhere the guest can see: its files (the merged
-	// overlay root, from the host), every process's environment and
-	// command line (from the host's /proc via the sandbox's cgroup), and
-	// what the agent sent back.
-	root := filepath.Join(e.home, "sandboxes", id, "rootfs")
-	_ = filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+	// The real value is nowhere the guest can see: the sandbox's whole
+	// state directory on the host (for containers and gVisor the merged
+	// overlay root is in it), every host process of the sandbox (guest
+	// processes, runsc, QEMU: environment and command line, via the
+	// sandbox's cgroups), every file the guest wrote (read from inside, so
+	// also a VM's own disk), and what the agent sent back.
+	_ = filepath.Walk(filepath.Join(e.home, "sandboxes", id), func(p string, fi os.FileInfo, err error) error {
 		if err != nil || !fi.Mode().IsRegular() || fi.Size() > 16<<20 {
 			return nil
 		}
 		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(real)) {
-			t.Errorf("real value in guest file %s", strings.TrimPrefix(p, root))
+			t.Errorf("real value in sandbox file %s", p)
 		}
 		return nil
 	})
-	procs, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids/cagebox", id, "cgroup.procs"))
+	var procs []string
+	for _, cg := range []string{"/sys/fs/cgroup/pids/cagebox/" + id, "/sys/fs/cgroup/cagebox/" + id, "/sys/fs/cgroup/pids/cagebox/vm-" + id, "/sys/fs/cgroup/cagebox/vm-" + id} {
+		b, _ := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
+		procs = append(procs, strings.Fields(string(b))...)
+	}
 	if len(procs) == 0 {
-		procs, _ = os.ReadFile(filepath.Join("/sys/fs/cgroup/cagebox", id, "cgroup.procs"))
+		t.Error("found no host processes of the sandbox to scan")
 	}
-	if len(strings.Fields(string(procs))) == 0 {
-		t.Error("found no guest processes to scan")
-	}
-	for _, pid := range strings.Fields(string(procs)) {
+	for _, pid := range procs {
 		for _, f := range []string{"environ", "cmdline"} {
 			if b, err := os.ReadFile(filepath.Join("/proc", pid, f)); err == nil && bytes.Contains(b, []byte(real)) {
-				t.Errorf("real value in guest process %s %s", pid, f)
+				t.Errorf("real value in sandbox process %s %s", pid, f)
 			}
 		}
+	}
+	written := sh("find / /tmp /run /root /home -xdev -type f -mmin -30 -size -16M -exec cat {} + 2>/dev/null; echo scanned-ok")
+	if !strings.Contains(written.stdout, "scanned-ok") || strings.Contains(written.stdout, real) {
+		t.Errorf("files the guest wrote: real value found or scan failed (%d bytes, code %d)", len(written.stdout), written.code)
 	}
 	r = sh("env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'")
 	if strings.Contains(r.stdout+r.stderr, real) {

@@ -20,6 +20,7 @@ import (
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/client"
 	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/vmimage"
 )
 
 var binDir string
@@ -62,6 +63,11 @@ type env struct {
 	args   []string
 }
 
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
 // newEnv makes a daemon home with its own image cache.
 func newEnv(t *testing.T) *env {
 	t.Helper()
@@ -74,6 +80,13 @@ func newEnv(t *testing.T) *env {
 	cache := &image.Cache{Dir: filepath.Join(home, "images")}
 	for _, name := range []string{"busybox", "default"} {
 		if _, err := cache.BuildBusybox(context.Background(), name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// VM runtimes boot from the machine's shared kernel/initramfs/disk
+	// cache (fetched by setup) when there is one.
+	if vm := vmimage.TestCacheDir(); fileExists(filepath.Join(vm, "kernel")) {
+		if err := os.Symlink(vm, filepath.Join(home, "vm")); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,0 +1,77 @@
+package agentproto
+
+import (
+	"fmt"
+	"strings"
+)
+
+// How a microVM guest (QEMU, Firecracker) boots into cagebox-agent: the
+// initramfs holds the agent as /init, the guest's kernel modules, and, in a
+// second cpio archive the host appends per sandbox, a VMConfig at
+// VMConfigPath. Everything secret (the token) is in that file, never on the
+// kernel command line (which guest processes read in /proc/cmdline); the
+// command line carries only the kernel parameters named VMParam*.
+
+// VMConfigPath is the boot configuration's path inside the initramfs. The
+// init reads and deletes it before any guest process runs.
+const VMConfigPath = "/cagebox/config.json"
+
+// Kernel command line parameters the guest's init reads.
+const (
+	// VMParamAgent says where the agent serves the host:
+	// "serial:NAME" (a virtio-serial port by name) or "vsock:PORT".
+	VMParamAgent = "cagebox.agent"
+	// VMParamAddr is the guest's address with prefix length (10.0.0.2/30)
+	// on eth0; absent means no network.
+	VMParamAddr = "cagebox.ip"
+	// VMParamGateway is the default route's gateway.
+	VMParamGateway = "cagebox.gw"
+	// VMParamBare makes the init power the VM off at once (boot-time
+	// baseline measurements).
+	VMParamBare = "cagebox.bare"
+	// VMParamDebug makes the agent log at debug level on the console.
+	VMParamDebug = "cagebox.debug"
+)
+
+// Agent transports in a VM.
+const (
+	// VMSerialPort is the name of the agent's virtio-serial port.
+	VMSerialPort = "cagebox.agent"
+	// VMVsockPort is the agent's vsock port.
+	VMVsockPort = 1024
+)
+
+// VMConfig is the per-sandbox boot configuration of a VM guest.
+type VMConfig struct {
+	// Token authenticates the host's connections to the agent.
+	Token string `json:"token"`
+	// Env is the base environment of guest processes.
+	Env      []string `json:"env,omitempty"`
+	Hostname string   `json:"hostname,omitempty"`
+	// Nameserver, if set, becomes /etc/resolv.conf.
+	Nameserver string `json:"nameserver,omitempty"`
+	// TrustedCAPEM is added to the system bundle and written to the
+	// cagebox CA paths.
+	TrustedCAPEM string `json:"trusted_ca_pem,omitempty"`
+	// PIDs bounds the processes (and threads) of the agent and everything
+	// it starts, through a pids cgroup inside the guest.
+	PIDs int64 `json:"pids,omitempty"`
+	// DiskBytes bounds the writable layer (a tmpfs) over the image.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// String never shows the token (it may end up in logs and errors).
+func (c VMConfig) String() string {
+	return fmt.Sprintf("VMConfig{hostname %q, %d env, pids %d, disk %d, ca %t}", c.Hostname, len(c.Env), c.PIDs, c.DiskBytes, c.TrustedCAPEM != "")
+}
+
+// ParseKernelCmdline returns the key=value words of a kernel command line
+// (a bare word maps to "").
+func ParseKernelCmdline(s string) map[string]string {
+	out := map[string]string{}
+	for _, w := range strings.Fields(s) {
+		k, v, _ := strings.Cut(w, "=")
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,131 @@
+package oci
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cagebox/cagebox/internal/cleanup"
+	"github.com/cagebox/cagebox/internal/rootfs"
+	"github.com/cagebox/cagebox/isolation"
+)
+
+// DefaultDiskBytes bounds the writable layer when the spec does not.
+const DefaultDiskBytes = 1 << 30
+
+// CgroupParent is the cgroup (relative to each hierarchy's root) that holds
+// every sandbox's cgroup, whichever OCI runtime made it.
+const CgroupParent = "cagebox"
+
+// Directories MountRoot makes below a sandbox's state dir.
+const (
+	rwDir     = "rw"     // tmpfs holding the overlay's upper and work dirs
+	rootfsDir = "rootfs" // the overlay: the guest's root
+)
+
+// MountRoot makes the writable root of a guest below dir: a tmpfs of
+// diskBytes (DefaultDiskBytes when <= 0) at dir/rw holding the upper layer,
+// and an overlay of image (never written) under it at dir/rootfs, whose path
+// it returns. On error nothing stays mounted; UnmountRoot undoes it.
+func MountRoot(dir, image string, diskBytes int64) (_ string, err error) {
+	if diskBytes <= 0 {
+		diskBytes = DefaultDiskBytes
+	}
+	var undo cleanup.Stack
+	defer func() {
+		if err != nil {
+			undo.Run()
+		}
+	}()
+	rw, root := filepath.Join(dir, rwDir), filepath.Join(dir, rootfsDir)
+	for _, d := range []string{rw, root} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return "", fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("size=%d,mode=0700", diskBytes)); err != nil {
+		return "", fmt.Errorf("mount writable layer: %w", err)
+	}
+	undo.Add(func() { Unmount(rw) })
+	for _, d := range []string{"upper", "work"} {
+		if err := os.Mkdir(filepath.Join(rw, d), 0o755); err != nil {
+			return "", fmt.Errorf("create overlay dir: %w", err)
+		}
+	}
+	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", image, filepath.Join(rw, "upper"), filepath.Join(rw, "work"))
+	if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl); err != nil {
+		return "", fmt.Errorf("mount overlay root over image %s: %w", image, err)
+	}
+	return root, nil
+}
+
+// UnmountRoot unmounts what MountRoot mounted below dir. Idempotent.
+func UnmountRoot(dir string) {
+	Unmount(filepath.Join(dir, rootfsDir))
+	Unmount(filepath.Join(dir, rwDir))
+}
+
+// Unmount unmounts p, lazily if it is busy; a path that is not mounted is
+// not an error.
+func Unmount(p string) {
+	if err := unix.Unmount(p, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		_ = unix.Unmount(p, unix.MNT_DETACH)
+	}
+}
+
+// MountsBelow lists the host's mounts below dir (for leak checks).
+func MountsBelow(dir string) []string {
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(mi), "\n") {
+		if strings.Contains(line, dir+"/") {
+			out = append(out, "mount "+line)
+		}
+	}
+	return out
+}
+
+// WriteGuestFiles writes the files every guest expects to find about itself
+// into its root: hostname, hosts, resolv.conf (when spec.Nameserver is set)
+// and the trusted CA files (when spec.TrustedCAPEM is set). Paths resolve
+// inside root, so links in the image cannot point the writes at the host.
+func WriteGuestFiles(root string, spec *isolation.Spec) error {
+	host := spec.Hostname
+	if host == "" {
+		host = "sandbox"
+	}
+	files := map[string]string{
+		"etc/hostname": host + "\n",
+		"etc/hosts":    "127.0.0.1\tlocalhost " + host + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+	}
+	if spec.Nameserver != "" {
+		files["etc/resolv.conf"] = "nameserver " + spec.Nameserver + "\noptions ndots:0 attempts:2 timeout:2\n"
+	}
+	if len(spec.TrustedCAPEM) > 0 {
+		// The image's bundle plus the sandbox CA, both as the system bundle
+		// (copied up into the writable layer; the image is untouched) and
+		// as cagebox's own files.
+		system, _ := rootfs.ReadFile(root, isolation.GuestSystemBundle, 8<<20)
+		bundle := string(system)
+		if bundle != "" && !strings.HasSuffix(bundle, "\n") {
+			bundle += "\n"
+		}
+		bundle += string(spec.TrustedCAPEM)
+		files[strings.TrimPrefix(isolation.GuestCAPath, "/")] = string(spec.TrustedCAPEM)
+		files[strings.TrimPrefix(isolation.GuestCABundlePath, "/")] = bundle
+		files[strings.TrimPrefix(isolation.GuestSystemBundle, "/")] = bundle
+	}
+	for name, content := range files {
+		if err := rootfs.WriteFile(root, name, []byte(content), 0o644); err != nil {
+			return fmt.Errorf("write guest files: %w", err)
+		}
+	}
+	return nil
+}
