@@ -39,8 +39,8 @@ echo
 echo '$ cagebox runtimes'
 $cb runtimes
 echo
-echo '$ cagebox run -- sh -c "…"   # a fresh sandbox: own namespaces, no capabilities, seccomp, its own routed link'
-$cb run --memory 256M --timeout 5m -- sh -c 'echo "hello from $(hostname) as $(id -un)"; python3 -c "import platform; print(\"python\", platform.python_version())"; grep -E "^(CapEff|NoNewPrivs|Seccomp):" /proc/self/status'
+echo '$ cagebox run -- sh -c "…"   # a fresh sandbox on the strongest runtime here (auto, above): no capabilities, its own routed link'
+$cb run --memory 256M --timeout 5m -- sh -c 'echo "hello from $(hostname) as $(id -un), kernel $(uname -r)"; python3 -c "import platform; print(\"python\", platform.python_version())"; grep -E "^(CapEff|NoNewPrivs|Seccomp):" /proc/self/status'
 echo
 echo '$ cagebox run --memory 128M -- python3 -c "bytearray(400<<20)"   # limits are enforced'
 $cb run --memory 128M -- python3 -c 'bytearray(400<<20)' || echo "(exit code $?)"
