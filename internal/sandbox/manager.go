@@ -100,6 +100,10 @@ type entry struct {
 	id, tenant string
 	sb         isolation.Sandbox
 	token      string
+	// started, when set, is closed once the runtime's Start returns: a
+	// dial loop waiting out its backoff retries at once (runtimes whose
+	// agent endpoint appears only at the end of Start).
+	started chan struct{}
 
 	// mu guards client, execs, active and persisted.
 	mu     sync.Mutex
@@ -360,7 +364,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	// handshake is started alongside the runtime: it completes the moment
 	// the agent runs, overlapping the runtime's own exit.
 	t1 := time.Now()
-	e := &entry{id: id, tenant: tenant.ID, sb: sb, token: spec.AgentToken, active: now, persisted: now}
+	e := &entry{id: id, tenant: tenant.ID, sb: sb, token: spec.AgentToken, active: now, persisted: now, started: make(chan struct{})}
 	actx, acancel := context.WithCancel(sctx)
 	defer acancel()
 	agentErr := make(chan error, 1)
@@ -368,7 +372,9 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		_, err := e.agent(actx)
 		agentErr <- err
 	}()
-	if err := sb.Start(sctx); err != nil {
+	err = sb.Start(sctx)
+	close(e.started)
+	if err != nil {
 		acancel()
 		<-agentErr
 		e.dropAll()
@@ -441,6 +447,7 @@ func (e *entry) agent(ctx context.Context) (*agentproto.Client, error) {
 		return e.client, nil
 	}
 	var lastErr error
+	started := e.started
 	for attempt := 0; ; attempt++ {
 		conn, err := e.sb.DialAgent(ctx)
 		if err == nil {
@@ -457,6 +464,8 @@ func (e *entry) agent(ctx context.Context) (*agentproto.Client, error) {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
 		case <-time.After(time.Duration(min(attempt+1, 10)) * 5 * time.Millisecond):
+		case <-started:
+			started = nil // once: a closed channel would spin
 		}
 	}
 }
