@@ -9,7 +9,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-pkgs=(runc crun runsc debootstrap e2fsprogs busybox-static iproute2 nftables ca-certificates curl qemu-system-x86)
+pkgs=(runc crun runsc debootstrap e2fsprogs busybox-static iproute2 nftables ca-certificates curl qemu-system-x86 xz-utils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

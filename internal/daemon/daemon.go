@@ -28,6 +28,7 @@ import (
 	"github.com/cagebox/cagebox/internal/vault/sqlitebackend"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/container"
+	"github.com/cagebox/cagebox/isolation/firecracker"
 	"github.com/cagebox/cagebox/isolation/gvisor"
 	"github.com/cagebox/cagebox/isolation/qemu"
 )
@@ -101,6 +102,9 @@ func RegisterRuntimes(home string) {
 	}
 	if _, ok := isolation.Lookup(qemu.Name); !ok {
 		isolation.Register(qemu.New(qemu.Options{Dir: filepath.Join(home, "vm")}))
+	}
+	if _, ok := isolation.Lookup(firecracker.Name); !ok {
+		isolation.Register(firecracker.New(firecracker.Options{Dir: filepath.Join(home, "vm"), ChrootBase: filepath.Join(home, "jail")}))
 	}
 }
 

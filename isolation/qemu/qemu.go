@@ -37,6 +37,7 @@ import (
 	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/internal/vmimage"
+	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/oci"
 )
@@ -157,10 +158,10 @@ func (rt *Runtime) Cache() *vmimage.Cache { return rt.cache }
 // QEMU process itself is recorded in Dir/vmm.pid at Start (State is stored
 // before Start).
 type stateData struct {
-	Dir    string    `json:"dir"`
-	UID    uint32    `json:"uid"`
-	Cgroup string    `json:"cgroup"`
-	Net    *guestNet `json:"net,omitempty"`
+	Dir    string      `json:"dir"`
+	UID    uint32      `json:"uid"`
+	Cgroup string      `json:"cgroup"`
+	Net    *vmnet.Link `json:"net,omitempty"`
 }
 
 func (sd *stateData) path(elem ...string) string {
@@ -327,12 +328,12 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	vc := &vmConfig{KVM: p.kvm, MemoryMiB: memMiB, CPUs: int(math.Ceil(res.CPUs))}
 	var np *netParams
 	if spec.NetNS != "" {
-		gn, tap, err := setupNet(spec)
+		gn, tap, err := vmnet.Setup(spec, -1)
 		if err != nil {
 			return nil, fmt.Errorf("qemu: network: %w", err)
 		}
 		s.sd.Net = gn
-		undo.Add(func() { _ = gn.teardown() })
+		undo.Add(func() { _ = gn.Teardown() })
 		p.files = append(p.files, tap)
 		vc.Net, vc.MAC = true, gn.MAC
 		np = &netParams{Addr: netip.PrefixFrom(spec.GuestAddr, spec.Prefix.Bits()), Gateway: spec.Gateway}
@@ -385,7 +386,7 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, console, console
 	cmd.ExtraFiles = p.files
 	if s.sd.Net != nil {
-		err = inNetNS(s.sd.Net.NetNS, cmd.Start)
+		err = vmnet.InNetNS(s.sd.Net.NetNS, cmd.Start)
 	} else {
 		err = cmd.Start()
 	}
@@ -634,7 +635,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 		}
 	}
 	if s.sd.Net != nil {
-		if err := s.sd.Net.teardown(); err != nil {
+		if err := s.sd.Net.Teardown(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -664,7 +665,7 @@ func (s *Sandbox) Leftovers(ctx context.Context) []string {
 		out = append(out, "state dir "+s.sd.Dir)
 	}
 	if s.sd.Net != nil {
-		out = append(out, s.sd.Net.leftovers()...)
+		out = append(out, s.sd.Net.Leftovers()...)
 	}
 	return out
 }

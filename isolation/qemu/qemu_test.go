@@ -22,6 +22,7 @@ import (
 
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/internal/vmimage"
+	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/isolationtest"
 )
@@ -332,7 +333,7 @@ func TestNetwork(t *testing.T) {
 	})
 
 	addrs, links, qdiscs := nsState(t, l.nsPath)
-	if len(addrs) != 0 || !slices.Contains(links, tapName) || qdiscs != 2 {
+	if len(addrs) != 0 || !slices.Contains(links, vmnet.TapName) || qdiscs != 2 {
 		t.Errorf("namespace while running: addrs %v links %v ingress qdiscs %d", addrs, links, qdiscs)
 	}
 

@@ -1,4 +1,8 @@
-package qemu
+// Package vmnet moves a sandbox's routed link into a microVM: a TAP in the
+// sandbox's network namespace joined to the link's guest end by tc mirred
+// redirects, so the gateway design (host end, nftables) is unchanged for
+// QEMU and Firecracker alike.
+package vmnet
 
 import (
 	"errors"
@@ -16,10 +20,10 @@ import (
 	"github.com/cagebox/cagebox/isolation"
 )
 
-// tapName is the TAP device's name inside the sandbox's namespace.
-const tapName = "cbtap0"
+// TapName is the TAP device's name inside the sandbox's namespace.
+const TapName = "cbtap0"
 
-// guestNet records what the runtime changed in the sandbox's network
+// Link records what the runtime changed in the sandbox's network
 // namespace, so that Destroy can undo it (also after a daemon restart).
 //
 // The link package made a veth whose guest end (GuestIf, holding GuestAddr,
@@ -29,7 +33,7 @@ const tapName = "cbtap0"
 // back), GuestIf's address is removed, and the VM's NIC gets GuestIf's MAC
 // so the host's neighbour entry for GuestAddr stays right. The host side
 // (gateway address, nftables) is unchanged.
-type guestNet struct {
+type Link struct {
 	NetNS   string `json:"netns"`
 	GuestIf string `json:"guest_if"`
 	MAC     string `json:"mac"`
@@ -39,10 +43,10 @@ type guestNet struct {
 	Gateway string `json:"gateway"`
 }
 
-// inNetNS runs fn on an OS thread inside the namespace at path. If the
+// InNetNS runs fn on an OS thread inside the namespace at path. If the
 // thread cannot return to the daemon's namespace it stays locked, and the
 // Go runtime retires it.
-func inNetNS(path string, fn func() error) error {
+func InNetNS(path string, fn func() error) error {
 	target, err := netns.GetFromPath(path)
 	if err != nil {
 		return fmt.Errorf("open netns %s: %w", path, err)
@@ -74,15 +78,17 @@ func inNetNS(path string, fn func() error) error {
 	return <-errc
 }
 
-// openTap creates the (non-persistent) TAP in the calling thread's
-// namespace and returns its queue: the device lives as long as the
-// descriptor, which QEMU inherits.
-func openTap() (*os.File, error) {
+// openTap creates the TAP in the calling thread's namespace and returns its
+// queue. Without persistence the device lives as long as the descriptor,
+// which QEMU inherits. With owner >= 0 it is made persistent and owned by
+// that uid, for a VMM that opens it by name (Firecracker); the descriptor
+// is then only the creator's handle.
+func openTap(owner int) (*os.File, error) {
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open /dev/net/tun: %w", err)
 	}
-	ifr, err := unix.NewIfreq(tapName)
+	ifr, err := unix.NewIfreq(TapName)
 	if err != nil {
 		unix.Close(fd)
 		return nil, err
@@ -90,19 +96,29 @@ func openTap() (*os.File, error) {
 	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
 	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("create tap %s: %w", tapName, err)
+		return nil, fmt.Errorf("create tap %s: %w", TapName, err)
+	}
+	if owner >= 0 {
+		if err := unix.IoctlSetInt(fd, unix.TUNSETOWNER, owner); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("tap %s owner: %w", TapName, err)
+		}
+		if err := unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 1); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("tap %s persist: %w", TapName, err)
+		}
 	}
 	return os.NewFile(uintptr(fd), "tap"), nil
 }
 
-// setupNet joins a new TAP to the spec's guest interface. It returns the
-// record for teardown and the TAP's descriptor for QEMU. On failure it
-// undoes what it did.
-func setupNet(spec *isolation.Spec) (_ *guestNet, _ *os.File, err error) {
+// Setup joins a new TAP (TapName) to the spec's guest interface. It
+// returns the record for Teardown and the TAP's descriptor (for QEMU to
+// inherit; see openTap for owner). On failure it undoes what it did.
+func Setup(spec *isolation.Spec, owner int) (_ *Link, _ *os.File, err error) {
 	if !spec.GuestAddr.Is4() || !spec.Gateway.Is4() || !spec.Prefix.IsValid() {
-		return nil, nil, fmt.Errorf("qemu: spec has a network namespace but no IPv4 guest address, gateway and prefix")
+		return nil, nil, fmt.Errorf("vmnet: spec has a network namespace but no IPv4 guest address, gateway and prefix")
 	}
-	gn := &guestNet{
+	gn := &Link{
 		NetNS:   spec.NetNS,
 		GuestIf: spec.GuestIf,
 		Addr:    netip.PrefixFrom(spec.GuestAddr, spec.Prefix.Bits()).String(),
@@ -118,7 +134,7 @@ func setupNet(spec *isolation.Spec) (_ *guestNet, _ *os.File, err error) {
 		}
 	}()
 	var tap *os.File
-	if err := inNetNS(spec.NetNS, func() (err error) { tap, err = openTap(); return err }); err != nil {
+	if err := InNetNS(spec.NetNS, func() (err error) { tap, err = openTap(owner); return err }); err != nil {
 		return nil, nil, err
 	}
 	undo.Add(func() { tap.Close() })
@@ -137,9 +153,9 @@ func setupNet(spec *isolation.Spec) (_ *guestNet, _ *os.File, err error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("find %s in %s: %w", gn.GuestIf, spec.NetNS, err)
 	}
-	tl, err := h.LinkByName(tapName)
+	tl, err := h.LinkByName(TapName)
 	if err != nil {
-		return nil, nil, fmt.Errorf("find %s: %w", tapName, err)
+		return nil, nil, fmt.Errorf("find %s: %w", TapName, err)
 	}
 	gn.MAC = veth.Attrs().HardwareAddr.String()
 	if mtu := veth.Attrs().MTU; mtu > 0 {
@@ -151,7 +167,7 @@ func setupNet(spec *isolation.Spec) (_ *guestNet, _ *os.File, err error) {
 		return nil, nil, fmt.Errorf("tap up: %w", err)
 	}
 	// (teardown opens its own handle: this one is closed before undo runs.)
-	undo.Add(func() { _ = gn.teardown() })
+	undo.Add(func() { _ = gn.Teardown() })
 	for _, p := range [][2]netlink.Link{{veth, tl}, {tl, veth}} {
 		if err := redirect(h, p[0], p[1]); err != nil {
 			return nil, nil, err
@@ -219,7 +235,7 @@ func removeIngress(h *netlink.Handle, ifname string) error {
 }
 
 // restoreAddr puts the guest address and default route back on GuestIf.
-func (g *guestNet) restoreAddr(h *netlink.Handle) error {
+func (g *Link) restoreAddr(h *netlink.Handle) error {
 	l, err := h.LinkByName(g.GuestIf)
 	if err != nil {
 		return nil
@@ -243,9 +259,9 @@ func (g *guestNet) restoreAddr(h *netlink.Handle) error {
 	return nil
 }
 
-// teardown undoes setupNet (the TAP itself went with QEMU's descriptor; a
+// Teardown undoes Setup (the TAP itself went with QEMU's descriptor; a
 // leftover one is deleted). A namespace that is gone has nothing to undo.
-func (g *guestNet) teardown() error {
+func (g *Link) Teardown() error {
 	if _, err := os.Stat(g.NetNS); err != nil {
 		return nil
 	}
@@ -263,9 +279,9 @@ func (g *guestNet) teardown() error {
 	if err := removeIngress(h, g.GuestIf); err != nil {
 		errs = append(errs, err)
 	}
-	if l, err := h.LinkByName(tapName); err == nil {
+	if l, err := h.LinkByName(TapName); err == nil {
 		if err := h.LinkDel(l); err != nil {
-			errs = append(errs, fmt.Errorf("delete %s: %w", tapName, err))
+			errs = append(errs, fmt.Errorf("delete %s: %w", TapName, err))
 		}
 	}
 	if err := g.restoreAddr(h); err != nil {
@@ -274,8 +290,8 @@ func (g *guestNet) teardown() error {
 	return errors.Join(errs...)
 }
 
-// leftovers lists what of setupNet remains in the namespace.
-func (g *guestNet) leftovers() []string {
+// Leftovers lists what of Setup remains in the namespace.
+func (g *Link) Leftovers() []string {
 	if _, err := os.Stat(g.NetNS); err != nil {
 		return nil
 	}
@@ -290,8 +306,8 @@ func (g *guestNet) leftovers() []string {
 	}
 	defer h.Close()
 	var out []string
-	if _, err := h.LinkByName(tapName); err == nil {
-		out = append(out, "tap "+tapName+" in "+g.NetNS)
+	if _, err := h.LinkByName(TapName); err == nil {
+		out = append(out, "tap "+TapName+" in "+g.NetNS)
 	}
 	if l, err := h.LinkByName(g.GuestIf); err == nil {
 		if qs, err := h.QdiscList(l); err == nil {
