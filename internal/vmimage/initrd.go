@@ -1,7 +1,9 @@
 package vmimage
 
 import (
+	"bytes"
 	"compress/gzip"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -78,7 +80,11 @@ func WriteInitrd(w io.Writer, agentPath string, mods []Module) error {
 	}
 	for i, m := range mods {
 		name := path.Join(InitrdModuleDir[1:], fmt.Sprintf("%02d-%s.ko", i, m.Name))
-		if err := cw.copyFile(name, 0o644, m.Path); err != nil {
+		b, err := os.ReadFile(m.Path)
+		if err != nil {
+			return fmt.Errorf("initramfs: module %s: %w", m.Name, err)
+		}
+		if err := cw.file(name, 0o644, stripModuleSignature(b)); err != nil {
 			return fmt.Errorf("initramfs: module %s: %w", m.Name, err)
 		}
 	}
@@ -86,6 +92,35 @@ func WriteInitrd(w io.Writer, agentPath string, mods []Module) error {
 		return fmt.Errorf("initramfs: %w", err)
 	}
 	return zw.Close()
+}
+
+// moduleSigMagic ends a signed kernel module (scripts/sign-file).
+var moduleSigMagic = []byte("~Module signature appended~\n")
+
+// stripModuleSignature drops a module's appended signature. The guest
+// kernel does not enforce signatures (Debian enforces them only under
+// Secure Boot lockdown) but checks one that is present: an RSA verify per
+// module, tens of milliseconds each under TCG at every boot. The initramfs
+// is built on the host from the pinned package, whose sha256 is recorded,
+// so the check in the guest adds nothing. The trailer is: signature,
+// signer, key id, a 12-byte struct module_signature whose last 4 bytes are
+// the big-endian signature length, then the magic.
+func stripModuleSignature(b []byte) []byte {
+	if !bytes.HasSuffix(b, moduleSigMagic) {
+		return b
+	}
+	end := len(b) - len(moduleSigMagic)
+	if end < 12 {
+		return b
+	}
+	info := b[end-12 : end]
+	signerLen, keyIDLen := int(info[3]), int(info[4])
+	sigLen := int(binary.BigEndian.Uint32(info[8:12]))
+	total := sigLen + signerLen + keyIDLen + 12
+	if total > end {
+		return b
+	}
+	return b[:end-total]
 }
 
 // WriteConfigArchive writes an uncompressed newc cpio archive holding cfg at

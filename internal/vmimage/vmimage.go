@@ -127,7 +127,7 @@ func (c *Cache) Prepare(ctx context.Context, img *image.Image, agentPath string)
 
 // initrdFormat changes whenever WriteInitrd's layout does, so that cached
 // base initramfs files of an older layout are not reused.
-const initrdFormat = "cagebox-initrd-1"
+const initrdFormat = "cagebox-initrd-2" // 2: module signatures stripped
 
 // Initrd returns the base initramfs for the installed kernel and the agent
 // at agentPath, building it if needed. It is named for the sha256 of its

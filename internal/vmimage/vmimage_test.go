@@ -245,3 +245,34 @@ func TestKernel(t *testing.T) {
 		t.Fatalf("re-resolved %v, recorded %v", names, k.Modules)
 	}
 }
+
+func TestStripModuleSignature(t *testing.T) {
+	body := []byte("\x7fELF module body")
+	sig := bytes.Repeat([]byte{0xaa}, 300)
+	info := []byte{0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x2c} // PKCS#7, sig_len 300
+	signed := append(append(append(append([]byte{}, body...), sig...), info...), moduleSigMagic...)
+	if got := stripModuleSignature(signed); !bytes.Equal(got, body) {
+		t.Fatalf("stripped %q", got)
+	}
+	if got := stripModuleSignature(body); !bytes.Equal(got, body) {
+		t.Fatal("an unsigned module changed")
+	}
+	bogus := append([]byte("x"), moduleSigMagic...)
+	if got := stripModuleSignature(bogus); !bytes.Equal(got, bogus) {
+		t.Fatal("a truncated trailer was cut")
+	}
+	// The pinned kernel's modules, when fetched: each is signed and strips
+	// to an ELF file.
+	k, err := (&Cache{Dir: TestCacheDir()}).Kernel()
+	if err != nil {
+		t.Skipf("no fetched kernel: %v", err)
+	}
+	mods, _ := filepath.Glob(filepath.Join(k.Dir, "modules", "*.ko"))
+	for _, m := range mods {
+		b, _ := os.ReadFile(m)
+		s := stripModuleSignature(b)
+		if len(s) >= len(b) || !bytes.HasPrefix(s, []byte("\x7fELF")) {
+			t.Errorf("%s: %d → %d bytes", filepath.Base(m), len(b), len(s))
+		}
+	}
+}
