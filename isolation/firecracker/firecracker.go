@@ -299,12 +299,17 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 	cmd := exec.Command(s.rt.jailer, s.jailCmd...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("firecracker: jailer: %w", err)
 	}
-	pid, err := readPID(filepath.Join(s.sd.JailRoot, "firecracker.pid"))
+	// With --new-pid-ns the jailer forks Firecracker into the new
+	// namespace and records its pid in the jail; whether the jailer itself
+	// exits or waits, it is reaped here and an early failure is reported.
+	jailerDone := make(chan error, 1)
+	go func() { jailerDone <- cmd.Wait() }()
+	pid, err := readPID(ctx, filepath.Join(s.sd.JailRoot, filepath.Base(s.rt.fc)+".pid"), jailerDone)
 	if err != nil {
-		return fmt.Errorf("firecracker: %w", err)
+		return fmt.Errorf("firecracker: %w (log: %s)", err, tailFile(filepath.Join(s.sd.Dir, "vmm.log"), 512))
 	}
 	s.sd.PID = pid
 	c := s.client()
@@ -343,19 +348,44 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 	return nil
 }
 
-func readPID(p string) (int, error) {
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		b, err := os.ReadFile(p)
-		if err == nil {
+// readPID waits for the jailer's pid file; a jailer that fails first ends
+// the wait with its error.
+func readPID(ctx context.Context, p string, jailerDone <-chan error) (int, error) {
+	deadline := time.After(10 * time.Second)
+	for {
+		if b, err := os.ReadFile(p); err == nil {
 			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
 				return pid, nil
 			}
 		}
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("no pid in %s", p)
+		select {
+		case err := <-jailerDone:
+			if err != nil {
+				return 0, fmt.Errorf("jailer failed: %w", err)
+			}
+			jailerDone = nil // exited cleanly after forking: keep reading
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-deadline:
+			return 0, fmt.Errorf("no pid in %s after 10s", p)
+		case <-time.After(5 * time.Millisecond):
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// tailFile is the last n bytes of a log, for error messages.
+func tailFile(p string, n int64) string {
+	f, err := os.Open(p)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		f.Seek(fi.Size()-n, 0)
+	}
+	b := make([]byte, n)
+	k, _ := f.Read(b)
+	return strings.TrimSpace(string(b[:k]))
 }
 
 // DialAgent implements isolation.Sandbox over Firecracker's hybrid vsock.
@@ -457,7 +487,7 @@ func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.S
 		return nil, fmt.Errorf("firecracker: state of %s: %w", st.ID, err)
 	}
 	if s.sd.PID == 0 {
-		if pid, err := readPIDOnce(filepath.Join(s.sd.JailRoot, "firecracker.pid")); err == nil {
+		if pid, err := readPIDOnce(filepath.Join(s.sd.JailRoot, filepath.Base(rt.fc)+".pid")); err == nil {
 			s.sd.PID = pid
 		}
 	}

@@ -3,6 +3,7 @@ package firecracker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -324,5 +325,24 @@ func TestDestroyHalfMade(t *testing.T) {
 	// Recover of a sandbox whose VMM is gone says so.
 	if _, err := s.rt.Recover(context.Background(), s.State()); err == nil || !strings.Contains(err.Error(), isolation.ErrGone.Error()) {
 		t.Fatalf("recover: %v", err)
+	}
+}
+
+func TestReadPID(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "firecracker.pid")
+	done := make(chan error, 1)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		os.WriteFile(p, []byte("4242\n"), 0o644)
+		done <- nil // the jailer exits cleanly after forking
+	}()
+	if pid, err := readPID(context.Background(), p, done); err != nil || pid != 4242 {
+		t.Fatalf("pid %d %v", pid, err)
+	}
+	failed := make(chan error, 1)
+	failed <- errors.New("exit status 1")
+	if _, err := readPID(context.Background(), filepath.Join(dir, "none"), failed); err == nil || !strings.Contains(err.Error(), "jailer failed") {
+		t.Fatalf("failed jailer: %v", err)
 	}
 }
