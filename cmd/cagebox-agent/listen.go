@@ -42,7 +42,7 @@ func parseListen(spec string) (listener, error) {
 		return devListener(arg), nil
 	case "vsock":
 		port, err := strconv.ParseUint(arg, 10, 32)
-		if err != nil {
+		if err != nil || port == 1<<32-1 { // VMADDR_PORT_ANY is no port to be found at
 			return nil, fmt.Errorf("%q: bad vsock port", spec)
 		}
 		return vsockListener(port), nil

@@ -538,7 +538,7 @@ func TestAgentBadFlags(t *testing.T) {
 func TestParseListen(t *testing.T) {
 	for spec, ok := range map[string]bool{
 		"unix:/run/a.sock": true, "fd:3": true, "dev:/dev/virtio-ports/cagebox": true, "vsock:1024": true,
-		"fd:1": false, "fd:x": false, "unix:": false, "tcp:1.2.3.4:5": false, "vsock:x": false, "vsock:-1": false, "nothing": false,
+		"fd:1": false, "fd:x": false, "unix:": false, "tcp:1.2.3.4:5": false, "vsock:x": false, "vsock:-1": false, "vsock:4294967295": false, "vsock:4294967296": false, "nothing": false,
 	} {
 		if _, err := parseListen(spec); (err == nil) != ok {
 			t.Errorf("parseListen(%q) err = %v", spec, err)

@@ -41,6 +41,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path"
 	"path/filepath"
 	"sort"
@@ -93,6 +94,7 @@ func vmInit() int {
 	}
 	log.Info("agent started", "pid", agent, "setup", time.Since(start).Round(time.Millisecond))
 	go watchPowerButton(log, agent)
+	go watchCtrlAltDel(log, agent)
 	for {
 		var ws unix.WaitStatus
 		pid, err := unix.Wait4(-1, &ws, 0, nil)
@@ -722,6 +724,24 @@ func watchPowerButton(log *slog.Logger, agent int) {
 		}
 	}
 	log.Debug("no power button")
+}
+
+// watchCtrlAltDel turns Ctrl-Alt-Del (Firecracker's SendCtrlAltDel, the
+// way its runtime stops a VM) into SIGTERM for the agent, as the power
+// button does under QEMU. The kernel's default is to restart at once on
+// Ctrl-Alt-Del; with it turned off the kernel sends the init SIGINT
+// instead. (Handling SIGINT also keeps a stray one from ending the init,
+// which would panic the guest.)
+func watchCtrlAltDel(log *slog.Logger, agent int) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGINT)
+	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_CAD_OFF); err != nil {
+		log.Warn("ctrl-alt-del", "err", err)
+	}
+	for range sigs {
+		log.Info("ctrl-alt-del: stopping the agent")
+		_ = unix.Kill(agent, unix.SIGTERM)
+	}
 }
 
 // configureNetwork brings lo up and, if the command line gives an address,

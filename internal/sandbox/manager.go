@@ -1026,6 +1026,12 @@ func (m *Manager) Recover(ctx context.Context) error {
 				_ = s.Destroy(ctx)
 			}
 		}
+		if sb != nil && rerr != nil {
+			// A runtime that returns its sandbox with an error (ErrGone)
+			// still gets it cleaned up; it is never taken for running.
+			_ = sb.Destroy(ctx)
+			sb = nil
+		}
 		if sb == nil {
 			if rerr == nil {
 				rerr = errors.New("no runtime state recorded")

@@ -8,6 +8,10 @@
 // link (package vmnet). It needs /dev/kvm and the firecracker and jailer
 // binaries; docs/operator.md says how to install them and run the
 // conformance suite on a KVM host.
+//
+// firecracker-go-sdk (v1.0.0) provides the API client and its models; the
+// jailer's command line and the VMM's lifecycle are this package's (see
+// jailerArgs for why).
 package firecracker
 
 import (
@@ -15,12 +19,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,7 +33,6 @@ import (
 
 	sdk "github.com/firecracker-microvm/firecracker-go-sdk"
 	"github.com/firecracker-microvm/firecracker-go-sdk/client/models"
-	"github.com/sirupsen/logrus"
 
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/internal/cgroups"
@@ -36,15 +40,25 @@ import (
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/isolation"
+	"github.com/cagebox/cagebox/isolation/oci"
 )
 
 // Name is the runtime's registry name.
 const Name = "firecracker"
 
+// DefaultUIDBase and DefaultUIDCount are the uids jailed VMMs run as, one
+// per sandbox (no user owns them; the qemu runtime uses the range below).
+const (
+	DefaultUIDBase  = 0x6cc00000
+	DefaultUIDCount = 1 << 16
+)
+
 // Options configure the runtime.
 type Options struct {
 	// Firecracker and Jailer are the binaries ("" = $CAGEBOX_FIRECRACKER_BIN
-	// / $CAGEBOX_JAILER_BIN, else "firecracker" / "jailer" on PATH).
+	// / $CAGEBOX_JAILER_BIN, else "firecracker" / "jailer" on PATH). The
+	// jailer requires the Firecracker binary's file name to contain
+	// "firecracker".
 	Firecracker, Jailer string
 	// Dir is the VM artifact cache shared with the qemu runtime
 	// ($CAGEBOX_HOME/vm).
@@ -53,19 +67,25 @@ type Options struct {
 	ChrootBase string
 	// KVM is the KVM device (default /dev/kvm).
 	KVM string
+	// UIDBase and UIDCount: the range of VMM uids (0 = defaults).
+	UIDBase, UIDCount int
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
 }
-
-// uidBase..uidBase+uidCount are the uids given to jailed VMMs, one per
-// sandbox (the qemu runtime uses the range below).
-const (
-	uidBase  = 0x6cc00000
-	uidCount = 1 << 16
-)
 
 // Runtime starts Firecracker microVMs.
 type Runtime struct {
 	fc, jailer, chrootBase, kvm string
+	uidBase, uidCount           int
 	cache                       *vmimage.Cache
+	log                         *slog.Logger
+
+	// mu guards uids.
+	mu sync.Mutex
+	// uids are the VMM uids of the sandboxes this process created or
+	// recovered and has not destroyed (a jail made but not started has no
+	// process that would show its uid as taken).
+	uids map[int]bool
 }
 
 var _ isolation.Runtime = (*Runtime)(nil)
@@ -86,10 +106,23 @@ func New(o Options) *Runtime {
 		jailer:     pick(o.Jailer, "CAGEBOX_JAILER_BIN", "jailer"),
 		chrootBase: o.ChrootBase,
 		kvm:        pick(o.KVM, "", "/dev/kvm"),
+		uidBase:    o.UIDBase,
+		uidCount:   o.UIDCount,
 		cache:      &vmimage.Cache{Dir: o.Dir},
+		log:        o.Logger,
+		uids:       map[int]bool{},
 	}
 	if rt.chrootBase == "" {
 		rt.chrootBase = "/srv/cagebox-jail"
+	}
+	if rt.uidBase <= 0 {
+		rt.uidBase = DefaultUIDBase
+	}
+	if rt.uidCount <= 0 {
+		rt.uidCount = DefaultUIDCount
+	}
+	if rt.log == nil {
+		rt.log = slog.Default()
 	}
 	for _, p := range []*string{&rt.fc, &rt.jailer} {
 		if abs, err := exec.LookPath(*p); err == nil {
@@ -118,8 +151,11 @@ func (rt *Runtime) Available() error {
 			missing = append(missing, fmt.Sprintf("the %s binary (%s) is not installed: put firecracker and jailer from a Firecracker release on PATH or set %s (docs/operator.md)", b.name, b.path, b.env))
 		}
 	}
+	if !strings.Contains(filepath.Base(rt.fc), "firecracker") {
+		missing = append(missing, fmt.Sprintf("the jailer only runs a binary whose file name contains \"firecracker\": rename %s", rt.fc))
+	}
 	if os.Geteuid() != 0 {
-		missing = append(missing, "the firecracker runtime needs root (jailer, network namespaces, cgroups)")
+		missing = append(missing, "the firecracker runtime needs root (jailer, network namespaces, cgroups): run the daemon as root")
 	}
 	if len(missing) == 0 {
 		if _, err := rt.cache.Kernel(); err != nil {
@@ -137,39 +173,56 @@ func (rt *Runtime) Detail() string {
 	return "firecracker microvm via jailer, vsock agent, kernel " + vmimage.KernelRelease
 }
 
+func (rt *Runtime) reserveUID(uid int) {
+	rt.mu.Lock()
+	rt.uids[uid] = true
+	rt.mu.Unlock()
+}
+
+func (rt *Runtime) releaseUID(uid int) {
+	rt.mu.Lock()
+	delete(rt.uids, uid)
+	rt.mu.Unlock()
+}
+
 // stateData is what Recover and Destroy need.
 type stateData struct {
 	ID       string      `json:"id"`
 	Dir      string      `json:"dir"`       // the sandbox's state dir
-	JailDir  string      `json:"jail_dir"`  // <base>/firecracker/<id>
+	JailDir  string      `json:"jail_dir"`  // <base>/<exec file name>/<id>
 	JailRoot string      `json:"jail_root"` // JailDir/root
+	PIDFile  string      `json:"pid_file"`  // the jailer's pid file, in the jail
 	UID      int         `json:"uid"`
 	Cgroup   string      `json:"cgroup"` // the jailer's cgroup, relative to each hierarchy
 	Net      *vmnet.Link `json:"net,omitempty"`
-	PID      int         `json:"pid,omitempty"`
 }
+
+func (sd *stateData) vmmFile() string { return filepath.Join(sd.Dir, "vmm.pid") }
+func (sd *stateData) logFile() string { return filepath.Join(sd.Dir, "vmm.log") }
 
 // Sandbox is one microVM.
 type Sandbox struct {
-	rt *Runtime
-	sd stateData
+	rt  *Runtime
+	sd  stateData
+	log *slog.Logger
 
-	// mu guards cfg and started.
-	mu      sync.Mutex
-	cfg     *vmConfig
-	started bool
-	jailCmd []string
+	// mu guards the fields below.
+	mu sync.Mutex
+	// cfg and jailArgs are set between Create and Start.
+	cfg      *vmConfig
+	jailArgs []string
+	started  bool
+	// proc is the VMM once it is known.
+	proc *vmm
 }
 
 var (
-	_ isolation.Sandbox = (*Sandbox)(nil)
+	_ isolation.Sandbox     = (*Sandbox)(nil)
+	_ isolation.LeakChecker = (*Sandbox)(nil)
 )
 
-func pickUID(id string) int {
-	h := fnv.New32a()
-	h.Write([]byte(id))
-	return uidBase + int(h.Sum32()%uidCount)
-}
+// jailID is what the jailer accepts as --id.
+var jailID = regexp.MustCompile(`^[A-Za-z0-9-]{1,64}$`)
 
 // Create implements isolation.Runtime: the jail is populated (kernel,
 // sandbox initramfs with the agent's token, image disk), the TAP joined to
@@ -177,6 +230,50 @@ func pickUID(id string) int {
 func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolation.Sandbox, err error) {
 	if err := rt.Available(); err != nil {
 		return nil, fmt.Errorf("%w: %v", isolation.ErrUnavailable, err)
+	}
+	if spec.ID == "" || spec.StateDir == "" || spec.RootFS == "" || spec.AgentPath == "" || spec.AgentToken == "" {
+		return nil, errors.New("firecracker: spec needs ID, StateDir, RootFS, AgentPath and AgentToken")
+	}
+	if !jailID.MatchString(spec.ID) {
+		return nil, fmt.Errorf("firecracker: sandbox id %q is not a jailer id (letters, digits and '-', at most 64)", spec.ID)
+	}
+	res := withDefaults(spec.Resources)
+	vcpus, memMiB, err := machineSize(res)
+	if err != nil {
+		return nil, fmt.Errorf("firecracker: %w", err)
+	}
+	root := jailRoot(rt.chrootBase, rt.fc, spec.ID)
+	s := &Sandbox{rt: rt, log: rt.log.With("sandbox", spec.ID), sd: stateData{
+		ID: spec.ID, Dir: spec.StateDir,
+		JailDir: filepath.Dir(root), JailRoot: root,
+		PIDFile: filepath.Join(root, filepath.Base(rt.fc)+".pid"),
+		Cgroup:  jailCgroup(rt.fc, spec.ID),
+	}}
+	if _, err := os.Stat(s.sd.JailDir); err == nil {
+		return nil, fmt.Errorf("firecracker: a jail for %s already exists at %s: destroy that sandbox first", spec.ID, s.sd.JailDir)
+	}
+	var undo cleanup.Stack
+	defer func() {
+		if err != nil {
+			undo.Run()
+		}
+	}()
+	// Destroy undoes every step below, in order, from whatever was made.
+	undo.Add(func() { _ = s.Destroy(context.Background()) })
+
+	rt.mu.Lock()
+	uid, err := pickUID(spec.ID, rt.uidBase, rt.uidCount, rt.uids)
+	if err == nil {
+		rt.uids[uid] = true
+	}
+	rt.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("firecracker: %w", err)
+	}
+	s.sd.UID = uid
+
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("firecracker: state dir: %w", err)
 	}
 	arts, err := rt.cache.Artifacts(ctx, spec.RootFS, spec.AgentPath)
 	if err != nil {
@@ -188,18 +285,6 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 			return nil, fmt.Errorf("firecracker: %w", err)
 		}
 	}
-	s := &Sandbox{rt: rt, sd: stateData{
-		ID: spec.ID, Dir: spec.StateDir, UID: pickUID(spec.ID),
-		JailDir: filepath.Dir(jailRoot(rt.chrootBase, rt.fc, spec.ID)), JailRoot: jailRoot(rt.chrootBase, rt.fc, spec.ID),
-		Cgroup: "firecracker/" + spec.ID,
-	}}
-	var undo cleanup.Stack
-	defer func() {
-		if err != nil {
-			undo.Run()
-		}
-	}()
-	undo.Add(func() { _ = s.Destroy(context.Background()) })
 	if err := os.MkdirAll(s.sd.JailRoot, 0o755); err != nil {
 		return nil, fmt.Errorf("firecracker: jail: %w", err)
 	}
@@ -208,7 +293,6 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 			return nil, fmt.Errorf("firecracker: jail %s: %w", dst, err)
 		}
 	}
-	res := spec.Resources
 	vc := &agentproto.VMConfig{
 		Token: spec.AgentToken, Env: spec.Env, Hostname: spec.Hostname,
 		Nameserver: spec.Nameserver, TrustedCAPEM: string(spec.TrustedCAPEM),
@@ -218,48 +302,72 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	if err := vmimage.WriteSandboxInitrd(initrd, arts.Initrd, vc); err != nil {
 		return nil, fmt.Errorf("firecracker: %w", err)
 	}
-	if err := os.Chown(initrd, s.sd.UID, s.sd.UID); err != nil {
+	if err := os.Chown(initrd, uid, uid); err != nil {
 		return nil, fmt.Errorf("firecracker: initramfs owner: %w", err)
 	}
 	mac := ""
 	if spec.NetNS != "" {
-		ln, tap, err := vmnet.Setup(spec, s.sd.UID)
+		ln, tap, err := vmnet.Setup(spec, uid)
 		if err != nil {
 			return nil, fmt.Errorf("firecracker: network: %w", err)
 		}
 		tap.Close() // persistent, owned by the VMM's uid: Firecracker opens it by name
 		s.sd.Net, mac = ln, ln.MAC
 	}
-	s.cfg = buildConfig(spec, res, mac)
-	s.jailCmd = jailerArgs(spec.ID, rt.fc, rt.chrootBase, spec.NetNS, s.sd.UID, cgroups.Detect() == cgroups.V2, res.MemoryBytes)
-	if err := s.saveConfig(); err != nil {
-		return nil, err
-	}
+	s.cfg = buildConfig(spec, vcpus, memMiB, mac)
+	s.jailArgs = jailerArgs(jailSpec{
+		ID: spec.ID, Firecracker: rt.fc, ChrootBase: rt.chrootBase, NetNS: spec.NetNS, UID: uid,
+		CgroupV2: cgroups.Detect() == cgroups.V2, MemoryBytes: memMiB<<20 + vmmOverhead, CPUs: res.CPUs,
+	})
 	return s, nil
 }
 
-// saveConfig keeps the VM configuration beside the state (Start after a
-// daemon restart between Create and Start rebuilds nothing).
-func (s *Sandbox) saveConfig() error {
-	b, err := json.Marshal(struct {
-		Cfg  *vmConfig `json:"cfg"`
-		Jail []string  `json:"jail"`
-	}{s.cfg, s.jailCmd})
-	if err != nil {
-		return err
+// withDefaults fills the zero resources with the defaults every runtime
+// uses.
+func withDefaults(res isolation.Resources) isolation.Resources {
+	if res.MemoryBytes <= 0 {
+		res.MemoryBytes = oci.DefaultMemoryBytes
 	}
-	return os.WriteFile(filepath.Join(s.sd.Dir, "firecracker.json"), b, 0o600)
+	if res.PIDs <= 0 {
+		res.PIDs = oci.DefaultPIDs
+	}
+	if res.CPUs <= 0 {
+		res.CPUs = oci.DefaultCPUs
+	}
+	return res
 }
 
-func linkOrCopy(src, dst string) error {
+// linkOrCopy puts src into the jail: a hard link where it can (same
+// filesystem), else a read-only copy streamed through a temporary file.
+// The artifacts are root's and world-readable, so the VMM can read them
+// and not change them.
+func linkOrCopy(src, dst string) (err error) {
 	if err := os.Link(src, dst); err == nil {
 		return nil
 	}
-	b, err := os.ReadFile(src)
+	in, err := os.Open(src)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(dst, b, 0o444)
+	defer in.Close()
+	tmp := dst + ".tmp"
+	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o444)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp)
+		}
+	}()
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
 }
 
 // ID implements isolation.Sandbox.
@@ -272,104 +380,87 @@ func (s *Sandbox) State() isolation.State {
 }
 
 func (s *Sandbox) client() *sdk.Client {
-	l := logrus.New()
-	l.SetOutput(nopWriter{})
-	return sdk.NewClient(filepath.Join(s.sd.JailRoot, jailAPI), logrus.NewEntry(l), false)
+	return newAPIClient(filepath.Join(s.sd.JailRoot, jailAPI))
 }
-
-type nopWriter struct{}
-
-func (nopWriter) Write(p []byte) (int, error) { return len(p), nil }
 
 // Start implements isolation.Sandbox: the jailer starts Firecracker (which
 // it leaves in a new PID namespace, writing its pid in the jail), then the
-// VM is configured over the API socket and booted.
+// VM is configured over the API socket and booted. ctx bounds the start
+// only: the VMM is not the daemon's child and outlives it.
 func (s *Sandbox) Start(ctx context.Context) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.started {
+	if s.started || s.cfg == nil {
 		return errors.New("firecracker: sandbox already started")
 	}
 	s.started = true
-	logf, err := os.OpenFile(filepath.Join(s.sd.Dir, "vmm.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logf, err := os.OpenFile(s.sd.logFile(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return err
+		return fmt.Errorf("firecracker: open vmm log: %w", err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(s.rt.jailer, s.jailCmd...)
+	cmd := exec.Command(s.rt.jailer, s.jailArgs...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own session: a signal to the daemon's process group (^C on a
+	// foreground daemon) does not reach the VMM.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("firecracker: jailer: %w", err)
+		return fmt.Errorf("firecracker: start jailer %s: %w", s.rt.jailer, err)
 	}
+	var undo cleanup.Stack
+	defer func() {
+		if err != nil {
+			undo.Run()
+		}
+	}()
+	undo.Add(func() { killCgroup(s.sd.Cgroup) })
 	// With --new-pid-ns the jailer forks Firecracker into the new
-	// namespace and records its pid in the jail; whether the jailer itself
-	// exits or waits, it is reaped here and an early failure is reported.
+	// namespace and records its pid in the jail; the jailer itself is
+	// reaped here and an early failure of it reported.
 	jailerDone := make(chan error, 1)
 	go func() { jailerDone <- cmd.Wait() }()
-	pid, err := readPID(ctx, filepath.Join(s.sd.JailRoot, filepath.Base(s.rt.fc)+".pid"), jailerDone)
+	pid, err := waitJailPID(ctx, s.sd.PIDFile, jailerDone)
 	if err != nil {
-		return fmt.Errorf("firecracker: %w (log: %s)", err, tailFile(filepath.Join(s.sd.Dir, "vmm.log"), 512))
+		return fmt.Errorf("firecracker: %w (log: %s)", err, tailFile(s.sd.logFile(), 512))
 	}
-	s.sd.PID = pid
+	p, err := waitIdentify(ctx, pid, s.sd.ID, s.sd.UID)
+	if err != nil {
+		return fmt.Errorf("firecracker: %w (log: %s)", err, tailFile(s.sd.logFile(), 512))
+	}
+	undo.Add(func() { _ = p.kill() })
+	if err := writeVMMFile(s.sd.vmmFile(), p); err != nil {
+		return fmt.Errorf("firecracker: %w", err)
+	}
+	s.proc = p
 	c := s.client()
-	api := filepath.Join(s.sd.JailRoot, jailAPI)
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		if _, err := os.Stat(api); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("firecracker: no API socket at %s", api)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	steps := []func() error{
-		func() error { _, err := c.PutMachineConfiguration(ctx, &s.cfg.Machine); return err },
-		func() error { _, err := c.PutGuestBootSource(ctx, &s.cfg.Boot); return err },
-		func() error { _, err := c.PutGuestVsock(ctx, &s.cfg.Vsock); return err },
-	}
-	for i := range s.cfg.Drives {
-		d := &s.cfg.Drives[i]
-		steps = append(steps, func() error { _, err := c.PutGuestDriveByID(ctx, *d.DriveID, d); return err })
-	}
-	for i := range s.cfg.Net {
-		n := &s.cfg.Net[i]
-		steps = append(steps, func() error { _, err := c.PutGuestNetworkInterfaceByID(ctx, *n.IfaceID, n); return err })
-	}
-	steps = append(steps, func() error {
-		_, err := c.CreateSyncAction(ctx, &models.InstanceActionInfo{ActionType: sdk.String(models.InstanceActionInfoActionTypeInstanceStart)})
+	if err := s.waitAPI(ctx, p); err != nil {
 		return err
-	})
-	for _, step := range steps {
-		if err := step(); err != nil {
-			return fmt.Errorf("firecracker: configure VM (%s): %w", s.cfg, err)
-		}
 	}
+	if err := configure(ctx, c, s.cfg); err != nil {
+		return fmt.Errorf("firecracker: configure VM (%s): %w (log: %s)", s.cfg, err, tailFile(s.sd.logFile(), 512))
+	}
+	s.log.Debug("firecracker started", "pid", p.PID, "uid", s.sd.UID, "vm", s.cfg.String())
+	s.cfg, s.jailArgs = nil, nil
 	return nil
 }
 
-// readPID waits for the jailer's pid file; a jailer that fails first ends
-// the wait with its error.
-func readPID(ctx context.Context, p string, jailerDone <-chan error) (int, error) {
-	deadline := time.After(10 * time.Second)
+// waitAPI waits until Firecracker accepts connections on its API socket.
+func (s *Sandbox) waitAPI(ctx context.Context, p *vmm) error {
+	api := filepath.Join(s.sd.JailRoot, jailAPI)
+	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if b, err := os.ReadFile(p); err == nil {
-			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
-				return pid, nil
-			}
+		c, err := dialJailed(ctx, api)
+		if err == nil {
+			c.Close()
+			return nil
 		}
-		select {
-		case err := <-jailerDone:
-			if err != nil {
-				return 0, fmt.Errorf("jailer failed: %w", err)
-			}
-			jailerDone = nil // exited cleanly after forking: keep reading
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-deadline:
-			return 0, fmt.Errorf("no pid in %s after 10s", p)
-		case <-time.After(5 * time.Millisecond):
+		if !p.alive() {
+			return fmt.Errorf("firecracker exited before serving its API (log: %s)", tailFile(s.sd.logFile(), 512))
 		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("firecracker: no API socket at %s: %w", api, err)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -384,7 +475,7 @@ func tailFile(p string, n int64) string {
 		f.Seek(fi.Size()-n, 0)
 	}
 	b := make([]byte, n)
-	k, _ := f.Read(b)
+	k, _ := io.ReadFull(f, b)
 	return strings.TrimSpace(string(b[:k]))
 }
 
@@ -393,60 +484,108 @@ func (s *Sandbox) DialAgent(ctx context.Context) (net.Conn, error) {
 	return dialVsock(ctx, filepath.Join(s.sd.JailRoot, jailVsock), agentproto.VMVsockPort)
 }
 
-// Pause implements isolation.Sandbox.
+// Pause implements isolation.Sandbox: the vCPUs stop (PATCH /vm Paused).
 func (s *Sandbox) Pause(ctx context.Context) error {
-	_, err := s.client().PatchVM(ctx, &models.VM{State: sdk.String(models.VMStatePaused)})
-	return err
-}
-
-// Resume implements isolation.Sandbox.
-func (s *Sandbox) Resume(ctx context.Context) error {
-	_, err := s.client().PatchVM(ctx, &models.VM{State: sdk.String(models.VMStateResumed)})
-	return err
-}
-
-// Stop implements isolation.Sandbox: Ctrl-Alt-Del (the guest init turns it
-// into the agent's SIGTERM), then SIGKILL after grace.
-func (s *Sandbox) Stop(ctx context.Context, grace time.Duration) error {
-	if !s.alive() {
-		return nil
-	}
-	_, _ = s.client().CreateSyncAction(ctx, &models.InstanceActionInfo{ActionType: sdk.String(models.InstanceActionInfoActionTypeSendCtrlAltDel)})
-	for deadline := time.Now().Add(grace); time.Now().Before(deadline) && s.alive(); {
-		time.Sleep(20 * time.Millisecond)
-	}
-	return s.kill()
-}
-
-// alive reports whether this sandbox's Firecracker still runs (the pid's
-// command line names the sandbox, so a reused pid is not mistaken for it).
-func (s *Sandbox) alive() bool {
-	if s.sd.PID <= 0 {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", s.sd.PID))
-	return err == nil && strings.Contains(string(b), s.sd.ID)
-}
-
-func (s *Sandbox) kill() error {
-	if !s.alive() {
-		return nil
-	}
-	if err := syscall.Kill(s.sd.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("firecracker: kill %d: %w", s.sd.PID, err)
-	}
-	for i := 0; i < 250 && s.alive(); i++ {
-		time.Sleep(20 * time.Millisecond)
+	if _, err := s.client().PatchVM(ctx, &models.VM{State: sdk.String(models.VMStatePaused)}); err != nil {
+		return apiError("pause", err)
 	}
 	return nil
 }
 
-// Destroy implements isolation.Sandbox; it is idempotent and works on a
-// half-made sandbox.
+// Resume implements isolation.Sandbox.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	if _, err := s.client().PatchVM(ctx, &models.VM{State: sdk.String(models.VMStateResumed)}); err != nil {
+		return apiError("resume", err)
+	}
+	return nil
+}
+
+// vmmProc is the sandbox's VMM if it runs: the one Start or Recover
+// found, else the one its pid files name (checked to be this sandbox's).
+func (s *Sandbox) vmmProc() *vmm {
+	s.mu.Lock()
+	p := s.proc
+	s.mu.Unlock()
+	if p.alive() {
+		return p
+	}
+	if p, err := readVMMFile(s.sd.vmmFile()); err == nil && p.alive() && isJailedVMM(p.PID, s.sd.ID, s.sd.UID) {
+		return p
+	}
+	if pid, err := readJailPID(s.sd.PIDFile); err == nil {
+		if p, err := identify(pid, s.sd.ID, s.sd.UID); err == nil {
+			return p
+		}
+	}
+	return nil
+}
+
+// Stop implements isolation.Sandbox: Ctrl-Alt-Del (the guest init turns it
+// into the agent's SIGTERM; the agent stops its processes within its own
+// grace and the init powers off, which ends Firecracker), then SIGKILL
+// after grace. A paused VM is resumed first so that it can shut down.
+func (s *Sandbox) Stop(ctx context.Context, grace time.Duration) error {
+	p := s.vmmProc()
+	if p == nil {
+		return nil
+	}
+	c := s.client()
+	if info, err := c.GetInstanceInfo(ctx); err == nil && info.Payload != nil && info.Payload.State != nil && *info.Payload.State == models.InstanceInfoStatePaused {
+		if err := s.Resume(ctx); err != nil {
+			s.log.Warn("stop: resume the paused VM", "err", err)
+		}
+	}
+	if _, err := c.CreateSyncAction(ctx, &models.InstanceActionInfo{ActionType: sdk.String(models.InstanceActionInfoActionTypeSendCtrlAltDel)}); err != nil {
+		// aarch64 has no Ctrl-Alt-Del; the kill below stops the VM.
+		s.log.Debug("stop: ctrl-alt-del", "err", apiError("send ctrl-alt-del", err))
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	for p.alive() {
+		select {
+		case <-ctx.Done():
+			return p.kill()
+		case <-t.C:
+			if err := p.kill(); err != nil {
+				return err
+			}
+			if !waitGone(ctx, p, "", 5*time.Second) {
+				return fmt.Errorf("firecracker %d did not exit after SIGKILL", p.PID)
+			}
+			return nil
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// waitGone waits until p has exited and the cgroup (if any) is empty.
+func waitGone(ctx context.Context, p *vmm, cgroup string, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for {
+		if !p.alive() && (cgroup == "" || len(cgroupProcs(cgroup)) == 0) {
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Destroy implements isolation.Sandbox: it kills the VMM (and anything
+// else in its cgroup), undoes the network plumbing, and removes the jail,
+// the cgroup and the state dir. It is idempotent and works on a half-made
+// sandbox.
 func (s *Sandbox) Destroy(ctx context.Context) error {
 	var errs []error
-	if err := s.kill(); err != nil {
+	p := s.vmmProc()
+	if err := p.kill(); err != nil {
 		errs = append(errs, err)
+	}
+	killCgroup(s.sd.Cgroup)
+	if !waitGone(ctx, p, s.sd.Cgroup, 5*time.Second) {
+		errs = append(errs, fmt.Errorf("firecracker of %s did not exit after SIGKILL", s.sd.ID))
 	}
 	if s.sd.Net != nil {
 		if err := s.sd.Net.Teardown(); err != nil {
@@ -455,52 +594,73 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	}
 	if s.sd.JailDir != "" {
 		if err := os.RemoveAll(s.sd.JailDir); err != nil {
+			errs = append(errs, fmt.Errorf("remove jail: %w", err))
+		}
+	}
+	if s.sd.Cgroup != "" {
+		if err := cgroups.Remove(s.sd.Cgroup); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := cgroups.Remove(s.sd.Cgroup); err != nil {
-		errs = append(errs, err)
+	if s.sd.Dir != "" {
+		if err := os.RemoveAll(s.sd.Dir); err != nil {
+			errs = append(errs, fmt.Errorf("remove state dir: %w", err))
+		}
+	}
+	s.mu.Lock()
+	s.proc = nil
+	s.mu.Unlock()
+	if len(errs) == 0 && s.sd.UID != 0 {
+		s.rt.releaseUID(s.sd.UID)
 	}
 	return errors.Join(errs...)
 }
 
-// Leftovers lists what of the sandbox remains on the host.
+// Leftovers implements isolation.LeakChecker.
 func (s *Sandbox) Leftovers(ctx context.Context) []string {
 	var out []string
-	if s.alive() {
-		out = append(out, fmt.Sprintf("firecracker process %d", s.sd.PID))
+	if p := s.vmmProc(); p != nil {
+		out = append(out, fmt.Sprintf("firecracker process %d", p.PID))
 	}
-	if _, err := os.Stat(s.sd.JailDir); err == nil {
-		out = append(out, "jail "+s.sd.JailDir)
+	if s.sd.Cgroup != "" {
+		for _, pid := range cgroupProcs(s.sd.Cgroup) {
+			out = append(out, fmt.Sprintf("process %d in cgroup %s", pid, s.sd.Cgroup))
+		}
+		out = append(out, cgroups.Existing(s.sd.Cgroup)...)
 	}
-	out = append(out, cgroups.Existing(s.sd.Cgroup)...)
+	for _, d := range []string{s.sd.JailDir, s.sd.Dir} {
+		if _, err := os.Stat(d); d != "" && err == nil {
+			out = append(out, "directory "+d)
+		}
+	}
 	if s.sd.Net != nil {
 		out = append(out, s.sd.Net.Leftovers()...)
 	}
 	return out
 }
 
-// Recover implements isolation.Runtime.
+// Recover implements isolation.Runtime: a sandbox whose VMM still runs is
+// re-attached; one whose VMM is gone is destroyed and reported gone.
 func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.Sandbox, error) {
-	s := &Sandbox{rt: rt, started: true}
+	s := &Sandbox{rt: rt, log: rt.log.With("sandbox", st.ID), started: true}
 	if err := json.Unmarshal(st.Data, &s.sd); err != nil {
-		return nil, fmt.Errorf("firecracker: state of %s: %w", st.ID, err)
+		return nil, fmt.Errorf("firecracker: decode state of %s: %w", st.ID, err)
 	}
-	if s.sd.PID == 0 {
-		if pid, err := readPIDOnce(filepath.Join(s.sd.JailRoot, filepath.Base(rt.fc)+".pid")); err == nil {
-			s.sd.PID = pid
-		}
+	if s.sd.ID == "" || s.sd.ID != st.ID {
+		return nil, fmt.Errorf("firecracker: state of %s names sandbox %q", st.ID, s.sd.ID)
 	}
-	if !s.alive() {
-		return s, fmt.Errorf("firecracker %s: %w", st.ID, isolation.ErrGone)
+	if s.sd.PIDFile == "" && s.sd.JailRoot != "" {
+		s.sd.PIDFile = filepath.Join(s.sd.JailRoot, filepath.Base(rt.fc)+".pid")
 	}
-	return s, nil
-}
-
-func readPIDOnce(p string) (int, error) {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return 0, err
+	if s.sd.UID != 0 {
+		rt.reserveUID(s.sd.UID)
 	}
-	return strconv.Atoi(strings.TrimSpace(string(b)))
+	if p := s.vmmProc(); p != nil {
+		s.proc = p
+		return s, nil
+	}
+	if err := s.Destroy(ctx); err != nil {
+		s.log.Warn("recover: clean up a sandbox whose VMM is gone", "err", err)
+	}
+	return nil, fmt.Errorf("firecracker %s: %w", st.ID, isolation.ErrGone)
 }

@@ -29,10 +29,9 @@ const (
 // dialVsock connects to port through the hybrid vsock socket at path. ctx
 // bounds the whole attempt (the caller retries).
 func dialVsock(ctx context.Context, path string, port uint32) (net.Conn, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", path)
+	conn, err := dialJailed(ctx, path)
 	if err != nil {
-		return nil, fmt.Errorf("firecracker: dial vsock %s: %w", path, err)
+		return nil, fmt.Errorf("firecracker: dial vsock: %w", err)
 	}
 	if err := vsockHandshake(ctx, conn, port); err != nil {
 		conn.Close()

@@ -1,0 +1,295 @@
+package firecracker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cagebox/cagebox/internal/cgroups"
+)
+
+// vmm identifies a jailed Firecracker process: its pid, the start time
+// the kernel gives it (so a reused pid is never taken for it) and the
+// uid it runs as.
+type vmm struct {
+	PID       int
+	StartTime uint64
+}
+
+// procStat is the state and start time of pid from /proc/PID/stat.
+func procStat(pid int) (state string, start uint64, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", 0, err
+	}
+	// The command name (field 2) may hold spaces; fields resume after ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return "", 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); the start time is field 22.
+	if len(f) < 20 {
+		return "", 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	start, err = strconv.ParseUint(f[19], 10, 64)
+	return f[0], start, err
+}
+
+// procUID is the real uid of pid.
+func procUID(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return -1, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				return strconv.Atoi(f[0])
+			}
+		}
+	}
+	return -1, fmt.Errorf("no Uid in /proc/%d/status", pid)
+}
+
+// isJailedVMM reports whether pid is the Firecracker the jailer started
+// for jail id as uid: the jailer execs it with "--id=<id>" after dropping
+// to uid, and no other process runs as that uid.
+func isJailedVMM(pid int, id string, uid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	if u, err := procUID(pid); err != nil || u != uid {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return false
+	}
+	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	for i, a := range args {
+		if a == "--id="+id || (a == "--id" && i+1 < len(args) && args[i+1] == id) {
+			return true
+		}
+	}
+	return false
+}
+
+// identify checks that pid is the sandbox's VMM and records its start time.
+func identify(pid int, id string, uid int) (*vmm, error) {
+	if !isJailedVMM(pid, id, uid) {
+		return nil, fmt.Errorf("process %d is not the firecracker of %s (uid %d)", pid, id, uid)
+	}
+	state, start, err := procStat(pid)
+	if err != nil {
+		return nil, err
+	}
+	if state == "Z" || state == "X" {
+		return nil, fmt.Errorf("firecracker %d has exited", pid)
+	}
+	return &vmm{PID: pid, StartTime: start}, nil
+}
+
+// waitIdentify is identify for a VMM just forked: the jailer writes the
+// pid before its child has dropped to the sandbox's uid and exec'd
+// Firecracker, so the check is retried for a moment.
+func waitIdentify(ctx context.Context, pid int, id string, uid int) (*vmm, error) {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		p, err := identify(pid, id, uid)
+		if err == nil {
+			return p, nil
+		}
+		if state, _, serr := procStat(pid); serr != nil || state == "Z" || state == "X" {
+			return nil, fmt.Errorf("firecracker %d exited at once", pid)
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return nil, err
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// alive reports whether p still runs (same pid, same start time).
+func (p *vmm) alive() bool {
+	if p == nil || p.PID <= 0 {
+		return false
+	}
+	state, start, err := procStat(p.PID)
+	return err == nil && start == p.StartTime && state != "Z" && state != "X"
+}
+
+// kill sends SIGKILL through a pidfd opened after the start time was
+// checked, so the signal cannot reach a process that reused the pid.
+func (p *vmm) kill() error {
+	if p == nil || p.PID <= 0 {
+		return nil
+	}
+	pfd, err := unix.PidfdOpen(p.PID, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return nil
+		}
+		return fmt.Errorf("pidfd of firecracker %d: %w", p.PID, err)
+	}
+	defer unix.Close(pfd)
+	if !p.alive() {
+		return nil
+	}
+	if err := unix.PidfdSendSignal(pfd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("kill firecracker %d: %w", p.PID, err)
+	}
+	return nil
+}
+
+// writeVMMFile records p beside the sandbox's state, outside the jail:
+// the pid file the jailer writes in the jail is in a directory the VMM
+// owns, so it is read once, checked, and not trusted again.
+func writeVMMFile(path string, p *vmm) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, fmt.Appendf(nil, "%d %d\n", p.PID, p.StartTime), 0o600); err != nil {
+		return fmt.Errorf("record vmm pid: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("record vmm pid: %w", err)
+	}
+	return nil
+}
+
+func readVMMFile(path string) (*vmm, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return nil, fmt.Errorf("malformed pid file %s", path)
+	}
+	pid, err1 := strconv.Atoi(f[0])
+	st, err2 := strconv.ParseUint(f[1], 10, 64)
+	if err1 != nil || err2 != nil || pid <= 0 {
+		return nil, fmt.Errorf("malformed pid file %s", path)
+	}
+	return &vmm{PID: pid, StartTime: st}, nil
+}
+
+// readJailPID reads the pid the jailer wrote in the jail (at most a few
+// bytes, never through a symlink).
+func readJailPID(path string) (int, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return 0, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return 0, fmt.Errorf("%s is not a regular file", path)
+	}
+	b := make([]byte, 32)
+	n, _ := f.Read(b)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b[:n])))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("no pid in %s yet", path)
+	}
+	return pid, nil
+}
+
+// waitJailPID waits for the jailer's pid file; a jailer that fails first
+// ends the wait with its error.
+func waitJailPID(ctx context.Context, path string, jailerDone <-chan error) (int, error) {
+	deadline := time.After(10 * time.Second)
+	for {
+		if pid, err := readJailPID(path); err == nil {
+			return pid, nil
+		}
+		select {
+		case err := <-jailerDone:
+			if err != nil {
+				return 0, fmt.Errorf("jailer failed: %w", err)
+			}
+			jailerDone = nil // exited cleanly after forking: keep reading
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-deadline:
+			return 0, fmt.Errorf("no pid in %s after 10s", path)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// cgroupProcs lists the processes in the jail's cgroup, in every
+// hierarchy the jailer made it in.
+func cgroupProcs(path string) []int {
+	files, _ := filepath.Glob(filepath.Join(cgroups.Root, "*", path, "cgroup.procs"))
+	files = append(files, filepath.Join(cgroups.Root, path, "cgroup.procs"))
+	seen := map[int]bool{}
+	var out []int
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, s := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(s); err == nil && !seen[pid] {
+				seen[pid] = true
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// killCgroup kills every process in the jail's cgroup (the VMM, or a
+// jailer caught half-way). Only this sandbox's processes are ever in it.
+func killCgroup(path string) {
+	for _, pid := range cgroupProcs(path) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// uidsInUse lists the uids that own processes now.
+func uidsInUse() map[int]bool {
+	out := map[int]bool{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		if fi, err := os.Stat(filepath.Join("/proc", e.Name())); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				out[int(st.Uid)] = true
+			}
+		}
+	}
+	return out
+}
+
+// pickUID chooses the uid of a sandbox's VMM from [base, base+count): one
+// derived from the id, or the next one that no process and no other
+// sandbox of this runtime (reserved) uses. A VMM that a guest took over
+// then shares its uid with nothing it could signal, ptrace or read.
+func pickUID(id string, base, count int, reserved map[int]bool) (int, error) {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	start := int(h.Sum32() % uint32(count))
+	used := uidsInUse()
+	for i := 0; i < count; i++ {
+		uid := base + (start+i)%count
+		if !used[uid] && !reserved[uid] {
+			return uid, nil
+		}
+	}
+	return 0, fmt.Errorf("all %d VMM uids from %d are in use: destroy some sandboxes", count, base)
+}
