@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cagebox/cagebox/internal/vmproc"
 	"io"
 	"log/slog"
 	"net"
@@ -262,7 +263,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	undo.Add(func() { _ = s.Destroy(context.Background()) })
 
 	rt.mu.Lock()
-	uid, err := pickUID(spec.ID, rt.uidBase, rt.uidCount, rt.uids)
+	uid, err := vmproc.PickUID(spec.ID, rt.uidBase, rt.uidCount, rt.uids)
 	if err == nil {
 		rt.uids[uid] = true
 	}
@@ -427,8 +428,8 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("firecracker: %w (log: %s)", err, tailFile(s.sd.logFile(), 512))
 	}
-	undo.Add(func() { _ = p.kill() })
-	if err := writeVMMFile(s.sd.vmmFile(), p); err != nil {
+	undo.Add(func() { _ = p.Kill() })
+	if err := vmproc.WriteFile(s.sd.vmmFile(), p); err != nil {
 		return fmt.Errorf("firecracker: %w", err)
 	}
 	s.proc = p
@@ -454,7 +455,7 @@ func (s *Sandbox) waitAPI(ctx context.Context, p *vmm) error {
 			c.Close()
 			return nil
 		}
-		if !p.alive() {
+		if !p.Alive() {
 			return fmt.Errorf("firecracker exited before serving its API (log: %s)", tailFile(s.sd.logFile(), 512))
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
@@ -506,10 +507,10 @@ func (s *Sandbox) vmmProc() *vmm {
 	s.mu.Lock()
 	p := s.proc
 	s.mu.Unlock()
-	if p.alive() {
+	if p.Alive() {
 		return p
 	}
-	if p, err := readVMMFile(s.sd.vmmFile()); err == nil && p.alive() && isJailedVMM(p.PID, s.sd.ID, s.sd.UID) {
+	if p, err := vmproc.ReadFile(s.sd.vmmFile()); err == nil && p.Alive() && isJailedVMM(p.PID, s.sd.ID, s.sd.UID) {
 		return p
 	}
 	if pid, err := readJailPID(s.sd.PIDFile); err == nil {
@@ -541,12 +542,12 @@ func (s *Sandbox) Stop(ctx context.Context, grace time.Duration) error {
 	}
 	t := time.NewTimer(grace)
 	defer t.Stop()
-	for p.alive() {
+	for p.Alive() {
 		select {
 		case <-ctx.Done():
-			return p.kill()
+			return p.Kill()
 		case <-t.C:
-			if err := p.kill(); err != nil {
+			if err := p.Kill(); err != nil {
 				return err
 			}
 			if !waitGone(ctx, p, "", 5*time.Second) {
@@ -563,7 +564,7 @@ func (s *Sandbox) Stop(ctx context.Context, grace time.Duration) error {
 func waitGone(ctx context.Context, p *vmm, cgroup string, limit time.Duration) bool {
 	deadline := time.Now().Add(limit)
 	for {
-		if !p.alive() && (cgroup == "" || len(cgroupProcs(cgroup)) == 0) {
+		if !p.Alive() && (cgroup == "" || len(cgroupProcs(cgroup)) == 0) {
 			return true
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -580,7 +581,7 @@ func waitGone(ctx context.Context, p *vmm, cgroup string, limit time.Duration) b
 func (s *Sandbox) Destroy(ctx context.Context) error {
 	var errs []error
 	p := s.vmmProc()
-	if err := p.kill(); err != nil {
+	if err := p.Kill(); err != nil {
 		errs = append(errs, err)
 	}
 	killCgroup(s.sd.Cgroup)

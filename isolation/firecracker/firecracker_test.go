@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cagebox/cagebox/internal/vmproc"
 	"io"
 	"log/slog"
 	"net"
@@ -188,17 +189,17 @@ func TestJailerArgs(t *testing.T) {
 }
 
 func TestPickUID(t *testing.T) {
-	a, err := pickUID("sb-1", DefaultUIDBase, DefaultUIDCount, nil)
+	a, err := vmproc.PickUID("sb-1", DefaultUIDBase, DefaultUIDCount, nil)
 	if err != nil || a < DefaultUIDBase || a >= DefaultUIDBase+DefaultUIDCount {
 		t.Fatalf("uid %d %v", a, err)
 	}
 	// The same id again while the first is reserved gets another uid.
-	b, err := pickUID("sb-1", DefaultUIDBase, DefaultUIDCount, map[int]bool{a: true})
+	b, err := vmproc.PickUID("sb-1", DefaultUIDBase, DefaultUIDCount, map[int]bool{a: true})
 	if err != nil || b == a {
 		t.Fatalf("second uid %d (first %d) %v", b, a, err)
 	}
 	// A uid that a process uses is skipped: root's, with a range of one.
-	if _, err := pickUID("x", 0, 1, nil); err == nil || !strings.Contains(err.Error(), "in use") {
+	if _, err := vmproc.PickUID("x", 0, 1, nil); err == nil || !strings.Contains(err.Error(), "in use") {
 		t.Fatalf("uid 0 (in use by this process) picked: %v", err)
 	}
 }
@@ -687,7 +688,7 @@ func TestRecoverAndDestroyVMM(t *testing.T) {
 	if sb, err := s.rt.Recover(ctx, s.State()); sb != nil || !errors.Is(err, isolation.ErrGone) {
 		t.Fatalf("recover took a process of another uid for the VMM: %v %v", sb, err)
 	}
-	if p, err := identify(decoy.Process.Pid, s.sd.ID, s.sd.UID+1); err != nil || !p.alive() {
+	if p, err := identify(decoy.Process.Pid, s.sd.ID, s.sd.UID+1); err != nil || !p.Alive() {
 		t.Fatalf("the decoy was killed: %v", err)
 	}
 
@@ -759,14 +760,14 @@ func TestWaitIdentify(t *testing.T) {
 		t.Fatal("identified the process before it dropped to the sandbox's uid")
 	}
 	p, err := waitIdentify(ctx, cmd.Process.Pid, "sb-wait", uid)
-	if err != nil || p.PID != cmd.Process.Pid || !p.alive() {
+	if err != nil || p.PID != cmd.Process.Pid || !p.Alive() {
 		t.Fatalf("waitIdentify: %+v %v", p, err)
 	}
-	if err := p.kill(); err != nil {
+	if err := p.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	cmd.Wait()
-	if p.alive() {
+	if p.Alive() {
 		t.Fatal("alive after kill and reap")
 	}
 	start := time.Now()

@@ -1,11 +1,9 @@
 package firecracker
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"hash/fnv"
+	"github.com/cagebox/cagebox/internal/vmproc"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,33 +16,8 @@ import (
 	"github.com/cagebox/cagebox/internal/cgroups"
 )
 
-// vmm identifies a jailed Firecracker process: its pid, the start time
-// the kernel gives it (so a reused pid is never taken for it) and the
-// uid it runs as.
-type vmm struct {
-	PID       int
-	StartTime uint64
-}
-
-// procStat is the state and start time of pid from /proc/PID/stat.
-func procStat(pid int) (state string, start uint64, err error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return "", 0, err
-	}
-	// The command name (field 2) may hold spaces; fields resume after ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return "", 0, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); the start time is field 22.
-	if len(f) < 20 {
-		return "", 0, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	start, err = strconv.ParseUint(f[19], 10, 64)
-	return f[0], start, err
-}
+// vmm is a jailed Firecracker process.
+type vmm = vmproc.Proc
 
 // procUID is the real uid of pid.
 func procUID(pid int) (int, error) {
@@ -91,7 +64,7 @@ func identify(pid int, id string, uid int) (*vmm, error) {
 	if !isJailedVMM(pid, id, uid) {
 		return nil, fmt.Errorf("process %d is not the firecracker of %s (uid %d)", pid, id, uid)
 	}
-	state, start, err := procStat(pid)
+	state, start, err := vmproc.Stat(pid)
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +84,7 @@ func waitIdentify(ctx context.Context, pid int, id string, uid int) (*vmm, error
 		if err == nil {
 			return p, nil
 		}
-		if state, _, serr := procStat(pid); serr != nil || state == "Z" || state == "X" {
+		if state, _, serr := vmproc.Stat(pid); serr != nil || state == "Z" || state == "X" {
 			return nil, fmt.Errorf("firecracker %d exited at once", pid)
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
@@ -119,70 +92,6 @@ func waitIdentify(ctx context.Context, pid int, id string, uid int) (*vmm, error
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-}
-
-// alive reports whether p still runs (same pid, same start time).
-func (p *vmm) alive() bool {
-	if p == nil || p.PID <= 0 {
-		return false
-	}
-	state, start, err := procStat(p.PID)
-	return err == nil && start == p.StartTime && state != "Z" && state != "X"
-}
-
-// kill sends SIGKILL through a pidfd opened after the start time was
-// checked, so the signal cannot reach a process that reused the pid.
-func (p *vmm) kill() error {
-	if p == nil || p.PID <= 0 {
-		return nil
-	}
-	pfd, err := unix.PidfdOpen(p.PID, 0)
-	if err != nil {
-		if errors.Is(err, unix.ESRCH) {
-			return nil
-		}
-		return fmt.Errorf("pidfd of firecracker %d: %w", p.PID, err)
-	}
-	defer unix.Close(pfd)
-	if !p.alive() {
-		return nil
-	}
-	if err := unix.PidfdSendSignal(pfd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("kill firecracker %d: %w", p.PID, err)
-	}
-	return nil
-}
-
-// writeVMMFile records p beside the sandbox's state, outside the jail:
-// the pid file the jailer writes in the jail is in a directory the VMM
-// owns, so it is read once, checked, and not trusted again.
-func writeVMMFile(path string, p *vmm) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, fmt.Appendf(nil, "%d %d\n", p.PID, p.StartTime), 0o600); err != nil {
-		return fmt.Errorf("record vmm pid: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("record vmm pid: %w", err)
-	}
-	return nil
-}
-
-func readVMMFile(path string) (*vmm, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return nil, fmt.Errorf("malformed pid file %s", path)
-	}
-	pid, err1 := strconv.Atoi(f[0])
-	st, err2 := strconv.ParseUint(f[1], 10, 64)
-	if err1 != nil || err2 != nil || pid <= 0 {
-		return nil, fmt.Errorf("malformed pid file %s", path)
-	}
-	return &vmm{PID: pid, StartTime: st}, nil
 }
 
 // readJailPID reads the pid the jailer wrote in the jail (at most a few
@@ -257,39 +166,4 @@ func killCgroup(path string) {
 	for _, pid := range cgroupProcs(path) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-}
-
-// uidsInUse lists the uids that own processes now.
-func uidsInUse() map[int]bool {
-	out := map[int]bool{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		if fi, err := os.Stat(filepath.Join("/proc", e.Name())); err == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				out[int(st.Uid)] = true
-			}
-		}
-	}
-	return out
-}
-
-// pickUID chooses the uid of a sandbox's VMM from [base, base+count): one
-// derived from the id, or the next one that no process and no other
-// sandbox of this runtime (reserved) uses. A VMM that a guest took over
-// then shares its uid with nothing it could signal, ptrace or read.
-func pickUID(id string, base, count int, reserved map[int]bool) (int, error) {
-	h := fnv.New32a()
-	h.Write([]byte(id))
-	start := int(h.Sum32() % uint32(count))
-	used := uidsInUse()
-	for i := 0; i < count; i++ {
-		uid := base + (start+i)%count
-		if !used[uid] && !reserved[uid] {
-			return uid, nil
-		}
-	}
-	return 0, fmt.Errorf("all %d VMM uids from %d are in use: destroy some sandboxes", count, base)
 }

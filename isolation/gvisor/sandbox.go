@@ -106,19 +106,8 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 			undo.Run()
 		}
 	}()
-	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create state dir: %w", err)
-	}
-	undo.Add(func() { _ = os.RemoveAll(spec.StateDir) })
-	rootfs, err := oci.MountRoot(spec.StateDir, spec.RootFS, spec.Resources.DiskBytes)
+	rootfs, err := oci.PrepareRoot(spec, s.sd.path("run"), &undo)
 	if err != nil {
-		return nil, err
-	}
-	undo.Add(func() { oci.UnmountRoot(spec.StateDir) })
-	if err := oci.WriteGuestFiles(rootfs, spec); err != nil {
-		return nil, err
-	}
-	if err := oci.WriteRunDir(s.sd.path("run"), spec); err != nil {
 		return nil, err
 	}
 	sp := oci.Spec(spec, oci.BundleOptions{

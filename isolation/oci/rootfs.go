@@ -27,6 +27,29 @@ const (
 	rootfsDir = "rootfs" // the overlay: the guest's root
 )
 
+// PrepareRoot makes what every OCI runtime's guest needs below
+// spec.StateDir: the state dir itself, the writable root (MountRoot) with
+// the guest's files written into it, and the run dir (WriteRunDir) at
+// runDir. Each step's undo goes on undo; it returns the root's path.
+func PrepareRoot(spec *isolation.Spec, runDir string, undo *cleanup.Stack) (string, error) {
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		return "", fmt.Errorf("create state dir: %w", err)
+	}
+	undo.Add(func() { _ = os.RemoveAll(spec.StateDir) })
+	root, err := MountRoot(spec.StateDir, spec.RootFS, spec.Resources.DiskBytes)
+	if err != nil {
+		return "", err
+	}
+	undo.Add(func() { UnmountRoot(spec.StateDir) })
+	if err := WriteGuestFiles(root, spec); err != nil {
+		return "", err
+	}
+	if err := WriteRunDir(runDir, spec); err != nil {
+		return "", err
+	}
+	return root, nil
+}
+
 // MountRoot makes the writable root of a guest below dir: a tmpfs of
 // diskBytes (DefaultDiskBytes when <= 0) at dir/rw holding the upper layer,
 // and an overlay of image (never written) under it at dir/rootfs, whose path

@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cagebox/cagebox/internal/vmproc"
 	"log/slog"
 	"math"
 	"net"
@@ -256,7 +257,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	}
 
 	rt.mu.Lock()
-	uid, err := pickUID(spec.ID, rt.uidBase, rt.uidCount, rt.uids)
+	uid, err := vmproc.PickUID(spec.ID, rt.uidBase, rt.uidCount, rt.uids)
 	if err == nil {
 		rt.uids[uid] = true
 	}
@@ -405,7 +406,7 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 			<-exited
 		}
 	}()
-	if proc.StartTime, err = procStartTime(proc.PID); err != nil {
+	if proc.StartTime, err = vmproc.StartTime(proc.PID); err != nil {
 		return fmt.Errorf("qemu: %w: %s", err, tail(s.sd.path("console.log"), 1024))
 	}
 	// QEMU joins its cgroup before the guest runs a single instruction
@@ -414,7 +415,7 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 	if err := cgroups.Add(s.sd.Cgroup, proc.PID); err != nil {
 		return fmt.Errorf("qemu: join cgroup: %w", err)
 	}
-	if err := writePidfile(s.sd.path("vmm.pid"), proc); err != nil {
+	if err := vmproc.WriteFile(s.sd.path("vmm.pid"), proc); err != nil {
 		return fmt.Errorf("qemu: pid file: %w", err)
 	}
 	s.mu.Lock()
@@ -452,7 +453,7 @@ func (s *Sandbox) qmp(ctx context.Context, command string, args, out any) error 
 func (s *Sandbox) running() *vmmProc {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.proc.alive() {
+	if s.proc.Alive() {
 		return s.proc
 	}
 	return nil
@@ -495,7 +496,7 @@ func (s *Sandbox) Stop(ctx context.Context, grace time.Duration) error {
 	if s.waitExit(ctx, proc, time.Second) {
 		return nil
 	}
-	if err := proc.kill(); err != nil {
+	if err := proc.Kill(); err != nil {
 		return err
 	}
 	if !s.waitExit(ctx, proc, 5*time.Second) {
@@ -521,7 +522,7 @@ func (s *Sandbox) waitExit(ctx context.Context, proc *vmmProc, d time.Duration) 
 			return false
 		}
 	}
-	for proc.alive() {
+	for proc.Alive() {
 		select {
 		case <-t.C:
 			return false
@@ -623,11 +624,11 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	proc := s.proc
 	s.mu.Unlock()
 	if proc == nil {
-		proc, _ = readPidfile(s.sd.path("vmm.pid"))
+		proc, _ = vmproc.ReadFile(s.sd.path("vmm.pid"))
 	}
 	var errs []error
-	if proc.alive() {
-		if err := proc.kill(); err != nil {
+	if proc.Alive() {
+		if err := proc.Kill(); err != nil {
 			errs = append(errs, err)
 		}
 		if !s.waitExit(ctx, proc, 5*time.Second) {
@@ -657,7 +658,7 @@ func (s *Sandbox) Leftovers(ctx context.Context) []string {
 	s.mu.Lock()
 	proc := s.proc
 	s.mu.Unlock()
-	if proc.alive() {
+	if proc.Alive() {
 		out = append(out, fmt.Sprintf("qemu process %d", proc.PID))
 	}
 	out = append(out, cgroups.Existing(s.sd.Cgroup)...)
@@ -679,8 +680,8 @@ func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.S
 		return nil, fmt.Errorf("qemu: decode state of %s: %w", st.ID, err)
 	}
 	s := &Sandbox{id: st.ID, rt: rt, log: rt.log.With("sandbox", st.ID), sd: sd}
-	proc, err := readPidfile(sd.path("vmm.pid"))
-	if err == nil && proc.alive() {
+	proc, err := vmproc.ReadFile(sd.path("vmm.pid"))
+	if err == nil && proc.Alive() {
 		s.proc = proc
 		// The previous daemon's connection may have closed just now.
 		s.link.closedNow()

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/cagebox/cagebox/internal/vmproc"
 	"net"
 	"net/http"
 	"net/netip"
@@ -90,11 +91,11 @@ func TestKernelCmdline(t *testing.T) {
 }
 
 func TestPickUID(t *testing.T) {
-	a, err := pickUID("sandbox-a", 1<<30, 4, nil)
+	a, err := vmproc.PickUID[uint32]("sandbox-a", 1<<30, 4, nil)
 	if err != nil || a < 1<<30 || a >= 1<<30+4 {
 		t.Fatalf("uid %d %v", a, err)
 	}
-	b, err := pickUID("sandbox-a", 1<<30, 4, map[uint32]bool{a: true})
+	b, err := vmproc.PickUID("sandbox-a", 1<<30, 4, map[uint32]bool{a: true})
 	if err != nil || b == a {
 		t.Fatalf("reserved uid handed out again: %d %v", b, err)
 	}
@@ -102,7 +103,7 @@ func TestPickUID(t *testing.T) {
 	for i := uint32(0); i < 4; i++ {
 		all[1<<30+i] = true
 	}
-	if _, err := pickUID("x", 1<<30, 4, all); err == nil {
+	if _, err := vmproc.PickUID("x", 1<<30, 4, all); err == nil {
 		t.Fatal("no error with every uid taken")
 	}
 }
