@@ -8,6 +8,19 @@ import (
 )
 
 // randFrom returns n characters drawn from alphabet.
+// withDigit is randFrom for AWS-style key ids that hold a digit. A 16-letter
+// body with no digit (about 1 draw in 28) has a 26-letter alphabet: 75 bits
+// at the real length, so the placeholder grows past it to keep
+// MinPlaceholderBits — right, but not what TestPlaceholderShape's "same
+// length, same classes" checks; drawing it made that test fail now and then.
+func withDigit(t testing.TB, alphabet string, n int) string {
+	for {
+		if s := randFrom(t, alphabet, n); strings.ContainsAny(s, digits) {
+			return s
+		}
+	}
+}
+
 func randFrom(t testing.TB, alphabet string, n int) string {
 	t.Helper()
 	b := make([]byte, n)
@@ -37,8 +50,8 @@ func realLike(t testing.TB) map[string]string {
 		"pk_live_":   "pk_live_" + randFrom(t, alnum, 24),
 		"xoxb-":      "xoxb-" + randFrom(t, digits, 12) + "-" + randFrom(t, digits, 13) + "-" + randFrom(t, alnum, 24),
 		"xoxp-":      "xoxp-" + randFrom(t, digits, 12) + "-" + randFrom(t, digits, 12) + "-" + randFrom(t, digits, 13) + "-" + randFrom(t, hexLower, 32),
-		"AKIA":       "AKIA" + randFrom(t, b32, 16),
-		"ASIA":       "ASIA" + randFrom(t, b32, 16),
+		"AKIA":       "AKIA" + withDigit(t, b32, 16),
+		"ASIA":       "ASIA" + withDigit(t, b32, 16),
 		"AIza":       "AIza" + randFrom(t, alnum+"-_", 35),
 		"glpat-":     "glpat-" + randFrom(t, alnum+"-_", 20),
 		"hf_":        "hf_" + randFrom(t, alnum, 34),
