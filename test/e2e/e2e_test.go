@@ -32,10 +32,11 @@ func TestMain(m *testing.M) {
 	}
 	// Our own nftables table, interface prefix and pool: tests never touch
 	// a daemon that may run on this machine. Daemons started by the CLI
-	// inherit these.
-	os.Setenv("CAGEBOX_NET_TABLE", "cagebox_e2e")
-	os.Setenv("CAGEBOX_NET_IFPREFIX", "cbe")
-	os.Setenv("CAGEBOX_LINK_POOL", "10.252.0.0/16")
+	// inherit these. Values already in the environment win, so two test
+	// runs on one host (two checkouts) can each use their own.
+	setDefaultEnv("CAGEBOX_NET_TABLE", "cagebox_e2e")
+	setDefaultEnv("CAGEBOX_NET_IFPREFIX", "cbe")
+	setDefaultEnv("CAGEBOX_LINK_POOL", "10.252.0.0/16")
 	dir, err := os.MkdirTemp("", "cbx-e2e-bin")
 	if err != nil {
 		panic(err)
@@ -52,6 +53,12 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+func setDefaultEnv(k, v string) {
+	if os.Getenv(k) == "" {
+		os.Setenv(k, v)
+	}
 }
 
 // env is one daemon home with its images.

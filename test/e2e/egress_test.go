@@ -315,7 +315,7 @@ func TestNetworkCleanup(t *testing.T) {
 	if n := countLinks(t); n != 0 {
 		t.Fatalf("%d links left after rm and shutdown", n)
 	}
-	if out, _ := exec.Command("nft", "list", "table", "inet", "cagebox_e2e").CombinedOutput(); !strings.Contains(string(out), "No such file") {
+	if out, _ := exec.Command("nft", "list", "table", "inet", os.Getenv("CAGEBOX_NET_TABLE")).CombinedOutput(); !strings.Contains(string(out), "No such file") {
 		t.Fatalf("table left after shutdown: %s", out)
 	}
 	ents, _ := os.ReadDir("/run/netns")
@@ -334,7 +334,7 @@ func countLinks(t *testing.T) int {
 	n := 0
 	for _, l := range strings.Split(string(out), "\n") {
 		f := strings.Fields(l)
-		if len(f) > 1 && strings.HasPrefix(f[1], "cbe") {
+		if len(f) > 1 && strings.HasPrefix(f[1], os.Getenv("CAGEBOX_NET_IFPREFIX")) {
 			n++
 		}
 	}
