@@ -21,7 +21,7 @@ func bareVM(rt isolation.Runtime, n, vmN int) (*baseline, error) {
 		label: "bare QEMU microvm boot of the same kernel+initramfs to init",
 		n:     vmN,
 		run: func() time.Duration {
-			d, err := qemu.BareBoot(context.Background(), "", bareKernel, bareInitrd)
+			d, err := qemu.BareBoot(context.Background(), "", bareKernel, bareInitrd, q.KVM().Usable)
 			if err != nil {
 				fail(err)
 			}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/kvm"
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
@@ -98,13 +99,21 @@ func RegisterRuntimes(home string) {
 		isolation.Register(container.New(container.Options{StateRoot: filepath.Join(home, "oci")}))
 	}
 	if _, ok := isolation.Lookup(gvisor.Name); !ok {
-		isolation.Register(gvisor.New(gvisor.Options{StateRoot: filepath.Join(home, "runsc")}))
+		isolation.Register(gvisor.New(gvisor.Options{StateRoot: filepath.Join(home, "runsc"), Binary: os.Getenv("CAGEBOX_RUNSC")}))
 	}
 	if _, ok := isolation.Lookup(qemu.Name); !ok {
-		isolation.Register(qemu.New(qemu.Options{Dir: filepath.Join(home, "vm")}))
+		isolation.Register(qemu.New(qemu.Options{Dir: filepath.Join(home, "vm"), Binary: os.Getenv("CAGEBOX_QEMU")}))
 	}
 	if _, ok := isolation.Lookup(firecracker.Name); !ok {
-		isolation.Register(firecracker.New(firecracker.Options{Dir: filepath.Join(home, "vm"), ChrootBase: filepath.Join(home, "jail")}))
+		// Firecracker trusts the KVM verdict of the qemu runtime's probe
+		// (the same guest kernel), so the host is probed once.
+		var probe func() kvm.Verdict
+		if q, ok := isolation.Lookup(qemu.Name); ok {
+			if q, ok := q.(*qemu.Runtime); ok {
+				probe = q.KVM
+			}
+		}
+		isolation.Register(firecracker.New(firecracker.Options{Dir: filepath.Join(home, "vm"), ChrootBase: filepath.Join(home, "jail"), Probe: probe}))
 	}
 }
 
@@ -132,6 +141,25 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("--default-runtime: unknown runtime %q: `cagebox runtimes` lists them", d)
 		}
 	}
+	// Probe what this host offers (KVM boots, runsc's kvm platform) in the
+	// background now, so the first create and `cagebox runtimes` find the
+	// verdicts made; each probe is bounded and runs once per daemon start.
+	go func() {
+		for _, rt := range isolation.All() {
+			if ctx.Err() != nil {
+				return
+			}
+			attrs := []any{"runtime", rt.Name(), "class", rt.Class().String()}
+			if d, ok := rt.(interface{ Detail() string }); ok {
+				attrs = append(attrs, "detail", d.Detail())
+			}
+			if err := rt.Available(); err != nil {
+				log.Info("runtime unavailable", append(attrs, "reason", err.Error())...)
+				continue
+			}
+			log.Info("runtime available", attrs...)
+		}
+	}()
 	images := &image.Cache{Dir: filepath.Join(cfg.Home, "images")}
 	// The gateway reports events through the manager, which is built after
 	// it; emit is set before any sandbox exists.

@@ -38,6 +38,7 @@ import (
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
+	"github.com/cagebox/cagebox/internal/kvm"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/isolation"
@@ -68,6 +69,12 @@ type Options struct {
 	ChrootBase string
 	// KVM is the KVM device (default /dev/kvm).
 	KVM string
+	// Probe proves KVM can run the guest kernel here: the qemu runtime's
+	// verdict (qemu.Runtime.KVM), shared so the host is probed once. A
+	// /dev/kvm that opens is not enough (a paravirtual nested KVM opens
+	// but boots only kernels built for it). Nil: KVM counts as unproven
+	// and the runtime as unavailable.
+	Probe func() kvm.Verdict
 	// UIDBase and UIDCount: the range of VMM uids (0 = defaults).
 	UIDBase, UIDCount int
 	// Logger (default slog.Default()).
@@ -80,6 +87,7 @@ type Runtime struct {
 	uidBase, uidCount           int
 	cache                       *vmimage.Cache
 	log                         *slog.Logger
+	probe                       func() kvm.Verdict
 
 	// mu guards uids.
 	mu sync.Mutex
@@ -112,6 +120,7 @@ func New(o Options) *Runtime {
 		cache:      &vmimage.Cache{Dir: o.Dir},
 		log:        o.Logger,
 		uids:       map[int]bool{},
+		probe:      o.Probe,
 	}
 	if rt.chrootBase == "" {
 		rt.chrootBase = "/srv/cagebox-jail"
@@ -163,6 +172,19 @@ func (rt *Runtime) Available() error {
 			missing = append(missing, err.Error())
 		}
 	}
+	if kerr := kvm.Open(rt.kvm); kerr == nil {
+		// The device opens: is KVM proven to run the guest? (Asked even
+		// when something else is missing: it is cached and it is what an
+		// operator needs to know next.)
+		switch {
+		case rt.probe == nil:
+			missing = append(missing, "KVM is not proven here (no probe configured): Firecracker needs a KVM that boots the guest kernel")
+		default:
+			if v := rt.probe(); !v.Usable {
+				missing = append(missing, "KVM cannot run the guest kernel here, so neither can Firecracker: "+v.String())
+			}
+		}
+	}
 	if len(missing) > 0 {
 		return errors.New(strings.Join(missing, "; "))
 	}
@@ -171,7 +193,11 @@ func (rt *Runtime) Available() error {
 
 // Detail implements the daemon's runtime description.
 func (rt *Runtime) Detail() string {
-	return "firecracker microvm via jailer, vsock agent, kernel " + vmimage.KernelRelease
+	d := "firecracker microvm via jailer, vsock agent, kernel " + vmimage.KernelRelease
+	if rt.probe != nil && kvm.Open(rt.kvm) == nil {
+		d += ", " + rt.probe().String()
+	}
+	return d
 }
 
 func (rt *Runtime) reserveUID(uid int) {

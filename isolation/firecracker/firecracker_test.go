@@ -27,16 +27,19 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/cagebox/cagebox/internal/cgroups"
+	"github.com/cagebox/cagebox/internal/kvm"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/isolationtest"
+	"github.com/cagebox/cagebox/isolation/qemu"
 )
 
 // TestConformance runs the suite wherever /dev/kvm and the firecracker and
 // jailer binaries exist (see docs/operator.md); here it skips saying why.
 func TestConformance(t *testing.T) {
-	rt := New(Options{Dir: vmimage.TestCacheDir(), ChrootBase: filepath.Join(os.TempDir(), "cbx-jail")})
+	q := qemu.New(qemu.Options{Dir: vmimage.TestCacheDir()})
+	rt := New(Options{Dir: vmimage.TestCacheDir(), ChrootBase: filepath.Join(os.TempDir(), "cbx-jail"), Probe: q.KVM})
 	if err := rt.Available(); err != nil {
 		t.Skipf("firecracker runtime not available here: %v", err)
 	}
@@ -60,6 +63,32 @@ func TestAvailableSaysWhatIsMissing(t *testing.T) {
 	}
 	if rt.Class() != isolation.Hypervisor || rt.Name() != "firecracker" {
 		t.Fatalf("class %s name %s", rt.Class(), rt.Name())
+	}
+}
+
+// TestAvailableUsesTheKVMProbe: a /dev/kvm that opens is not enough; the
+// shared probe's verdict decides, and its words are quoted.
+func TestAvailableUsesTheKVMProbe(t *testing.T) {
+	failed := func() kvm.Verdict {
+		return kvm.Verdict{Reason: "KVM probe failed: QEMU could not boot the guest kernel under KVM", Evidence: "failed to set MSR 0x10a to 0x69"}
+	}
+	// /dev/null stands in for a device that opens.
+	rt := New(Options{KVM: "/dev/null", Dir: t.TempDir(), Probe: failed})
+	err := rt.Available()
+	if err == nil || !strings.Contains(err.Error(), "failed to set MSR 0x10a") || !strings.Contains(err.Error(), "neither can Firecracker") {
+		t.Fatalf("Available() = %v: does not quote the failed probe", err)
+	}
+	if d := rt.Detail(); !strings.Contains(d, "failed to set MSR 0x10a") {
+		t.Fatalf("Detail %q does not quote the probe", d)
+	}
+	rt = New(Options{KVM: "/dev/null", Dir: t.TempDir()})
+	if err := rt.Available(); err == nil || !strings.Contains(err.Error(), "not proven") {
+		t.Fatalf("Available() without a probe = %v", err)
+	}
+	ok := func() kvm.Verdict { return kvm.Verdict{Usable: true, Reason: "booted"} }
+	rt = New(Options{KVM: "/dev/null", Dir: t.TempDir(), Probe: ok, Firecracker: "/nonexistent/firecracker", Jailer: "/nonexistent/jailer"})
+	if err := rt.Available(); err == nil || strings.Contains(err.Error(), "KVM") {
+		t.Fatalf("Available() with a passing probe but no binaries = %v: want only the binaries named", err)
 	}
 }
 

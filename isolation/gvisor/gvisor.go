@@ -22,10 +22,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-
-	"golang.org/x/sys/unix"
+	"time"
 
 	"github.com/cagebox/cagebox/internal/cgroups"
+	"github.com/cagebox/cagebox/internal/kvm"
 	"github.com/cagebox/cagebox/isolation"
 )
 
@@ -44,6 +44,10 @@ type Options struct {
 	Platform string
 	// Logger receives the runtime's debug messages (nil = slog.Default()).
 	Logger *slog.Logger
+	// Device is the KVM device ("" = /dev/kvm).
+	Device string
+	// ProbeTimeout bounds the kvm platform probe (0 = kvm.DefaultTimeout).
+	ProbeTimeout time.Duration
 }
 
 // Runtime runs sandboxes under gVisor.
@@ -52,6 +56,10 @@ type Runtime struct {
 	stateRoot string
 	platform  string
 	log       *slog.Logger
+	// device is the KVM device; probeTimeout bounds the kvm platform's
+	// probe (see kvmVerdict).
+	device       string
+	probeTimeout time.Duration
 
 	probeOnce sync.Once
 	// Set by probe.
@@ -65,7 +73,14 @@ var _ isolation.Runtime = (*Runtime)(nil)
 // New returns the gvisor runtime; Available reports whether it can run.
 // Nothing runs until the runtime is first used.
 func New(o Options) *Runtime {
-	rt := &Runtime{binary: o.Binary, stateRoot: o.StateRoot, platform: o.Platform, log: o.Logger}
+	rt := &Runtime{binary: o.Binary, stateRoot: o.StateRoot, platform: o.Platform, log: o.Logger,
+		device: o.Device, probeTimeout: o.ProbeTimeout}
+	if rt.device == "" {
+		rt.device = kvm.DefaultDevice
+	}
+	if rt.probeTimeout <= 0 {
+		rt.probeTimeout = kvm.DefaultTimeout
+	}
 	if rt.binary == "" {
 		rt.binary = "runsc"
 	}
@@ -115,7 +130,14 @@ func (rt *Runtime) probe() {
 			}
 			rt.platWhy = "configured"
 		} else {
-			rt.platform, rt.platWhy = choosePlatform(known, kvmUsable())
+			var v kvm.Verdict
+			if known["kvm"] {
+				v = rt.kvmVerdict()
+				if !v.Usable {
+					rt.log.Warn("runsc kvm platform probe failed; falling back", "reason", v.Reason, "probe", v.Evidence)
+				}
+			}
+			rt.platform, rt.platWhy = choosePlatform(known, v)
 		}
 		if rt.platform == "ptrace" {
 			if b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope"); err == nil && strings.TrimSpace(string(b)) == "3" {
@@ -162,28 +184,21 @@ func platforms(flagsOut string) map[string]bool {
 	return known
 }
 
-// choosePlatform prefers hardware virtualisation, then systrap (seccomp
-// traps, much faster than ptrace), then ptrace.
-func choosePlatform(known map[string]bool, kvm bool) (name, why string) {
-	switch {
-	case kvm && known["kvm"]:
-		return "kvm", "/dev/kvm is usable"
-	case known["systrap"]:
-		return "systrap", "no usable /dev/kvm"
+// choosePlatform prefers hardware virtualisation when its probe (v)
+// proved it, then systrap (seccomp traps, much faster than ptrace), then
+// ptrace; why says which and, for a fallback, quotes the probe.
+func choosePlatform(known map[string]bool, v kvm.Verdict) (name, why string) {
+	if v.Usable && known["kvm"] {
+		return "kvm", v.Reason
 	}
-	if kvm {
-		return "ptrace", "this runsc has neither kvm nor systrap"
+	noKVM := "this runsc has no kvm platform"
+	if known["kvm"] {
+		noKVM = v.String()
 	}
-	return "ptrace", "no /dev/kvm, and this runsc has no systrap"
-}
-
-func kvmUsable() bool {
-	fd, err := unix.Open("/dev/kvm", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false
+	if known["systrap"] {
+		return "systrap", noKVM
 	}
-	unix.Close(fd)
-	return true
+	return "ptrace", noKVM + "; this runsc has no systrap"
 }
 
 func sortedKeys(m map[string]bool) []string {

@@ -243,3 +243,58 @@ func TestRecover(t *testing.T) {
 		t.Fatalf("recover of a stopped sandbox left things behind: %q", left)
 	}
 }
+
+// fakeRunsc stands in for runsc on a host whose /dev/kvm opens but cannot
+// run gVisor's kvm platform: with --platform=kvm it does what kvmScript
+// says; otherwise it runs the real runsc.
+func fakeRunsc(t *testing.T, kvmScript string) string {
+	t.Helper()
+	real, err := exec.LookPath("runsc")
+	if err != nil {
+		t.Skip("runsc not installed")
+	}
+	p := filepath.Join(t.TempDir(), "runsc")
+	script := "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in --platform=kvm) " + kvmScript + ";; esac; done\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestKVMPlatformFallback simulates the two failures seen on a paravirtual
+// nested KVM (the sentry fails at once; the sentry hangs) and a host
+// without /dev/kvm: the runtime falls back to systrap or ptrace, says why
+// quoting the probe, and runs a sandbox.
+func TestKVMPlatformFallback(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the gvisor runtime needs root")
+	}
+	for _, tc := range []struct {
+		name, script, device, want string
+	}{
+		{"sentry fails", `echo "creating container: cannot create sandbox: cannot read client sync file: waiting for sandbox to start: EOF" >&2; exit 128`, "/dev/null", "cannot read client sync file"},
+		{"sentry hangs", `exec sleep 60`, "/dev/null", "did not finish within 1.5s"},
+		{"no device", `exit 99`, "/nonexistent/kvm", "no usable /nonexistent/kvm"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			rt := gvisor.New(gvisor.Options{StateRoot: t.TempDir(), Binary: fakeRunsc(t, tc.script), Device: tc.device, ProbeTimeout: 1500 * time.Millisecond})
+			if err := rt.Available(); err != nil {
+				t.Fatalf("unavailable after a failed kvm probe (it should fall back): %v", err)
+			}
+			if took := time.Since(start); took > 15*time.Second {
+				t.Fatalf("probing took %v with a bound of 1.5s", took)
+			}
+			if p := rt.Platform(); p == "kvm" {
+				t.Fatalf("platform kvm after a failed probe")
+			}
+			if d := rt.Detail(); !strings.Contains(d, tc.want) {
+				t.Fatalf("Detail %q does not say %q", d, tc.want)
+			}
+			g := isolationtest.Start(t, rt, isolationtest.Options{RootFS: isolationtest.BusyboxRoot(t), AgentPath: isolationtest.BuildAgent(t)}, isolation.Resources{})
+			if out, _, res := g.Exec(t, "echo", "fallback"); out != "fallback\n" || res.ExitCode != 0 {
+				t.Fatalf("exec on the fallback platform: %q %+v", out, res)
+			}
+		})
+	}
+}

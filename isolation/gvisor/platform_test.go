@@ -2,8 +2,10 @@ package gvisor
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 
+	"github.com/cagebox/cagebox/internal/kvm"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/oci"
 )
@@ -37,8 +39,13 @@ func TestChoosePlatform(t *testing.T) {
 		{old, false, "ptrace"},
 		{map[string]bool{"ptrace": true}, true, "ptrace"},
 	} {
-		if got, why := choosePlatform(tc.known, tc.kvm); got != tc.want || why == "" {
+		v := kvm.Verdict{Usable: tc.kvm, Reason: "probe said so", Evidence: "cannot read client sync file"}
+		got, why := choosePlatform(tc.known, v)
+		if got != tc.want || why == "" {
 			t.Errorf("choosePlatform(%v, kvm=%v) = %q (%q), want %q", tc.known, tc.kvm, got, why, tc.want)
+		}
+		if tc.known["kvm"] && !tc.kvm && !strings.Contains(why, "cannot read client sync file") {
+			t.Errorf("a fallback from kvm does not quote the probe: %q", why)
 		}
 	}
 }

@@ -332,12 +332,38 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	if err := s.killProcesses(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	// A container whose start failed before runsc saved its state is
+	// unknown to `runsc delete`, which leaves its lock file behind.
+	if err := s.removeRunscRecord(); err != nil {
+		errs = append(errs, err)
+	}
 	oci.UnmountRoot(s.sd.Dir)
 	if err := cgroups.Remove(s.sd.CgroupsPath); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(s.sd.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove state dir: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// removeRunscRecord removes what runsc keeps of this container in its
+// state root ("ID_sandbox:ID.state", ".lock"), once its processes are gone.
+func (s *Sandbox) removeRunscRecord() error {
+	ents, err := os.ReadDir(s.sd.StateRoot)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("gvisor: read runsc state root: %w", err)
+	}
+	var errs []error
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), s.id+"_sandbox:") {
+			if err := os.RemoveAll(filepath.Join(s.sd.StateRoot, e.Name())); err != nil {
+				errs = append(errs, fmt.Errorf("gvisor: remove runsc record: %w", err))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -148,6 +148,7 @@ func Run(t *testing.T, rt isolation.Runtime, o Options) {
 	if err := rt.Available(); err != nil {
 		t.Skipf("runtime %s not available here: %v", rt.Name(), err)
 	}
+	t.Run("FailedStartLeavesNothing", func(t *testing.T) { failedStart(t, rt, o) })
 	limits := isolation.Resources{MemoryBytes: 256 << 20, PIDs: 64, CPUs: 1}
 	g := Start(t, rt, o, limits, "CBX_BASE=base-value")
 
@@ -596,6 +597,98 @@ func statusFields(out string) map[string]string {
 		}
 	}
 	return m
+}
+
+// failedStart starts a sandbox whose agent exits at once (a static binary
+// that is not an agent): Start must fail within its bound, and Destroy must
+// leave nothing behind (state, cgroups, mounts, processes, runtime
+// records, uids).
+func failedStart(t *testing.T, rt isolation.Runtime, o Options) {
+	timeout := o.StartTimeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	dud := buildDud(t)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+30*time.Second)
+	defer cancel()
+	idb := make([]byte, 6)
+	_, _ = rand.Read(idb)
+	id := "f" + hex.EncodeToString(idb)
+	spec := &isolation.Spec{
+		ID: id, StateDir: filepath.Join(stateRoot(t), id), RootFS: o.RootFS,
+		AgentPath: dud, AgentToken: "0123456789abcdef0123456789abcdef", Hostname: "dud",
+		Resources: isolation.Resources{MemoryBytes: 256 << 20},
+	}
+	sb, err := rt.Create(ctx, spec)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, timeout)
+	err = sb.Start(sctx)
+	scancel()
+	if err == nil {
+		// Some runtimes return before the agent answers; it never will.
+		if c, derr := sb.DialAgent(sctx); derr == nil {
+			hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err = agentproto.NewClient(hctx, c, spec.AgentToken)
+			hcancel()
+			c.Close()
+			if err == nil {
+				t.Fatal("a sandbox whose agent exits at once answered")
+			}
+		}
+	}
+	t.Logf("start of a sandbox whose agent exits: %v", err)
+	if err := sb.Destroy(ctx); err != nil {
+		t.Errorf("destroy after a failed start: %v", err)
+	}
+	if lc, ok := sb.(isolation.LeakChecker); ok {
+		if left := lc.Leftovers(ctx); len(left) > 0 {
+			t.Errorf("a failed start left things behind: %q", left)
+		}
+	}
+	if _, err := os.Stat(spec.StateDir); err == nil {
+		t.Errorf("a failed start left its state dir %s", spec.StateDir)
+	}
+}
+
+var (
+	dudOnce sync.Once
+	dudPath string
+	dudErr  error
+)
+
+// buildDud builds a static binary that exits 3 at once.
+func buildDud(t testing.TB) string {
+	t.Helper()
+	dudOnce.Do(func() {
+		dir := filepath.Join(os.TempDir(), "cagebox-test-bin")
+		if dudErr = os.MkdirAll(dir, 0o755); dudErr != nil {
+			return
+		}
+		src, err := os.MkdirTemp("", "cbxdud")
+		if err != nil {
+			dudErr = err
+			return
+		}
+		defer os.RemoveAll(src)
+		os.WriteFile(filepath.Join(src, "go.mod"), []byte("module dud\n\ngo 1.21\n"), 0o644)
+		os.WriteFile(filepath.Join(src, "main.go"), []byte("package main\n\nimport \"os\"\n\nfunc main() { os.Exit(3) }\n"), 0o644)
+		tmp := filepath.Join(dir, fmt.Sprintf(".dud-%d", os.Getpid()))
+		cmd := exec.Command("go", "build", "-trimpath", "-o", tmp, ".")
+		cmd.Dir = src
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=", "GOWORK=off")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			dudErr = fmt.Errorf("build dud agent: %v: %s", err, out)
+			return
+		}
+		dudPath = filepath.Join(dir, "dud-agent")
+		dudErr = os.Rename(tmp, dudPath)
+	})
+	if dudErr != nil {
+		t.Fatal(dudErr)
+	}
+	return dudPath
 }
 
 var (

@@ -17,23 +17,17 @@ import (
 // init that powers off as soon as it runs, and returns the wall time from
 // starting QEMU to its exit. It is the baseline for the runtime's cold
 // create-to-first-exec time.
-func BareBoot(ctx context.Context, binary, kernel, initrd string) (time.Duration, error) {
+//
+// useKVM is what the runtime's KVM probe decided (Runtime.KVM); BareBoot
+// runs as root, so it needs no device access of its own.
+func BareBoot(ctx context.Context, binary, kernel, initrd string, useKVM bool) (time.Duration, error) {
 	if binary == "" {
 		binary = "qemu-system-x86_64"
 	}
-	vc := &vmConfig{KVM: kvmUsable(), MemoryMiB: 256, CPUs: 1}
-	full := vc.args()
-	// Keep the machine, accelerator, CPU, memory and hardening options;
-	// boot the given files directly; no devices.
-	var args []string
-	for i := 0; i+1 < len(full); i++ {
-		switch full[i] {
-		case "-M", "-accel", "-cpu", "-smp", "-m", "-sandbox":
-			args = append(args, full[i], full[i+1])
-			i++
-		}
-	}
-	args = append(args, "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+	vc := &vmConfig{KVM: useKVM, MemoryMiB: 256, CPUs: 1}
+	// The machine, accelerator, CPU, memory and hardening options; the
+	// given files booted directly; no devices.
+	args := append(machineArgs(vc), "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", kernel, "-initrd", initrd,
 		"-append", kernelCmdline(tscFor(vc.KVM), nil)+" "+agentproto.VMParamBare+"=1",
 		"-serial", "none")

@@ -91,6 +91,22 @@ func (c *vmConfig) args() []string {
 	return a
 }
 
+// machineArgs is the part of args that every QEMU run shares (the
+// sandboxes', the KVM probe's, the bare-boot baseline's): machine,
+// accelerator, CPU model, size and hardening.
+func machineArgs(c *vmConfig) []string {
+	full := c.args()
+	var out []string
+	for i := 0; i+1 < len(full); i++ {
+		switch full[i] {
+		case "-M", "-accel", "-cpu", "-smp", "-m", "-sandbox":
+			out = append(out, full[i], full[i+1])
+			i++
+		}
+	}
+	return out
+}
+
 // netParams is the guest side of a routed link.
 type netParams struct {
 	Addr    netip.Prefix // the guest's address with the link's prefix length (10.0.0.2/30)

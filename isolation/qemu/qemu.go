@@ -1,5 +1,5 @@
 // Package qemu is the hypervisor-class runtime: each sandbox is a QEMU
-// microvm (KVM when /dev/kvm is usable, TCG otherwise) booting the pinned
+// microvm (KVM when a probe boot proves it works here, TCG otherwise) booting the pinned
 // Debian kernel and an initramfs whose /init is cagebox-agent (see package
 // vmimage for the artifacts and cmd/cagebox-agent for the guest side).
 //
@@ -21,7 +21,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/cagebox/cagebox/internal/vmproc"
 	"log/slog"
 	"math"
 	"net"
@@ -37,8 +36,10 @@ import (
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
+	"github.com/cagebox/cagebox/internal/kvm"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/internal/vmnet"
+	"github.com/cagebox/cagebox/internal/vmproc"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/oci"
 )
@@ -72,6 +73,10 @@ type Options struct {
 	UIDBase, UIDCount uint32
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+	// Device is the KVM device ("" = /dev/kvm).
+	Device string
+	// ProbeTimeout bounds the KVM probe boot (0 = kvm.DefaultTimeout).
+	ProbeTimeout time.Duration
 }
 
 // Runtime runs sandboxes as QEMU microVMs.
@@ -81,6 +86,9 @@ type Runtime struct {
 	uidBase  uint32
 	uidCount uint32
 	log      *slog.Logger
+	// device is the KVM device; probeTimeout bounds its probe (see KVM).
+	device       string
+	probeTimeout time.Duration
 
 	// mu guards uids.
 	mu sync.Mutex
@@ -100,6 +108,15 @@ func New(o Options) *Runtime {
 		uidCount: o.UIDCount,
 		log:      o.Logger,
 		uids:     map[uint32]bool{},
+		device:   o.Device,
+
+		probeTimeout: o.ProbeTimeout,
+	}
+	if rt.device == "" {
+		rt.device = kvm.DefaultDevice
+	}
+	if rt.probeTimeout <= 0 {
+		rt.probeTimeout = kvm.DefaultTimeout
 	}
 	if rt.uidBase == 0 {
 		rt.uidBase = DefaultUIDBase
@@ -143,13 +160,15 @@ func (rt *Runtime) Available() error {
 	return nil
 }
 
-// Detail says how VMs run here (shown by `cagebox runtimes`).
+// Detail says how VMs run here and why (shown by `cagebox runtimes`),
+// quoting the KVM probe when it failed.
 func (rt *Runtime) Detail() string {
-	accel := "tcg (no usable /dev/kvm: boots take seconds)"
-	if kvmUsable() {
-		accel = "kvm"
+	v := rt.KVM()
+	accel := "kvm: " + v.Reason
+	if !v.Usable {
+		accel = "tcg, boots take seconds (" + v.String() + ")"
 	}
-	return "qemu microvm, " + accel + ", kernel " + vmimage.KernelRelease
+	return "qemu microvm, kernel " + vmimage.KernelRelease + ", " + accel
 }
 
 // Cache is the runtime's artifact cache.
@@ -174,6 +193,7 @@ type pending struct {
 	binary string
 	args   []string
 	kvm    bool
+	kvmGID int        // the VMM's supplementary group under KVM (-1: none)
 	files  []*os.File // kernel, initrd, disk, agent socket, qmp socket[, tap]
 	lns    []*net.UnixListener
 }
@@ -298,7 +318,8 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 		return nil, fmt.Errorf("qemu: initramfs owner: %w", err)
 	}
 
-	p := &pending{binary: rt.binary, kvm: kvmUsable()}
+	ks := rt.kvmState()
+	p := &pending{binary: rt.binary, kvm: ks.Usable, kvmGID: ks.gid}
 	undo.Add(p.close)
 	for _, f := range []string{arts.Kernel, initrd, arts.RootDisk} {
 		fh, err := os.Open(f)
@@ -383,7 +404,11 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 	}
 	defer devnull.Close()
 
-	cmd := vmmCommand(p.binary, p.args, s.sd.UID, p.kvm, s.sd.Net == nil)
+	gid := -1
+	if p.kvm {
+		gid = p.kvmGID
+	}
+	cmd := vmmCommand(p.binary, p.args, s.sd.UID, gid, s.sd.Net == nil)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, console, console
 	cmd.ExtraFiles = p.files
 	if s.sd.Net != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/cagebox/cagebox/internal/kvm"
 	"github.com/cagebox/cagebox/internal/vmproc"
 	"net"
 	"net/http"
@@ -459,7 +460,7 @@ func TestBareBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := BareBoot(ctx, "", k.Vmlinuz, initrd)
+	d, err := BareBoot(ctx, "", k.Vmlinuz, initrd, rt.KVM().Usable)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,7 +514,7 @@ func BenchmarkBareBoot(b *testing.B) {
 	}
 	var ds []time.Duration
 	for i := 0; i < b.N; i++ {
-		d, err := BareBoot(context.Background(), "", k.Vmlinuz, initrd)
+		d, err := BareBoot(context.Background(), "", k.Vmlinuz, initrd, rt.KVM().Usable)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -538,4 +539,28 @@ func benchRuntime(b *testing.B) *Runtime {
 		b.Skipf("qemu runtime not available: %v", err)
 	}
 	return rt
+}
+
+// TestKVMProbe runs the real probe on this host: whatever kind of host it
+// is (no /dev/kvm, a /dev/kvm that cannot boot the guest, real KVM), the
+// verdict is bounded, consistent with the device, and explained.
+func TestKVMProbe(t *testing.T) {
+	rt := testRuntime(t)
+	v := rt.KVM()
+	t.Logf("verdict: %s (took %v)", v, v.Took)
+	if v.Took > rt.probeTimeout+10*time.Second {
+		t.Fatalf("the probe took %v, bound %v", v.Took, rt.probeTimeout)
+	}
+	if err := kvm.Open(rt.device); err != nil {
+		if v.Usable || !strings.Contains(v.Reason, rt.device) {
+			t.Fatalf("no device (%v) but verdict %s", err, v)
+		}
+		return
+	}
+	if !v.Usable && v.Reason == "" {
+		t.Fatalf("an unusable verdict without a reason: %+v", v)
+	}
+	if !strings.Contains(rt.Detail(), map[bool]string{true: "kvm", false: "tcg"}[v.Usable]) {
+		t.Fatalf("Detail %q disagrees with the verdict %s", rt.Detail(), v)
+	}
 }
