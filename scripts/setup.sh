@@ -20,6 +20,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# KVM for the VMMs (QEMU, Firecracker), which run as uids of their own: an
+# empty system group "kvm" they join as their only supplementary group. The
+# daemon gives /dev/kvm to that group (0660) when the device is root-only
+# and the group has no members, so no user gains access; it then proves
+# KVM by booting the guest kernel and falls back to TCG when it cannot.
+if [ -e /dev/kvm ] && ! getent group kvm >/dev/null; then
+  echo "setup: creating the empty system group kvm (for the VMMs' use of /dev/kvm)"
+  groupadd --system kvm
+fi
+
 export PATH=$PATH:/usr/local/go/bin
 echo "setup: building bin/cagebox and bin/cagebox-agent"
 make -s build

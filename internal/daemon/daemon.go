@@ -22,6 +22,7 @@ import (
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/kvm"
+	"github.com/cagebox/cagebox/internal/link"
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
@@ -127,6 +128,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := os.MkdirAll(cfg.Home, 0o700); err != nil {
 		return fmt.Errorf("create home %s: %w", cfg.Home, err)
 	}
+	// One daemon per set of host network resources: the nftables table and
+	// the interface prefix are taken host-wide before anything is touched.
+	hostLock, err := link.LockHost("", link.Config{TableName: cfg.Network.TableName, IfPrefix: cfg.Network.IfPrefix}, cfg.Home)
+	if err != nil {
+		return err
+	}
+	defer hostLock.Release()
 	if _, err := os.Stat(cfg.AgentPath); err != nil {
 		return fmt.Errorf("cagebox-agent binary: %w (build it with `make build`, or pass --agent)", err)
 	}
@@ -183,7 +191,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	emit = mgr.Emit
-	if err := gw.Init(ctx, keepSandbox(ctx, st)); err != nil {
+	keep, ours, err := keepSandbox(ctx, st)
+	if err != nil {
+		return err
+	}
+	if err := gw.Init(ctx, keep, ours); err != nil {
 		return err
 	}
 	defer func() {
@@ -298,19 +310,26 @@ func newGateway(cfg Config, emit func(string, string, string, any), log *slog.Lo
 	})
 }
 
-// keepSandbox says which sandboxes' links survive a restart: those the
-// store still has as running, paused or being created.
-func keepSandbox(ctx context.Context, st store.Store) func(string) bool {
+// keepSandbox says which sandboxes' links survive a restart (those the
+// store still has as running, paused or being created) and lists every
+// sandbox the store records (the only ones whose links are this daemon's
+// to remove). A store that cannot be read stops the start: guessing would
+// remove live sandboxes' links.
+func keepSandbox(ctx context.Context, st store.Store) (func(string) bool, []string, error) {
 	keep := map[string]bool{}
-	if rs, err := st.ListSandboxes(ctx, ""); err == nil {
-		for _, r := range rs {
-			switch r.Status {
-			case sandbox.StatusRunning, sandbox.StatusPaused, sandbox.StatusCreating:
-				keep[r.ID] = true
-			}
+	rs, err := st.ListSandboxes(ctx, "")
+	if err != nil {
+		return nil, nil, fmt.Errorf("list sandboxes to recover: %w", err)
+	}
+	ours := make([]string, 0, len(rs))
+	for _, r := range rs {
+		ours = append(ours, r.ID)
+		switch r.Status {
+		case sandbox.StatusRunning, sandbox.StatusPaused, sandbox.StatusCreating:
+			keep[r.ID] = true
 		}
 	}
-	return func(id string) bool { return keep[id] }
+	return func(id string) bool { return keep[id] }, ours, nil
 }
 
 // openVault opens the secret vault: its own SQLite file beside the store,

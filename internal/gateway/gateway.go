@@ -243,12 +243,13 @@ func New(cfg Config) (*Gateway, error) {
 }
 
 // Init (re)installs the nftables table; keep says which sandboxes still
-// exist, so links of the others are removed.
-func (g *Gateway) Init(ctx context.Context, keep func(id string) bool) error {
+// exist, so links of the others are removed; ours lists every sandbox the
+// daemon's store records (nothing else is removed, see link.Recover).
+func (g *Gateway) Init(ctx context.Context, keep func(id string) bool, ours []string) error {
 	if err := g.links.Init(ctx); err != nil {
 		return fmt.Errorf("gateway: install network rules: %w", err)
 	}
-	if err := g.links.Recover(ctx, keep); err != nil {
+	if err := g.links.Recover(ctx, keep, ours); err != nil {
 		return fmt.Errorf("gateway: recover links: %w", err)
 	}
 	return nil

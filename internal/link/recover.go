@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -13,12 +12,17 @@ import (
 
 // Recover reconciles the host with the allocations loaded by NewManager
 // after a daemon restart: links of sandboxes that are gone (keep(id) is
-// false) are destroyed, and host interfaces and namespace files that look
+// false) are destroyed, and so are the interface and namespace named for
+// any sandbox in ours (the ids the daemon's store records, whatever their
+// state) that is not kept and has no allocation (a crash between plumbing
+// and recording a link). Host interfaces and namespaces that merely look
 // like ours (IfPrefix + 12 hex digits, IfPrefix-<12 hex digits>) but belong
-// to no allocation are removed. Kept links whose veth or namespace vanished
-// (a host reboot) are logged and stay allocated until Destroy. It may run
-// before or after Init.
-func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) error {
+// to no sandbox of this daemon are left alone and logged: only the host
+// lock (LockHost) makes the prefix ours, and what another process made
+// under it is not ours to remove. Kept links whose veth or namespace
+// vanished (a host reboot) are logged and stay allocated until Destroy. It
+// may run before or after Init.
+func (m *Manager) Recover(ctx context.Context, keep func(id string) bool, ours []string) error {
 	m.mu.Lock()
 	ids := make([]string, 0, len(m.links))
 	for id := range m.links {
@@ -39,8 +43,31 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) error 
 			errs = append(errs, err)
 		}
 	}
+	// Sandboxes of ours that never got an allocation recorded: Destroy
+	// removes the interface and namespace derived from the id, if any.
+	for _, id := range ours {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("link: recover: %w", err)
+		}
+		m.mu.Lock()
+		_, allocated := m.links[id]
+		m.mu.Unlock()
+		if allocated || keep(id) {
+			continue
+		}
+		hostIf, nsPath := m.names(id)
+		_, lerr := netlink.LinkByName(hostIf)
+		_, serr := os.Stat(nsPath)
+		if lerr != nil && serr != nil {
+			continue
+		}
+		m.log.Info("removing the unrecorded link of a sandbox of ours", "sandbox", id, "if", hostIf)
+		if err := m.Destroy(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+	}
 
-	// Strays. Names in use include links being created right now.
+	// Look-alikes: reported, never removed.
 	m.mu.Lock()
 	inUseIf := map[string]bool{}
 	inUseNS := map[string]bool{}
@@ -53,33 +80,19 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) error 
 		inUseNS[filepath.Base(l.NetNSPath)] = true
 	}
 	m.mu.Unlock()
-
-	all, err := netlink.LinkList()
-	if err != nil {
-		errs = append(errs, fmt.Errorf("list links: %w", err))
-	}
-	for _, l := range all {
-		name := l.Attrs().Name
-		if l.Type() != "veth" || !m.hostRE.MatchString(name) || inUseIf[name] {
-			continue
-		}
-		m.log.Info("removing stray veth", "if", name)
-		if err := deleteVeth(name); err != nil {
-			errs = append(errs, err)
+	if all, err := netlink.LinkList(); err == nil {
+		for _, l := range all {
+			name := l.Attrs().Name
+			if l.Type() == "veth" && m.hostRE.MatchString(name) && !inUseIf[name] {
+				m.log.Warn("a veth with this daemon's prefix belongs to no sandbox of its store; left alone", "if", name)
+			}
 		}
 	}
-	ents, err := os.ReadDir(m.cfg.NetNSDir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("read %s: %w", m.cfg.NetNSDir, err))
-	}
-	for _, e := range ents {
-		if !m.nsRE.MatchString(e.Name()) || inUseNS[e.Name()] {
-			continue
-		}
-		p := filepath.Join(m.cfg.NetNSDir, e.Name())
-		m.log.Info("removing stray netns", "path", p)
-		if err := deleteNetNS(p); err != nil {
-			errs = append(errs, err)
+	if ents, err := os.ReadDir(m.cfg.NetNSDir); err == nil {
+		for _, e := range ents {
+			if m.nsRE.MatchString(e.Name()) && !inUseNS[e.Name()] {
+				m.log.Warn("a netns with this daemon's prefix belongs to no sandbox of its store; left alone", "path", filepath.Join(m.cfg.NetNSDir, e.Name()))
+			}
 		}
 	}
 

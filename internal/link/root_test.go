@@ -111,7 +111,7 @@ func teardown(t testing.TB, m *Manager) {
 	if err := m.Close(ctx); err != nil {
 		t.Errorf("cleanup: %v", err)
 	}
-	if err := m.Recover(ctx, func(string) bool { return false }); err != nil {
+	if err := m.Recover(ctx, func(string) bool { return false }, nil); err != nil {
 		t.Errorf("cleanup: %v", err)
 	}
 }
@@ -741,7 +741,20 @@ func TestRecover(t *testing.T) {
 	keep := mustCreate(t, m1, "alive")
 	gone := mustCreate(t, m1, "gone")
 
-	// Strays: a veth and a namespace with our naming but no allocation.
+	// A sandbox of ours whose link was plumbed but never recorded (a crash
+	// inside Create): its names derive from its id.
+	crashedIf, crashedNS := m1.names("crashed")
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: crashedIf}, PeerName: "cbtcrashpeer"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = deleteVeth(crashedIf) })
+	if err := createNetNS(crashedNS); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = deleteNetNS(crashedNS) })
+
+	// Look-alikes: a veth and a namespace with our naming that belong to
+	// no sandbox of this daemon (another process's): never removed.
 	strayIf := testPrefix + "00000000beef"
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: strayIf}, PeerName: "cbtstraypeer"}); err != nil {
 		t.Fatal(err)
@@ -766,7 +779,7 @@ func TestRecover(t *testing.T) {
 	if err := m2.Init(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := m2.Recover(context.Background(), func(id string) bool { return id == "alive" }); err != nil {
+	if err := m2.Recover(context.Background(), func(id string) bool { return id == "alive" }, []string{"alive", "gone", "crashed", "never-plumbed"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := netlink.LinkByName(gone.HostIf); err == nil {
@@ -775,11 +788,17 @@ func TestRecover(t *testing.T) {
 	if _, err := os.Stat(gone.NetNSPath); err == nil {
 		t.Error("gone sandbox's netns kept")
 	}
-	if _, err := netlink.LinkByName(strayIf); err == nil {
-		t.Error("stray veth kept")
+	if _, err := netlink.LinkByName(crashedIf); err == nil {
+		t.Error("the unrecorded veth of a sandbox of ours kept")
 	}
-	if _, err := os.Stat(strayNS); err == nil {
-		t.Error("stray netns kept")
+	if _, err := os.Stat(crashedNS); err == nil {
+		t.Error("the unrecorded netns of a sandbox of ours kept")
+	}
+	if _, err := netlink.LinkByName(strayIf); err != nil {
+		t.Errorf("a veth that is not ours was removed: %v", err)
+	}
+	if _, err := os.Stat(strayNS); err != nil {
+		t.Errorf("a netns that is not ours was removed: %v", err)
 	}
 	if _, err := netlink.LinkByName(keep.HostIf); err != nil {
 		t.Errorf("kept sandbox lost its veth: %v", err)

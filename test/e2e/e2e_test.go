@@ -8,10 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -100,6 +100,9 @@ func newEnv(t *testing.T) *env {
 	e := &env{t: t, home: home}
 	t.Cleanup(func() {
 		e.stopDaemon(syscall.SIGTERM)
+		// A daemon the CLI started on its own (`run` without a daemon) is
+		// no child of the test: stop it too, whatever the test did.
+		e.stopOtherDaemons()
 		// Remove every sandbox left, then the home.
 		e.startDaemon()
 		c := e.client()
@@ -111,6 +114,7 @@ func newEnv(t *testing.T) *env {
 			}
 		}
 		e.stopDaemon(syscall.SIGTERM)
+		e.stopOtherDaemons()
 		if t.Failed() && e.logBuf != nil {
 			t.Logf("daemon log:\n%s", e.logBuf.String())
 		}
@@ -170,6 +174,55 @@ func (e *env) stopDaemon(sig syscall.Signal) {
 		<-done
 	}
 	e.daemon = nil
+}
+
+// daemonsOf lists the pids of `cagebox --home HOME daemon` processes.
+func daemonsOf(home string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, en := range ents {
+		pid, err := strconv.Atoi(en.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + en.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		isDaemon, ofHome := false, false
+		for i, a := range args {
+			if a == "daemon" {
+				isDaemon = true
+			}
+			if (a == "--home" && i+1 < len(args) && args[i+1] == home) || a == "--home="+home {
+				ofHome = true
+			}
+		}
+		if isDaemon && ofHome && filepath.Base(args[0]) == "cagebox" {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// stopOtherDaemons stops every daemon of this home that is not e.daemon
+// (SIGTERM, then SIGKILL after 15 s) and waits until they are gone.
+func (e *env) stopOtherDaemons() {
+	pids := daemonsOf(e.home)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for len(daemonsOf(e.home)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, pid := range daemonsOf(e.home) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for i := 0; i < 100 && len(daemonsOf(e.home)) > 0; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 type result struct {
@@ -421,19 +474,74 @@ func TestRunStartsDaemon(t *testing.T) {
 	if r.code != 0 || r.stdout != "auto\n" || !strings.Contains(r.stderr, "started one") {
 		t.Fatalf("run without a daemon: %+v", r)
 	}
-	// Stop the daemon run started so the cleanup's own daemon can bind.
 	c := e.client()
 	if _, err := c.Health(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command("pkill", "-f", "daemon --home "+e.home).CombinedOutput(); err != nil {
-		t.Fatalf("stop the daemon run started: %v %s", err, out)
+	if pids := daemonsOf(e.home); len(pids) != 1 {
+		t.Fatalf("daemons of the home after run: %v, want the one run started", pids)
 	}
-	for i := 0; i < 100; i++ {
-		if _, err := net.Dial("unix", filepath.Join(e.home, "cagebox.sock")); err != nil {
-			break
+	// The cleanup stops it (on every path): checked here.
+	e.stopOtherDaemons()
+	if pids := daemonsOf(e.home); len(pids) != 0 {
+		t.Fatalf("the auto-started daemon survived: %v", pids)
+	}
+}
+
+// TestSecondDaemonRefused: a second daemon with another home but the same
+// nftables table and interface prefix refuses to start, naming the first
+// daemon's pid and home, and the first daemon's sandbox keeps its network.
+func TestSecondDaemonRefused(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	ctx := context.Background()
+	sb, err := e.client().Create(ctx, &api.CreateSandboxRequest{Allow: []string{"api.example.test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Network == nil {
+		t.Fatalf("sandbox has no network: %+v", sb)
+	}
+	links := func() string {
+		out, _ := exec.Command("ip", "-o", "link", "show", "type", "veth").Output()
+		var mine []string
+		for _, l := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(f[1], os.Getenv("CAGEBOX_NET_IFPREFIX")) {
+				mine = append(mine, strings.TrimSuffix(strings.SplitN(f[1], "@", 2)[0], ":"))
+			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		ns, _ := exec.Command("ip", "netns", "list").Output()
+		return strings.Join(mine, ",") + " | " + string(ns)
+	}
+	before := links()
+	if !strings.Contains(before, os.Getenv("CAGEBOX_NET_IFPREFIX")) {
+		t.Fatalf("the sandbox's link is not on the host: %s", before)
+	}
+	other, err := os.MkdirTemp("", "cbxh2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(other)
+	ctx2, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx2, filepath.Join(binDir, "cagebox"), "--home", other, "daemon", "--agent", filepath.Join(binDir, "cagebox-agent"))
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("a second daemon on the same table and prefix started:\n%s", out)
+	}
+	for _, want := range []string{"another cagebox daemon", "pid " + strconv.Itoa(e.daemon.Process.Pid), "home " + e.home, os.Getenv("CAGEBOX_NET_TABLE")} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the refusal does not say %q:\n%s", want, out)
+		}
+	}
+	if after := links(); after != before {
+		t.Fatalf("the second daemon changed the first one's links:\nbefore %s\nafter  %s", before, after)
+	}
+	if r := e.cli("", "exec", sb.ID, "--", "sh", "-c", "cat /sys/class/net/eth0/operstate"); r.code != 0 || strings.TrimSpace(r.stdout) != "up" {
+		t.Fatalf("the first daemon's sandbox lost its network: %+v", r)
+	}
+	if out, _ := exec.Command("nft", "list", "table", "inet", os.Getenv("CAGEBOX_NET_TABLE")).CombinedOutput(); !strings.Contains(string(out), "chain") {
+		t.Fatalf("the first daemon's table is gone: %s", out)
 	}
 }
 
