@@ -135,6 +135,12 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer hostLock.Release()
+	// Another daemon of this home (with other network names) is refused
+	// before anything is touched.
+	sock := SocketPath(cfg.Home)
+	if err := removeStaleSocket(sock); err != nil {
+		return err
+	}
 	if _, err := os.Stat(cfg.AgentPath); err != nil {
 		return fmt.Errorf("cagebox-agent binary: %w (build it with `make build`, or pass --agent)", err)
 	}
@@ -152,7 +158,17 @@ func Run(ctx context.Context, cfg Config) error {
 	// Probe what this host offers (KVM boots, runsc's kvm platform) in the
 	// background now, so the first create and `cagebox runtimes` find the
 	// verdicts made; each probe is bounded and runs once per daemon start.
+	probed := make(chan struct{})
+	defer func() {
+		// A probe cut short by the daemon's exit would leave runsc's
+		// processes behind: wait for it (each is bounded).
+		select {
+		case <-probed:
+		case <-time.After(2 * kvm.DefaultTimeout):
+		}
+	}()
 	go func() {
+		defer close(probed)
 		for _, rt := range isolation.All() {
 			if ctx.Err() != nil {
 				return
@@ -211,10 +227,6 @@ func Run(ctx context.Context, cfg Config) error {
 	defer mgr.Close()
 	srv := NewServer(st, mgr, images, v, log)
 
-	sock := SocketPath(cfg.Home)
-	if err := removeStaleSocket(sock); err != nil {
-		return err
-	}
 	// The socket is created 0600 from the start (umask), not chmod-ed after.
 	old := umask(0o177)
 	ul, err := net.Listen("unix", sock)

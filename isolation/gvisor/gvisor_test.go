@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"net/netip"
@@ -296,5 +297,24 @@ func TestKVMPlatformFallback(t *testing.T) {
 				t.Fatalf("exec on the fallback platform: %q %+v", out, res)
 			}
 		})
+	}
+}
+
+// TestKVMProbeLeavesNothing runs the real kvm platform probe (on a host
+// where the platform hangs it is killed at its bound) and checks that no
+// process of it is left: runsc's sandbox and gofer leave the probe's
+// process group and lose their parent-death signal.
+func TestKVMProbeLeavesNothing(t *testing.T) {
+	rt := newRuntime(t)
+	t.Logf("platform %s", rt.Platform())
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && bytes.Contains(b, []byte(fmt.Sprintf("cbx-runsc-kvm-probe-%d-", os.Getpid()))) {
+			st, _ := os.ReadFile("/proc/" + e.Name() + "/stat")
+			if !bytes.Contains(st, []byte(") Z ")) {
+				t.Errorf("the kvm probe left process %s: %s", e.Name(), bytes.ReplaceAll(b, []byte{0}, []byte{' '}))
+			}
+		}
 	}
 }

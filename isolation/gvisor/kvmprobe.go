@@ -35,7 +35,8 @@ func (rt *Runtime) probeKVM(ctx context.Context) kvm.Verdict {
 	fail := func(reason, evidence string) kvm.Verdict {
 		return kvm.Verdict{Reason: reason, Evidence: evidence, Took: time.Since(start)}
 	}
-	dir, err := os.MkdirTemp("", "cbx-runsc-kvm-probe")
+	sweepOrphans()
+	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", probeDirPrefix, os.Getpid()))
 	if err != nil {
 		return fail("kvm platform not probed: "+err.Error(), "")
 	}
@@ -49,7 +50,9 @@ func (rt *Runtime) probeKVM(ctx context.Context) kvm.Verdict {
 	args = append(args, "do", "--quiet", "--cwd=/", "/bin/true")
 	cmd := exec.Command(rt.binary, args...)
 	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group, and killed if the daemon dies first (its
+	// sandbox and gofer are swept by the next probe: sweepOrphans).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -72,11 +75,16 @@ func (rt *Runtime) probeKVM(ctx context.Context) kvm.Verdict {
 	return kvm.Verdict{Usable: true, Reason: fmt.Sprintf("a trivial sandbox ran on the kvm platform in %v (probe)", time.Since(start).Round(time.Millisecond)), Took: time.Since(start)}
 }
 
-// killProbe ends the probe's process group and any runsc process of the
-// probe that left it (runsc starts its sandbox and gofer in sessions of
-// their own; they die with their parent, but the probe makes sure).
-func killProbe(pid int, dir string) {
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
+// probeDirPrefix starts the probe's temporary directory, followed by the
+// probing process's pid: every process of a probe carries it in its
+// command line (runsc's --debug-log).
+const probeDirPrefix = "cbx-runsc-kvm-probe-"
+
+// sweepOrphans kills what probes of processes that are gone left behind (a
+// daemon killed in the middle of a probe: runsc's sandbox process spins on
+// a KVM that cannot run it) and removes their directories.
+func sweepOrphans() {
+	marker := []byte(filepath.Join(os.TempDir(), probeDirPrefix))
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		p, err := strconv.Atoi(e.Name())
@@ -84,10 +92,77 @@ func killProbe(pid int, dir string) {
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err == nil && bytes.Contains(b, []byte(dir)) {
-			_ = syscall.Kill(p, syscall.SIGKILL)
+		if err != nil {
+			continue
+		}
+		i := bytes.Index(b, marker)
+		if i < 0 {
+			continue
+		}
+		rest := b[i+len(marker):]
+		j := bytes.IndexByte(rest, '-')
+		owner, err := strconv.Atoi(string(rest[:max(j, 0)]))
+		if err != nil || owner == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + strconv.Itoa(owner)); err == nil {
+			continue // its prober still runs and will clean up
+		}
+		_ = syscall.Kill(p, syscall.SIGKILL)
+	}
+	dirs, _ := filepath.Glob(string(marker) + "*")
+	for _, d := range dirs {
+		rest := strings.TrimPrefix(d, string(marker))
+		owner, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
+		if err != nil || owner == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + strconv.Itoa(owner)); err != nil {
+			_ = os.RemoveAll(d)
 		}
 	}
+}
+
+// killProbe ends the probe's process group and every runsc process of the
+// probe that left it: runsc starts its sandbox and gofer in sessions of
+// their own, and their parent-death signal is lost when they change
+// credentials, so they are found by the probe's directory in their command
+// line (which each of them carries) and killed until none is left; a
+// process caught between fork and exec is found by the next pass.
+func killProbe(pid int, dir string) {
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	deadline := time.Now().Add(5 * time.Second)
+	clean := 0
+	for clean < 3 && time.Now().Before(deadline) {
+		if n := killByArg(dir); n == 0 {
+			clean++
+		} else {
+			clean = 0
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// killByArg SIGKILLs every process whose command line contains s and says
+// how many it found.
+func killByArg(s string) int {
+	ents, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil || p == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && bytes.Contains(b, []byte(s)) {
+			if st, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil && bytes.Contains(st, []byte(") Z ")) {
+				continue // a zombie, waiting for its parent
+			}
+			_ = syscall.Kill(p, syscall.SIGKILL)
+			n++
+		}
+	}
+	return n
 }
 
 // probeEvidence is runsc's own output plus the last line of the sentry's
