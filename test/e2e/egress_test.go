@@ -236,7 +236,21 @@ for dst in [('%s', %d), ('8.8.8.8', 123), ('10.0.0.1', 9999)]:
 	r = sh("getent hosts api.example.test | cut -d' ' -f1")
 	oldIP := strings.TrimSpace(r.stdout)
 	if !strings.HasPrefix(oldIP, "198.18.") {
-		t.Fatalf("synthetic address: %+v", r)
+		// Say why: what the resolver saw and answered, and how the
+		// guest's resolver fares right after.
+		diag := sh("cat /etc/resolv.conf; getent ahostsv4 api.example.test; echo getent=$?")
+		var dnsLog []string
+		if evs, err := e.client().Events(ctx, sb.ID, 0); err == nil {
+			for _, ev := range evs {
+				if ev.Kind == "dns.query" {
+					dnsLog = append(dnsLog, fmt.Sprintf("%s %s", ev.Time.Format("15:04:05.000"), ev.Data))
+				}
+			}
+		}
+		if len(dnsLog) > 20 {
+			dnsLog = dnsLog[len(dnsLog)-20:]
+		}
+		t.Fatalf("synthetic address: %+v\nthen: %+v\nlast dns.query events:\n%s", r, diag, strings.Join(dnsLog, "\n"))
 	}
 	e.stopDaemon(9)
 	e.startDaemon(append(up.daemonArgs("api.example.test", "other.example.test"), "--listen", apiAddr)...)
