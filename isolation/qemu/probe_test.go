@@ -116,3 +116,16 @@ func TestKVMProbeBoundedOnHang(t *testing.T) {
 		t.Fatalf("the hung probe left process %d behind", pid)
 	}
 }
+
+// TestKVMProbeWithoutDevice: a host without /dev/kvm runs TCG and says why.
+func TestKVMProbeWithoutDevice(t *testing.T) {
+	base := testRuntime(t)
+	rt := New(Options{Dir: base.cache.Dir, Device: "/nonexistent/kvm"})
+	v := rt.KVM()
+	if v.Usable || !strings.Contains(v.Reason, "no usable /nonexistent/kvm") {
+		t.Fatalf("verdict without a device: %s", v)
+	}
+	if d := rt.Detail(); !strings.Contains(d, "tcg") || !strings.Contains(d, "/nonexistent/kvm") {
+		t.Fatalf("Detail %q", d)
+	}
+}
