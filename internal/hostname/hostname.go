@@ -127,9 +127,9 @@ func ParsePattern(s string) (string, error) {
 		case strings.Contains(base, ".") && icann:
 			kind = "a public suffix (a registry's, like co.uk)"
 		case strings.Contains(base, "."):
-			kind = "a public suffix (a hosting provider's: anyone can get a name below it)"
+			kind = "a public suffix (its owner gives names below it to others)"
 		}
-		return "", invalid(s, "%q is %s, so the names below it belong to unrelated owners; list the hosts, or write a wildcard below a domain someone owns, e.g. \"*.example.%s\"", base, kind, base)
+		return "", invalid(s, "%q is %s, so a wildcard over it covers names of unrelated owners; list the hosts, or write a wildcard below a domain someone owns, e.g. \"*.example.%s\"", base, kind, base)
 	}
 	return n, nil
 }
