@@ -40,6 +40,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/cagebox/cagebox/internal/hostname"
 )
 
 // Request is what the policy decides on. Protocol is "http" for an HTTP
@@ -95,7 +97,7 @@ func (sb *Sandbox) nameOf(a netip.Addr) (string, bool) {
 		return "", false
 	}
 	name, ok := sb.NameOf(a.Unmap())
-	name = normName(name)
+	name = hostname.Canonical(name)
 	return name, ok && name != ""
 }
 
@@ -152,6 +154,11 @@ type Config struct {
 	// Resolve holds explicit upstream overrides, "host:port" → address. Only
 	// these names may reach loopback or private addresses.
 	Resolve map[string]netip.AddrPort
+	// HostAddrs are addresses (or prefixes) of this host that no upstream
+	// may have, besides those the proxy learns from the host's interfaces
+	// and local routes: its public addresses behind 1:1 NAT, which only the
+	// operator knows (the daemon's --host-public-addr).
+	HostAddrs []netip.Prefix
 	// UpstreamCAs are roots trusted in addition to the system roots.
 	UpstreamCAs *x509.CertPool
 	// Resolver resolves upstream names on the host; nil means the default.
@@ -238,7 +245,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{
 		cfg:        cfg,
 		log:        cfg.Logger,
-		guard:      newGuard(cfg.Resolve, cfg.Resolver),
+		guard:      newGuard(cfg.Resolve, cfg.Resolver, cfg.HostAddrs),
 		ctx:        ctx,
 		cancel:     cancel,
 		listeners:  make(map[net.Listener]struct{}),
@@ -583,7 +590,7 @@ func (p *Proxy) serveTLS(pc *peekedConn, sb *Sandbox, dst netip.AddrPort, start 
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(hi *tls.ClientHelloInfo) (*tls.Config, error) {
-			sni := normName(hi.ServerName)
+			sni := hostname.Canonical(hi.ServerName)
 			want, ok := sb.nameOf(dst.Addr())
 			switch {
 			case !ok:

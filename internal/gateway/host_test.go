@@ -27,7 +27,9 @@ func TestResignHostsAgree(t *testing.T) {
 		}
 		a := &Attachment{}
 		a.SetSigV4([]*SigV4Binding{{Name: "AWS", Hosts: hosts, Placeholder: ph,
-			Real: func() (resign.AWSCreds, error) { return resign.AWSCreds{AccessKeyID: "AKIAREAL", SecretAccessKey: "real"}, nil }}})
+			Real: func() (resign.AWSCreds, error) {
+				return resign.AWSCreds{AccessKeyID: "AKIAREAL", SecretAccessKey: "real"}, nil
+			}}})
 		r, _ := http.NewRequest("GET", "https://example.com/", nil)
 		r.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential="+ph.AccessKeyID+"/20250101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00")
 		r.TLS = &tls.ConnectionState{}
