@@ -172,3 +172,28 @@ func FuzzParsePattern(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkMatchAny(b *testing.B) {
+	ps := []string{"api.github.com", "*.githubassets.com", "uploads.github.com", "*.github.com"}
+	for _, host := range []string{"API.GitHub.com", "objects.githubassets.com.", "nowhere.example.org"} {
+		b.Run(host, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				hostname.MatchAny(ps, host)
+			}
+		})
+	}
+}
+
+func BenchmarkParsePattern(b *testing.B) {
+	for _, s := range []string{"*.example.co.uk", "api.github.com"} {
+		b.Run(s, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := hostname.ParsePattern(s); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
