@@ -53,6 +53,9 @@ type Config struct {
 	// they may reach loopback or private addresses.
 	Resolve     map[string]netip.AddrPort
 	UpstreamCAs *x509.CertPool
+	// HostAddrs are the host's addresses it cannot learn from its
+	// interfaces (public addresses behind 1:1 NAT); no upstream may have one.
+	HostAddrs []netip.Prefix
 	// Emit records an audit event.
 	Emit   func(tenant, sandbox, kind string, data any)
 	Logger *slog.Logger
@@ -234,6 +237,7 @@ func New(cfg Config) (*Gateway, error) {
 		OnDenied:    g.deniedAlert,
 		Resolve:     cfg.Resolve,
 		UpstreamCAs: cfg.UpstreamCAs,
+		HostAddrs:   cfg.HostAddrs,
 		Logger:      cfg.Logger,
 	})
 	if err != nil {
