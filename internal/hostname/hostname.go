@@ -121,13 +121,10 @@ func ParsePattern(s string) (string, error) {
 	if r := nameProblem(base); r != "" {
 		return "", invalid(s, "%s", r)
 	}
-	if ps, icann := publicsuffix.PublicSuffix(base); ps == base {
+	if ps, _ := publicsuffix.PublicSuffix(base); ps == base {
 		kind := "a top-level domain"
-		switch {
-		case strings.Contains(base, ".") && icann:
-			kind = "a public suffix (a registry's, like co.uk)"
-		case strings.Contains(base, "."):
-			kind = "a public suffix (its owner gives names below it to others)"
+		if strings.Contains(base, ".") {
+			kind = "a public suffix (publicsuffix.org)"
 		}
 		return "", invalid(s, "%q is %s, so a wildcard over it covers names of unrelated owners; list the hosts, or write a wildcard below a domain someone owns, e.g. \"*.example.%s\"", base, kind, base)
 	}
