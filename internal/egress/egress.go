@@ -16,12 +16,17 @@
 //     TCP to that name and port.
 //
 // A literal IP destination (one the sandbox's DNS never handed out) has no
-// name and is refused. Upstream connections resolve the name on the host,
-// refuse private, loopback, link-local, metadata and host addresses (see
-// CheckAddr), and dial the checked address itself. Only names with an
-// explicit Config.Resolve override may reach loopback or private upstreams.
+// name and is refused. Names are compared in the canonical form of package
+// hostname (ASCII lower case, no trailing dot). Upstream connections resolve
+// the name on the host, refuse private, loopback, link-local, metadata and
+// cloud host-endpoint addresses (see CheckAddr; rule RuleBlockedAddress)
+// and the host's own addresses (learned from its interfaces and local
+// routes, plus Config.HostAddrs; rule RuleHostAddress), and dial the checked
+// address itself. Only names with an explicit Config.Resolve override (per
+// host and port) may reach such upstreams.
 //
 // A denied HTTP request is answered with 403 and a JSON body naming the rule;
+// an upstream address refused by a built-in rule with 502 naming the rule;
 // every request and flow produces an Event.
 package egress
 
