@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/internal/gateway"
+	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
@@ -91,11 +92,15 @@ func ParseResolve(s string) (string, netip.AddrPort, error) {
 	if err != nil || host == "" || port == "" {
 		return "", netip.AddrPort{}, fmt.Errorf("--resolve %q: %q is not HOST:PORT", s, k)
 	}
+	name, err := hostname.Parse(host)
+	if err != nil {
+		return "", netip.AddrPort{}, fmt.Errorf("--resolve %q: %w", s, err)
+	}
 	ap, err := netip.ParseAddrPort(v)
 	if err != nil {
 		return "", netip.AddrPort{}, fmt.Errorf("--resolve %q: %q is not ADDR:PORT", s, v)
 	}
-	return strings.ToLower(host) + ":" + port, ap, nil
+	return name + ":" + port, ap, nil
 }
 
 // ParseHostAddr parses a --host-public-addr value: an address

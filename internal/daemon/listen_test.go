@@ -150,3 +150,15 @@ func TestParseHostAddr(t *testing.T) {
 		}
 	}
 }
+
+func TestParseResolve(t *testing.T) {
+	k, ap, err := ParseResolve("API.Example.Test.:443=127.0.0.1:8443")
+	if err != nil || k != "api.example.test:443" || ap != netip.MustParseAddrPort("127.0.0.1:8443") {
+		t.Errorf("got %q %v %v", k, ap, err)
+	}
+	for _, s := range []string{"api.example.test=127.0.0.1:1", "10.0.0.1:443=127.0.0.1:1", "*.example.test:443=127.0.0.1:1", "\u212Aey.test:443=127.0.0.1:1", "a.test:443=nowhere"} {
+		if _, _, err := ParseResolve(s); err == nil {
+			t.Errorf("ParseResolve(%q) accepted", s)
+		}
+	}
+}
