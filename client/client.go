@@ -6,6 +6,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 
 	"github.com/cagebox/cagebox/api"
@@ -38,8 +41,50 @@ func Unix(sock string) *Client {
 }
 
 // TCP returns a client for a daemon's TCP listener, authenticating with key.
+// An https:// baseURL is verified against the system roots; see NewTCP for
+// a private CA.
 func TCP(baseURL, key string) *Client {
 	return &Client{base: strings.TrimRight(baseURL, "/"), key: key, http: &http.Client{}}
+}
+
+// Options configure a TCP client.
+type Options struct {
+	// CACertFile holds PEM certificates trusted, besides the system roots,
+	// to verify an https:// daemon (one whose certificate a private CA
+	// issued).
+	CACertFile string
+}
+
+// NewTCP returns a client for a daemon's TCP listener at baseURL, http://
+// (loopback listeners, or a daemon run with --insecure-listen) or https://,
+// authenticating with key.
+func NewTCP(baseURL, key string, o Options) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, fmt.Errorf("daemon URL %q: want http://HOST:PORT or https://HOST:PORT", baseURL)
+	}
+	if u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		return nil, fmt.Errorf("daemon URL %q: want the scheme, host and port only", u.Redacted())
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if o.CACertFile != "" {
+		if u.Scheme != "https" {
+			return nil, fmt.Errorf("a CA certificate (%s) verifies an https:// daemon; %s is plain HTTP", o.CACertFile, baseURL)
+		}
+		pem, err := os.ReadFile(o.CACertFile)
+		if err != nil {
+			return nil, fmt.Errorf("CA certificate: %w", err)
+		}
+		roots, err := x509.SystemCertPool()
+		if err != nil {
+			roots = x509.NewCertPool()
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA certificate %s: no PEM certificate in it", o.CACertFile)
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	}
+	return &Client{base: u.Scheme + "://" + u.Host, key: key, http: &http.Client{Transport: tr}}, nil
 }
 
 // Error is an API error answer.

@@ -29,8 +29,8 @@ import (
 )
 
 func (g *globals) client() *client.Client {
-	if g.host != "" {
-		return client.TCP(g.host, g.apiKey)
+	if g.tcp != nil {
+		return g.tcp
 	}
 	return client.Unix(daemon.SocketPath(g.home))
 }
@@ -86,7 +86,9 @@ func (g *globals) ensureDaemon(ctx context.Context) (*client.Client, error) {
 
 func daemonCmd(g *globals) *cobra.Command {
 	var listen, agent, minIso, timeout, logLevel, pool, defRuntime string
-	var resolve, upstreamCAs []string
+	var resolve, upstreamCAs, hostPublic []string
+	var tlsCert, tlsKey string
+	var insecureListen bool
 	var proxyPort, dnsPort uint16
 	var netCfgTable, netCfgPrefix, masterKey, exfil string
 	cmd := &cobra.Command{
@@ -133,14 +135,25 @@ func daemonCmd(g *globals) *cobra.Command {
 				}
 				netCfg.Resolve[k] = v
 			}
+			for _, a := range hostPublic {
+				p, err := daemon.ParseHostAddr(a)
+				if err != nil {
+					return err
+				}
+				netCfg.HostPublicAddrs = append(netCfg.HostPublicAddrs, p)
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{
-				Home: g.home, Listen: listen, AgentPath: agent, MinIsolation: floor, DefaultRuntime: defRuntime,
+				Home: g.home, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, InsecureListen: insecureListen, AgentPath: agent, MinIsolation: floor, DefaultRuntime: defRuntime,
 				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey,
 			})
 		},
 	}
-	cmd.Flags().StringVar(&listen, "listen", "", "also serve the API on this TCP address (API keys required), e.g. 127.0.0.1:7070")
+	cmd.Flags().StringVar(&listen, "listen", "", "also serve the API on this TCP address (API keys required), e.g. 127.0.0.1:7070; plain HTTP on loopback only, elsewhere give --tls-cert/--tls-key")
+	cmd.Flags().StringVar(&tlsCert, "tls-cert", "", "serve --listen over HTTPS with this certificate (PEM, with its chain)")
+	cmd.Flags().StringVar(&tlsKey, "tls-key", "", "private key (PEM) of --tls-cert")
+	cmd.Flags().BoolVar(&insecureListen, "insecure-listen", false, "allow plain HTTP on a non-loopback --listen address (API keys and secrets cross the network in clear; for trusted networks only)")
+	cmd.Flags().StringArrayVar(&hostPublic, "host-public-addr", nil, "a public address (or prefix) of this host that is on none of its interfaces, e.g. a cloud public IP behind 1:1 NAT: no upstream may have it (repeatable; interface addresses are learned)")
 	cmd.Flags().StringVar(&agent, "agent", os.Getenv("CAGEBOX_AGENT"), "path of the static cagebox-agent binary (default: beside this binary)")
 	cmd.Flags().StringVar(&minIso, "min-isolation", "", "isolation floor: namespaces, app-kernel or hypervisor")
 	cmd.Flags().StringVar(&defRuntime, "default-runtime", "auto", "runtime for requests that name none: auto (the strongest available that meets the floor) or a name from `cagebox runtimes`")

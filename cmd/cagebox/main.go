@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/cagebox/cagebox/client"
 )
 
 // exitError carries a process exit code out of a command.
@@ -42,7 +44,10 @@ func main() {
 type globals struct {
 	home   string
 	host   string
+	caCert string
 	apiKey string
+	// tcp is the client of --host, made before any command runs.
+	tcp *client.Client
 }
 
 func newRoot() *cobra.Command {
@@ -58,8 +63,20 @@ func newRoot() *cobra.Command {
 		home = "/var/lib/cagebox"
 	}
 	root.PersistentFlags().StringVar(&g.home, "home", home, "state directory (env CAGEBOX_HOME)")
-	root.PersistentFlags().StringVar(&g.host, "host", os.Getenv("CAGEBOX_HOST"), "daemon URL over TCP, e.g. http://10.0.0.5:7070 (env CAGEBOX_HOST; default: the unix socket)")
+	root.PersistentFlags().StringVar(&g.host, "host", os.Getenv("CAGEBOX_HOST"), "daemon URL over TCP, e.g. https://cagebox.example.com:7070 or http://127.0.0.1:7070 (env CAGEBOX_HOST; default: the unix socket)")
+	root.PersistentFlags().StringVar(&g.caCert, "ca-cert", os.Getenv("CAGEBOX_CA_CERT"), "CA certificate (PEM) trusted besides the system roots to verify an https:// --host (env CAGEBOX_CA_CERT)")
 	g.apiKey = os.Getenv("CAGEBOX_API_KEY")
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if g.host == "" || cmd.Name() == "daemon" {
+			return nil
+		}
+		c, err := client.NewTCP(g.host, g.apiKey, client.Options{CACertFile: g.caCert})
+		if err != nil {
+			return fmt.Errorf("--host: %w", err)
+		}
+		g.tcp = c
+		return nil
+	}
 	root.AddCommand(
 		daemonCmd(g),
 		runCmd(g),

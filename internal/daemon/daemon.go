@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/internal/gateway"
+	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/kvm"
 	"github.com/cagebox/cagebox/internal/link"
@@ -40,7 +41,12 @@ type Config struct {
 	// Home is the state directory ($CAGEBOX_HOME).
 	Home string
 	// Listen is an optional TCP address for the API (API keys required).
-	Listen string
+	// Plain HTTP is allowed on loopback addresses only, unless
+	// InsecureListen; with TLSCert and TLSKey (PEM files) it is HTTPS.
+	Listen         string
+	TLSCert        string
+	TLSKey         string
+	InsecureListen bool
 	// AgentPath is the static cagebox-agent binary.
 	AgentPath    string
 	MinIsolation isolation.Class
@@ -69,6 +75,10 @@ type NetworkConfig struct {
 	Resolve map[string]netip.AddrPort
 	// UpstreamCAFiles are extra roots for verifying upstreams.
 	UpstreamCAFiles []string
+	// HostPublicAddrs are the host's public addresses that are on none of
+	// its interfaces (1:1 NAT, cloud public IPs; see ParseHostAddr): no
+	// upstream may have one. Interface addresses are learned.
+	HostPublicAddrs []netip.Prefix
 	// Exfil: flag (default), block or off — credential-shaped strings that
 	// are not a sandbox's placeholders.
 	Exfil string
@@ -84,11 +94,33 @@ func ParseResolve(s string) (string, netip.AddrPort, error) {
 	if err != nil || host == "" || port == "" {
 		return "", netip.AddrPort{}, fmt.Errorf("--resolve %q: %q is not HOST:PORT", s, k)
 	}
+	name, err := hostname.Parse(host)
+	if err != nil {
+		return "", netip.AddrPort{}, fmt.Errorf("--resolve %q: %w", s, err)
+	}
 	ap, err := netip.ParseAddrPort(v)
 	if err != nil {
 		return "", netip.AddrPort{}, fmt.Errorf("--resolve %q: %q is not ADDR:PORT", s, v)
 	}
-	return strings.ToLower(host) + ":" + port, ap, nil
+	return name + ":" + port, ap, nil
+}
+
+// ParseHostAddr parses a --host-public-addr value: an address
+// ("203.0.113.7", "2001:db8::7") or a prefix ("203.0.113.0/28").
+func ParseHostAddr(s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		a, aerr := netip.ParseAddr(s)
+		if aerr != nil || a.Zone() != "" {
+			return netip.Prefix{}, fmt.Errorf("--host-public-addr %q: want an address such as 203.0.113.7 or a prefix such as 203.0.113.0/28", s)
+		}
+		a = a.Unmap()
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if p.Addr().Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("--host-public-addr %q: write an IPv4 address in its IPv4 form", s)
+	}
+	return p.Masked(), nil
 }
 
 // SocketPath is the API's unix socket under home.
@@ -124,6 +156,15 @@ func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
+	}
+	// The TCP listener is checked (and taken) first, so that a refused
+	// setting leaves nothing behind.
+	tl, err := openAPIListener(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	if tl != nil {
+		defer tl.Close()
 	}
 	if err := os.MkdirAll(cfg.Home, 0o700); err != nil {
 		return fmt.Errorf("create home %s: %w", cfg.Home, err)
@@ -240,14 +281,16 @@ func Run(ctx context.Context, cfg Config) error {
 	errc := make(chan error, 2)
 	go func() { errc <- unixSrv.Serve(ul) }()
 	var tcpSrv *http.Server
-	if cfg.Listen != "" {
-		tl, err := net.Listen("tcp", cfg.Listen)
-		if err != nil {
-			return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
-		}
-		tcpSrv = &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
-		go func() { errc <- tcpSrv.Serve(tl) }()
-		log.Info("api on tcp (API keys required)", "addr", tl.Addr().String())
+	if tl != nil {
+		tcpSrv = &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tl.tls}
+		go func() {
+			if tl.tls != nil {
+				errc <- tcpSrv.ServeTLS(tl.Listener, "", "")
+				return
+			}
+			errc <- tcpSrv.Serve(tl.Listener)
+		}()
+		log.Info("api on tcp (API keys required)", "addr", tl.Addr().String(), "https", tl.tls != nil)
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -319,6 +362,7 @@ func newGateway(cfg Config, emit func(string, string, string, any), log *slog.Lo
 		StateDir: filepath.Join(cfg.Home, "net"), Pool: n.Pool,
 		ProxyPort: n.ProxyPort, DNSPort: n.DNSPort, TableName: n.TableName, IfPrefix: n.IfPrefix,
 		Resolve: n.Resolve, UpstreamCAs: roots, Emit: emit, Logger: log, Exfil: n.Exfil,
+		HostAddrs: n.HostPublicAddrs,
 	})
 }
 

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cagebox/cagebox/internal/hostname"
 )
 
 const (
@@ -113,7 +115,7 @@ func (c *CA) Certificate() *x509.Certificate { return c.cert }
 
 // leaf returns a certificate for name, minted on first use and cached.
 func (c *CA) leaf(name string) (*tls.Certificate, error) {
-	name = normName(name)
+	name = hostname.Canonical(name)
 	if name == "" {
 		return nil, errors.New("leaf certificate: empty name")
 	}
@@ -199,11 +201,6 @@ func randSerial() (*big.Int, error) {
 		return nil, fmt.Errorf("certificate serial: %w", err)
 	}
 	return serial, nil
-}
-
-// normName lower-cases a DNS name and drops a trailing dot.
-func normName(s string) string {
-	return strings.ToLower(strings.TrimSuffix(s, "."))
 }
 
 const caNamePrefix, caNameSuffix = "cagebox sandbox ", " CA"

@@ -10,13 +10,30 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/cagebox/cagebox/internal/hostname"
+)
+
+// Built-in rules named when the guard refuses an upstream's address.
+const (
+	// RuleBlockedAddress: the name resolves to an address no upstream may
+	// have (loopback, private, link-local, metadata, …; see CheckAddr).
+	RuleBlockedAddress = "builtin:blocked-address"
+	// RuleHostAddress: the name resolves to an address of the host itself.
+	RuleHostAddress = "builtin:host-address"
 )
 
 // RefusedError is an upstream connection the dial guard would not make. Reason
 // is safe to show to the sandbox: it names the class of address, never the
-// address itself.
+// address itself. Rule is the built-in rule that refused the address
+// (RuleBlockedAddress or RuleHostAddress), or "" when the dial failed for
+// another reason (no such name, connection refused).
 type RefusedError struct {
 	Reason string
+	Rule   string
 	Err    error // underlying cause, if any (not shown to the sandbox)
 }
 
@@ -31,6 +48,19 @@ func (e *RefusedError) Unwrap() error { return e.Err }
 
 func refused(format string, args ...any) *RefusedError {
 	return &RefusedError{Reason: fmt.Sprintf(format, args...)}
+}
+
+func blocked(format string, args ...any) *RefusedError {
+	return &RefusedError{Reason: fmt.Sprintf(format, args...), Rule: RuleBlockedAddress}
+}
+
+// refusalRule returns the built-in rule that refused a dial, or "".
+func refusalRule(err error) string {
+	var re *RefusedError
+	if errors.As(err, &re) {
+		return re.Rule
+	}
+	return ""
 }
 
 type classed struct {
@@ -50,6 +80,7 @@ func prefixes(pairs ...string) []classed {
 var (
 	forbidden4 = prefixes(
 		"0.0.0.0/8", "unspecified",
+		"168.63.129.16/32", "cloud host endpoint (Azure WireServer)",
 		"10.0.0.0/8", "private",
 		"100.64.0.0/10", "shared (CGNAT)",
 		"127.0.0.0/8", "loopback",
@@ -86,63 +117,75 @@ var (
 
 // CheckAddr reports whether a resolved address may be an upstream. It refuses
 // loopback, private (RFC 1918), CGNAT, link-local (including the cloud metadata
-// addresses 169.254.169.254 and fd00:ec2::254), unique-local, multicast,
-// unspecified, broadcast, reserved and the synthetic 198.18.0.0/15 range, and
-// every IPv6 form that embeds one of those IPv4 addresses (IPv4-mapped,
-// IPv4-compatible, SIIT, NAT64, 6to4, Teredo). It does not know the host's own
-// addresses; the proxy's dialer checks those too.
+// addresses 169.254.169.254 and fd00:ec2::254), Azure's host endpoint
+// 168.63.129.16 (WireServer: VM agent, health probes, DNS), unique-local,
+// multicast, unspecified, broadcast, reserved and the synthetic
+// 198.18.0.0/15 range, and every IPv6 form that embeds one of those IPv4
+// addresses (IPv4-mapped, IPv4-compatible, SIIT, NAT64, 6to4, Teredo). It
+// does not know the host's own addresses; the proxy's dialer checks those
+// too. A refusal names RuleBlockedAddress.
 func CheckAddr(a netip.Addr) error {
 	if !a.IsValid() {
-		return refused("invalid address")
+		return blocked("invalid address")
 	}
 	if a.Zone() != "" {
-		return refused("resolves to a scoped address")
+		return blocked("resolves to a scoped address")
 	}
 	if a.Is4In6() {
 		if err := check4(a.Unmap()); err != nil {
-			return refused("resolves to an IPv4-mapped %s address", className(err))
+			return blocked("resolves to an IPv4-mapped %s address", className(err))
 		}
 		return nil
 	}
 	if a.Is4() {
 		return check4(a)
 	}
-	b := a.As16()
-	embedded := func(kind string, v4 netip.Addr) error {
-		if err := check4(v4); err != nil {
-			return refused("resolves to a %s form of a %s address", kind, className(err))
+	if kind, v4s := embeddedIPv4(a); kind != "" {
+		for _, v4 := range v4s {
+			if err := check4(v4); err != nil {
+				return blocked("resolves to a %s form of a %s address", kind, className(err))
+			}
 		}
 		return nil
-	}
-	switch {
-	case nat64.Contains(a):
-		return embedded("NAT64", netip.AddrFrom4([4]byte(b[12:16])))
-	case siit.Contains(a):
-		return embedded("IPv4-translated", netip.AddrFrom4([4]byte(b[12:16])))
-	case sixToFour.Contains(a):
-		return embedded("6to4", netip.AddrFrom4([4]byte(b[2:6])))
-	case teredo.Contains(a):
-		if err := embedded("Teredo", netip.AddrFrom4([4]byte(b[4:8]))); err != nil {
-			return err
-		}
-		client := [4]byte{^b[12], ^b[13], ^b[14], ^b[15]}
-		return embedded("Teredo", netip.AddrFrom4(client))
 	}
 	for _, f := range forbidden6 {
 		if f.prefix.Contains(a) {
 			if f.class == "IPv4-compatible" {
-				return refused("resolves to an IPv4-compatible address")
+				return blocked("resolves to an IPv4-compatible address")
 			}
-			return refused("resolves to a %s address", f.class)
+			return blocked("resolves to a %s address", f.class)
 		}
 	}
 	return nil
 }
 
+// embeddedIPv4 names the IPv6 form of a that carries IPv4 addresses
+// (NAT64, SIIT, 6to4, Teredo) and returns them; kind is "" for none.
+// IPv4-mapped addresses are left to Unmap.
+func embeddedIPv4(a netip.Addr) (kind string, v4s []netip.Addr) {
+	if !a.Is6() || a.Is4In6() {
+		return "", nil
+	}
+	b := a.As16()
+	switch {
+	case nat64.Contains(a):
+		return "NAT64", []netip.Addr{netip.AddrFrom4([4]byte(b[12:16]))}
+	case siit.Contains(a):
+		return "IPv4-translated", []netip.Addr{netip.AddrFrom4([4]byte(b[12:16]))}
+	case sixToFour.Contains(a):
+		return "6to4", []netip.Addr{netip.AddrFrom4([4]byte(b[2:6]))}
+	case teredo.Contains(a):
+		server := netip.AddrFrom4([4]byte(b[4:8]))
+		client := netip.AddrFrom4([4]byte{^b[12], ^b[13], ^b[14], ^b[15]})
+		return "Teredo", []netip.Addr{server, client}
+	}
+	return "", nil
+}
+
 func check4(a netip.Addr) error {
 	for _, f := range forbidden4 {
 		if f.prefix.Contains(a) {
-			return &RefusedError{Reason: "resolves to a " + f.class + " address", Err: errClass(f.class)}
+			return &RefusedError{Reason: "resolves to a " + f.class + " address", Rule: RuleBlockedAddress, Err: errClass(f.class)}
 		}
 	}
 	return nil
@@ -167,21 +210,23 @@ func className(err error) string {
 // other name is resolved at connect time, every resolved address checked, and
 // a checked address dialled itself so nothing can re-resolve in between.
 type guard struct {
-	overrides map[string]netip.AddrPort // normName(host) + ":" + port
+	overrides map[string]netip.AddrPort // hostname.Canonical(host) + ":" + port
 	lookup    func(ctx context.Context, host string) ([]netip.Addr, error)
 	dialer    net.Dialer
-	// hostAddrs lists the host's own addresses; replaced in tests.
-	hostAddrs func() (map[netip.Addr]bool, error)
+	// hostAddrs learns the host's own addresses; replaced in tests.
+	hostAddrs func() ([]netip.Prefix, error)
+	// extra are addresses of the host it cannot learn (Config.HostAddrs).
+	extra []netip.Prefix
 
 	// mu guards the cached host addresses.
 	mu        sync.Mutex
-	own       map[netip.Addr]bool
+	own       []netip.Prefix
 	ownExpiry time.Time
 }
 
 const ownAddrTTL = 10 * time.Second
 
-func newGuard(overrides map[string]netip.AddrPort, r *net.Resolver) *guard {
+func newGuard(overrides map[string]netip.AddrPort, r *net.Resolver, extra []netip.Prefix) *guard {
 	if r == nil {
 		r = net.DefaultResolver
 	}
@@ -191,7 +236,11 @@ func newGuard(overrides map[string]netip.AddrPort, r *net.Resolver) *guard {
 		if err != nil {
 			continue // validated in New
 		}
-		ov[normName(host)+":"+port] = v
+		ov[hostname.Canonical(host)+":"+port] = v
+	}
+	ex := make([]netip.Prefix, 0, len(extra))
+	for _, p := range extra {
+		ex = append(ex, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-unmapBits(p.Addr())).Masked())
 	}
 	return &guard{
 		overrides: ov,
@@ -199,29 +248,74 @@ func newGuard(overrides map[string]netip.AddrPort, r *net.Resolver) *guard {
 			return r.LookupNetIP(ctx, "ip", host)
 		},
 		dialer:    net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
-		hostAddrs: interfaceAddrs,
+		hostAddrs: hostAddrs,
+		extra:     ex,
 	}
 }
 
-func interfaceAddrs() (map[netip.Addr]bool, error) {
+// unmapBits is what an IPv4-mapped prefix loses in length when unmapped.
+func unmapBits(a netip.Addr) int {
+	if a.Is4In6() {
+		return 96
+	}
+	return 0
+}
+
+// hostAddrs learns the host's own addresses without touching the network:
+// every address on its interfaces (primary and secondary, both families)
+// and every destination its kernel treats as its own — the "local" routing
+// table's local and anycast routes, which also hold prefixes on no
+// interface (AnyIP: `ip route add local 192.0.2.0/24 dev lo`). A public
+// address that reaches the host through 1:1 NAT (cloud public and elastic
+// IPs) is on none of these and cannot be learned offline; the operator
+// names those (Config.HostAddrs, the daemon's --host-public-addr).
+func hostAddrs() ([]netip.Prefix, error) {
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return nil, fmt.Errorf("host addresses: %w", err)
 	}
-	own := make(map[netip.Addr]bool, len(addrs))
+	own := make([]netip.Prefix, 0, 2*len(addrs))
 	for _, a := range addrs {
+		var ip netip.Addr
 		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			own[p.Addr().Unmap()] = true
-		} else if ip, err := netip.ParseAddr(a.String()); err == nil {
-			own[ip.Unmap()] = true
+			ip = p.Addr()
+		} else if ip, err = netip.ParseAddr(a.String()); err != nil {
+			continue
 		}
+		ip = ip.Unmap().WithZone("")
+		own = append(own, netip.PrefixFrom(ip, ip.BitLen()))
+	}
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_LOCAL}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("host addresses: local routing table: %w", err)
+	}
+	for _, r := range routes {
+		if (r.Type != unix.RTN_LOCAL && r.Type != unix.RTN_ANYCAST) || r.Dst == nil {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(r.Dst.IP)
+		if !ok {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		ip = ip.Unmap()
+		if ones > ip.BitLen() {
+			ones = ip.BitLen()
+		}
+		own = append(own, netip.PrefixFrom(ip, ones).Masked())
 	}
 	return own, nil
 }
 
 // isOwn reports whether a is one of the host's addresses. If they cannot be
-// listed, every address counts as the host's (refuse, never fail open).
+// learned, every address counts as the host's (refuse, never fail open).
 func (g *guard) isOwn(a netip.Addr) bool {
+	a = a.Unmap().WithZone("")
+	for _, p := range g.extra {
+		if p.Contains(a) {
+			return true
+		}
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.own == nil || time.Now().After(g.ownExpiry) {
@@ -231,16 +325,29 @@ func (g *guard) isOwn(a netip.Addr) bool {
 		}
 		g.own, g.ownExpiry = own, time.Now().Add(ownAddrTTL)
 	}
-	return g.own[a.Unmap()]
+	for _, p := range g.own {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
-// check is CheckAddr plus the host's own addresses.
+// check is CheckAddr plus the host's own addresses, also in the IPv6 forms
+// that embed an IPv4 address.
 func (g *guard) check(a netip.Addr) error {
 	if err := CheckAddr(a); err != nil {
 		return err
 	}
 	if g.isOwn(a) {
-		return refused("resolves to an address of the host")
+		return &RefusedError{Reason: "resolves to an address of the host", Rule: RuleHostAddress}
+	}
+	if kind, v4s := embeddedIPv4(a); kind != "" {
+		for _, v4 := range v4s {
+			if g.isOwn(v4) {
+				return &RefusedError{Reason: "resolves to a " + kind + " form of an address of the host", Rule: RuleHostAddress}
+			}
+		}
 	}
 	return nil
 }
@@ -261,7 +368,7 @@ func (g *guard) DialContext(ctx context.Context, network, address string) (net.C
 	if err != nil || port == 0 {
 		return nil, refused("bad port")
 	}
-	name := normName(host)
+	name := hostname.Canonical(host)
 	if ap, ok := g.overrides[name+":"+portStr]; ok {
 		c, err := g.dialer.DialContext(ctx, "tcp", ap.String())
 		if err != nil {
@@ -272,7 +379,7 @@ func (g *guard) DialContext(ctx context.Context, network, address string) (net.C
 	if _, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
 		return nil, refused("literal IP address")
 	}
-	if name == "" || name == "localhost" || strings.HasSuffix(name, ".localhost") {
+	if !hostname.Valid(name) || name == "localhost" || strings.HasSuffix(name, ".localhost") {
 		return nil, refused("name not allowed")
 	}
 	addrs, err := g.lookup(ctx, name)

@@ -6,9 +6,15 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 func TestCheckAddrRefuses(t *testing.T) {
@@ -62,6 +68,10 @@ func TestCheckAddrRefuses(t *testing.T) {
 		{"2001:db8::1", "reserved"},
 		{"100::1", "discard"},
 		{"fe80::1%eth0", "scoped"},
+		{"168.63.129.16", "cloud host endpoint (Azure WireServer)"},
+		{"::ffff:168.63.129.16", "IPv4-mapped cloud host endpoint"},
+		{"64:ff9b::a83f:8110", "NAT64 form of a cloud host endpoint"},
+		{"2002:a83f:8110::1", "6to4 form of a cloud host endpoint"},
 	} {
 		a, err := netip.ParseAddr(tc.addr)
 		if err != nil {
@@ -79,6 +89,9 @@ func TestCheckAddrRefuses(t *testing.T) {
 		if strings.Contains(re.Reason, tc.addr) {
 			t.Errorf("%s: reason %q leaks the address", tc.addr, re.Reason)
 		}
+		if re.Rule != RuleBlockedAddress {
+			t.Errorf("%s: rule %q, want %s", tc.addr, re.Rule, RuleBlockedAddress)
+		}
 	}
 }
 
@@ -86,7 +99,7 @@ func TestCheckAddrAllows(t *testing.T) {
 	for _, s := range []string{
 		"8.8.8.8", "1.1.1.1", "93.184.216.34", "172.15.255.255", "172.32.0.1", "100.63.255.255",
 		"100.128.0.1", "198.17.255.255", "198.20.0.1", "223.255.255.254",
-		"2606:4700:4700::1111", "2a00:1450:4001:82a::200e",
+		"2606:4700:4700::1111", "2a00:1450:4001:82a::200e", "168.63.129.15", "168.63.129.17",
 		"::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1",
 	} {
 		if err := CheckAddr(netip.MustParseAddr(s)); err != nil {
@@ -95,19 +108,40 @@ func TestCheckAddrAllows(t *testing.T) {
 	}
 }
 
-func TestInterfaceAddrsIncludeLoopback(t *testing.T) {
-	own, err := interfaceAddrs()
+func TestHostAddrsIncludeLoopbackAndInterfaces(t *testing.T) {
+	own, err := hostAddrs()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !own[netip.MustParseAddr("127.0.0.1")] {
-		t.Errorf("host addresses %v lack 127.0.0.1", own)
+	ifaddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
 	}
+	want := []string{"127.0.0.1", "127.0.0.2"} // 127.0.0.0/8 is a local route
+	for _, a := range ifaddrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Zone() == "" {
+			want = append(want, p.Addr().String())
+		}
+	}
+	for _, w := range want {
+		if !containsAddr(own, netip.MustParseAddr(w)) {
+			t.Errorf("host addresses %v lack %s", own, w)
+		}
+	}
+}
+
+func containsAddr(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // fakeDNS makes a guard whose resolver answers from a table.
 func guardWith(overrides map[string]netip.AddrPort, dns map[string][]string) *guard {
-	g := newGuard(overrides, nil)
+	g := newGuard(overrides, nil, []netip.Prefix{netip.MustParsePrefix("203.0.114.64/28")})
 	g.lookup = func(_ context.Context, host string) ([]netip.Addr, error) {
 		as, ok := dns[host]
 		if !ok {
@@ -119,8 +153,8 @@ func guardWith(overrides map[string]netip.AddrPort, dns map[string][]string) *gu
 		}
 		return out, nil
 	}
-	g.hostAddrs = func() (map[netip.Addr]bool, error) {
-		return map[netip.Addr]bool{netip.MustParseAddr("203.0.114.7"): true}, nil
+	g.hostAddrs = func() ([]netip.Prefix, error) {
+		return []netip.Prefix{netip.MustParsePrefix("203.0.114.7/32")}, nil
 	}
 	return g
 }
@@ -142,6 +176,11 @@ func TestGuardDial(t *testing.T) {
 			"cgnat.example":         {"100.64.0.1"},
 			"synthetic.example":     {"198.18.0.1"},
 			"nat64.example":         {"64:ff9b::a00:1"},
+			"azure.example":         {"168.63.129.16"},
+			"azure64.example":       {"64:ff9b::a83f:8110"},
+			"public.example":        {"203.0.114.70"},
+			"public64.example":      {"64:ff9b::cb00:7246"},
+			"host64.example":        {"2002:cb00:7207::1"},
 		})
 	for _, tc := range []struct {
 		addr, reason string // reason "" = must connect
@@ -156,6 +195,12 @@ func TestGuardDial(t *testing.T) {
 		{"aws6.example:80", "unique local"},
 		{"rebind.example:443", "private"},
 		{"host.example:443", "address of the host"},
+		{"host64.example:443", "6to4 form of an address of the host"},
+		{"public.example:443", "address of the host"},
+		{"public64.example:443", "NAT64 form of an address of the host"},
+		{"azure.example:80", "cloud host endpoint (Azure WireServer)"},
+		{"azure64.example:80", "NAT64 form of a cloud host endpoint"},
+		{"bad name.example:443", "name not allowed"},
 		{"cgnat.example:443", "CGNAT"},
 		{"synthetic.example:443", "synthetic"},
 		{"nat64.example:443", "NAT64 form of a private"},
@@ -185,6 +230,17 @@ func TestGuardDial(t *testing.T) {
 		var re *RefusedError
 		if !errors.As(err, &re) || !strings.Contains(re.Reason, tc.reason) {
 			t.Errorf("%s: %v, want refusal %q", tc.addr, err, tc.reason)
+			continue
+		}
+		wantRule := RuleBlockedAddress
+		switch {
+		case strings.Contains(tc.reason, "address of the host"):
+			wantRule = RuleHostAddress
+		case !strings.HasPrefix(re.Reason, "resolves to"):
+			wantRule = ""
+		}
+		if re.Rule != wantRule {
+			t.Errorf("%s: rule %q, want %q", tc.addr, re.Rule, wantRule)
 		}
 	}
 	if _, err := g.DialContext(context.Background(), "udp", "test.upstream.example:"+port); err == nil {
@@ -194,8 +250,106 @@ func TestGuardDial(t *testing.T) {
 
 func TestGuardHostAddrsUnavailableRefuses(t *testing.T) {
 	g := guardWith(nil, map[string][]string{"pub.example": {"8.8.8.8"}})
-	g.hostAddrs = func() (map[netip.Addr]bool, error) { return nil, errors.New("netlink down") }
+	g.hostAddrs = func() ([]netip.Prefix, error) { return nil, errors.New("netlink down") }
 	if _, err := g.DialContext(context.Background(), "tcp", "pub.example:443"); err == nil {
 		t.Fatal("dial allowed without knowing the host's addresses")
+	}
+}
+
+// TestHostAddrsLearnedOffline: in a private network namespace, the guard
+// learns a secondary address, an IPv6 address and an AnyIP local route (a
+// prefix on no interface) as the host's, without any network access, and
+// refuses names resolving to them with the built-in rule named.
+func TestHostAddrsLearnedOffline(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace")
+	}
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	ns, err := netns.New() // this thread only
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			panic(err) // leave the thread locked
+		}
+		runtime.UnlockOSThread()
+	}()
+
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		t.Fatal(err)
+	}
+	// A veth pair (the dummy driver is not everywhere); both ends stay in
+	// the namespace.
+	pub := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pub0"}, PeerName: "pub1"}
+	if err := netlink.LinkAdd(pub); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(pub); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"203.0.114.10/24", "203.0.114.11/24", "2a00:1450:4001::10/64"} {
+		addr, _ := netlink.ParseAddr(a)
+		addr.Flags = unix.IFA_F_NODAD
+		if err := netlink.AddrAdd(pub, addr); err != nil {
+			t.Fatalf("add %s: %v", a, err)
+		}
+	}
+	anyIP := &netlink.Route{LinkIndex: lo.Attrs().Index, Table: unix.RT_TABLE_LOCAL, Type: unix.RTN_LOCAL,
+		Scope: netlink.SCOPE_HOST, Dst: &net.IPNet{IP: net.ParseIP("203.0.115.0").To4(), Mask: net.CIDRMask(24, 32)}}
+	if err := netlink.RouteAdd(anyIP); err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := netlink.AddrList(pub, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secondary := false
+	for _, a := range addrs {
+		secondary = secondary || a.IP.String() == "203.0.114.11" && a.Flags&unix.IFA_F_SECONDARY != 0
+	}
+	if !secondary {
+		t.Fatalf("203.0.114.11 is not a secondary address here: %v", addrs)
+	}
+
+	own, err := hostAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"203.0.114.10", "203.0.114.11", "2a00:1450:4001::10", "203.0.115.1", "203.0.115.254", "127.0.0.1"} {
+		if !containsAddr(own, netip.MustParseAddr(a)) {
+			t.Errorf("learned %v: %s missing", own, a)
+		}
+	}
+	for _, a := range []string{"203.0.114.12", "203.0.116.1", "2a00:1450:4001::11", "8.8.8.8"} {
+		if containsAddr(own, netip.MustParseAddr(a)) {
+			t.Errorf("learned %v: %s is not the host's", own, a)
+		}
+	}
+
+	g := newGuard(nil, nil, nil)
+	g.lookup = func(_ context.Context, host string) ([]netip.Addr, error) {
+		m := map[string]string{"sec.example": "203.0.114.11", "v6.example": "2a00:1450:4001::10",
+			"anyip.example": "203.0.115.77", "nat64.example": "64:ff9b::cb00:734d"}
+		return []netip.Addr{netip.MustParseAddr(m[host])}, nil
+	}
+	for _, name := range []string{"sec.example", "v6.example", "anyip.example", "nat64.example"} {
+		_, err := g.DialContext(context.Background(), "tcp", name+":443")
+		var re *RefusedError
+		if !errors.As(err, &re) || re.Rule != RuleHostAddress || !strings.Contains(re.Reason, "address of the host") {
+			t.Errorf("%s: %v, want refused by %s", name, err, RuleHostAddress)
+		}
 	}
 }

@@ -16,12 +16,17 @@
 //     TCP to that name and port.
 //
 // A literal IP destination (one the sandbox's DNS never handed out) has no
-// name and is refused. Upstream connections resolve the name on the host,
-// refuse private, loopback, link-local, metadata and host addresses (see
-// CheckAddr), and dial the checked address itself. Only names with an
-// explicit Config.Resolve override may reach loopback or private upstreams.
+// name and is refused. Names are compared in the canonical form of package
+// hostname (ASCII lower case, no trailing dot). Upstream connections resolve
+// the name on the host, refuse private, loopback, link-local, metadata and
+// cloud host-endpoint addresses (see CheckAddr; rule RuleBlockedAddress)
+// and the host's own addresses (learned from its interfaces and local
+// routes, plus Config.HostAddrs; rule RuleHostAddress), and dial the checked
+// address itself. Only names with an explicit Config.Resolve override (per
+// host and port) may reach such upstreams.
 //
 // A denied HTTP request is answered with 403 and a JSON body naming the rule;
+// an upstream address refused by a built-in rule with 502 naming the rule;
 // every request and flow produces an Event.
 package egress
 
@@ -40,6 +45,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/cagebox/cagebox/internal/hostname"
 )
 
 // Request is what the policy decides on. Protocol is "http" for an HTTP
@@ -95,7 +102,7 @@ func (sb *Sandbox) nameOf(a netip.Addr) (string, bool) {
 		return "", false
 	}
 	name, ok := sb.NameOf(a.Unmap())
-	name = normName(name)
+	name = hostname.Canonical(name)
 	return name, ok && name != ""
 }
 
@@ -152,6 +159,11 @@ type Config struct {
 	// Resolve holds explicit upstream overrides, "host:port" → address. Only
 	// these names may reach loopback or private addresses.
 	Resolve map[string]netip.AddrPort
+	// HostAddrs are addresses (or prefixes) of this host that no upstream
+	// may have, besides those the proxy learns from the host's interfaces
+	// and local routes: its public addresses behind 1:1 NAT, which only the
+	// operator knows (the daemon's --host-public-addr).
+	HostAddrs []netip.Prefix
 	// UpstreamCAs are roots trusted in addition to the system roots.
 	UpstreamCAs *x509.CertPool
 	// Resolver resolves upstream names on the host; nil means the default.
@@ -238,7 +250,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{
 		cfg:        cfg,
 		log:        cfg.Logger,
-		guard:      newGuard(cfg.Resolve, cfg.Resolver),
+		guard:      newGuard(cfg.Resolve, cfg.Resolver, cfg.HostAddrs),
 		ctx:        ctx,
 		cancel:     cancel,
 		listeners:  make(map[net.Listener]struct{}),
@@ -583,7 +595,7 @@ func (p *Proxy) serveTLS(pc *peekedConn, sb *Sandbox, dst netip.AddrPort, start 
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(hi *tls.ClientHelloInfo) (*tls.Config, error) {
-			sni := normName(hi.ServerName)
+			sni := hostname.Canonical(hi.ServerName)
 			want, ok := sb.nameOf(dst.Addr())
 			switch {
 			case !ok:

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/cagebox/cagebox/internal/hostname"
 )
 
 // Rules the proxy applies itself, named in denials.
@@ -100,7 +102,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	host, port := splitHostPort(r.Host)
-	if normName(host) != info.name || (port != "" && port != strconv.Itoa(int(info.dst.Port()))) {
+	if hostname.Canonical(host) != info.name || (port != "" && port != strconv.Itoa(int(info.dst.Port()))) {
 		what := "destination"
 		if info.scheme == "https" {
 			what = "TLS server name"
@@ -176,9 +178,12 @@ func rewrite(pr *httputil.ProxyRequest) {
 // upstreamError answers 502 when the upstream could not be reached.
 func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	st, _ := r.Context().Value(reqStateKey{}).(*reqState)
-	reason := upstreamReason(err)
+	reason, rule := upstreamReason(err), refusalRule(err)
 	if st != nil {
 		st.ev.Verdict, st.ev.Reason = VerdictError, upstreamErrPrefix+reason
+		if rule != "" {
+			st.ev.Rule = rule
+		}
 	}
 	if r.Context().Err() != nil {
 		return // the sandbox went away
@@ -188,10 +193,17 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 		host = st.name
 	}
 	p.log.Info("egress upstream error", "host", host, "err", err)
-	writeJSON(w, http.StatusBadGateway, map[string]string{
+	body := map[string]string{
 		"error": upstreamErrPrefix + reason,
 		"host":  host,
-	})
+	}
+	if rule != "" {
+		// A built-in rule refused the upstream's address: name it, as a
+		// denial does.
+		body["rule"] = rule
+		w.Header().Set(headerDenied, rule)
+	}
+	writeJSON(w, http.StatusBadGateway, body)
 }
 
 // upstreamReason says what went wrong without internal detail.

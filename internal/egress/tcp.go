@@ -34,6 +34,9 @@ func (p *Proxy) serveTCP(pc *peekedConn, sb *Sandbox, dst netip.AddrPort, start 
 	up, err := p.guard.DialContext(p.ctx, "tcp", net.JoinHostPort(name, strconv.Itoa(int(dst.Port()))))
 	if err != nil {
 		ev.Verdict, ev.Reason = VerdictError, upstreamErrPrefix+upstreamReason(err)
+		if rule := refusalRule(err); rule != "" {
+			ev.Rule = rule
+		}
 		p.log.Info("egress upstream error", "sandbox", sb.ID, "host", name, "err", err)
 		p.emit(sb, ev)
 		return

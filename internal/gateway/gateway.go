@@ -22,12 +22,12 @@ import (
 
 	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/internal/egress"
+	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/cagebox/cagebox/internal/link"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/resign"
 	"github.com/cagebox/cagebox/internal/resolver"
 	"github.com/cagebox/cagebox/internal/substitute"
-	"github.com/cagebox/cagebox/internal/vault"
 )
 
 // Defaults.
@@ -53,6 +53,9 @@ type Config struct {
 	// they may reach loopback or private addresses.
 	Resolve     map[string]netip.AddrPort
 	UpstreamCAs *x509.CertPool
+	// HostAddrs are the host's addresses it cannot learn from its
+	// interfaces (public addresses behind 1:1 NAT); no upstream may have one.
+	HostAddrs []netip.Prefix
 	// Emit records an audit event.
 	Emit   func(tenant, sandbox, kind string, data any)
 	Logger *slog.Logger
@@ -234,6 +237,7 @@ func New(cfg Config) (*Gateway, error) {
 		OnDenied:    g.deniedAlert,
 		Resolve:     cfg.Resolve,
 		UpstreamCAs: cfg.UpstreamCAs,
+		HostAddrs:   cfg.HostAddrs,
 		Logger:      cfg.Logger,
 	})
 	if err != nil {
@@ -556,7 +560,7 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusa
 	if set == nil {
 		return nil
 	}
-	res, err := set.Apply(r, strings.ToLower(host), r.TLS != nil)
+	res, err := set.Apply(r, hostname.Canonical(host), r.TLS != nil)
 	if err != nil {
 		g.cfg.Emit(sb.Tenant, sb.ID, "secret.error", map[string]any{"host": host, "error": err.Error()})
 		return &egress.Refusal{Rule: "secret", Reason: err.Error()}
@@ -620,7 +624,7 @@ func (g *Gateway) resignHMAC(sb *egress.Sandbox, a *Attachment, r *http.Request,
 			g.cfg.Emit(sb.Tenant, sb.ID, kind, map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": "secret:" + b.Name, "reason": reason})
 			return &egress.Refusal{Rule: "secret:" + b.Name, Reason: reason}
 		}
-		if r.TLS == nil || !vault.MatchHost(b.Hosts, host) {
+		if r.TLS == nil || !hostname.MatchAny(b.Hosts, host) {
 			// Another header of the same name is none of our business;
 			// a signature made with our placeholder key is.
 			if b.Signer.Verify(r) == nil {
@@ -661,7 +665,7 @@ func (g *Gateway) resignSigV4(sb *egress.Sandbox, a *Attachment, r *http.Request
 			g.cfg.Emit(sb.Tenant, sb.ID, kind, map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": "secret:" + b.Name, "reason": reason})
 			return &egress.Refusal{Rule: "secret:" + b.Name, Reason: reason}
 		}
-		if r.TLS == nil || !vault.MatchHost(b.Hosts, host) {
+		if r.TLS == nil || !hostname.MatchAny(b.Hosts, host) {
 			return refuse("secret.alert", fmt.Sprintf("AWS request signed with the placeholder key of %s sent to %s (bound to %s)", b.Name, host, strings.Join(b.Hosts, ", ")))
 		}
 		real, err := b.Real()

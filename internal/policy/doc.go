@@ -33,7 +33,8 @@
 // Host: an exact name ("api.github.com") or a wildcard ("*.github.com"),
 // which matches sub-domains at any depth ("a.github.com", "a.b.github.com")
 // but not the apex ("github.com"). Names compare case-insensitively and a
-// trailing dot is ignored.
+// trailing dot is ignored. Hosts are parsed and matched by package hostname,
+// as the vault's secret bindings and the proxy do.
 //
 // Port: one of the rule's ports (default 443 and 80).
 //
@@ -78,7 +79,9 @@
 // [Parse] rejects unknown and duplicate fields (JSON keys must be spelled in
 // lower case, as documented), and [Document.Validate] rejects anything that
 // could not do what it says: IP literals and numeric names as hosts, a
-// wildcard other than a leading "*." label, allow rules for port 853 or the
+// wildcard other than a leading "*." label, a wildcard over a public suffix
+// ("*.com", "*.co.uk": the names below it belong to unrelated
+// owners), non-ASCII names (write the punycode form the error gives), allow rules for port 853 or the
 // CONNECT method (both always refused), methods or paths on tcp rules,
 // unclean path patterns, and duplicate rule names or names reserved for
 // built-ins ("default", "builtin:...").

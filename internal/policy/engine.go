@@ -9,6 +9,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/cagebox/cagebox/internal/hostname"
 )
 
 // Request is what the proxy knows about one request or connection.
@@ -98,7 +100,7 @@ type compiledRule struct {
 	name    string
 	allow   bool
 	proto   string // ProtocolHTTP, ProtocolWebSocket or ProtocolTCP
-	host    hostMatcher
+	host    string // canonical pattern (see package hostname)
 	ports   []int
 	methods []string // nil: any
 	paths   []pathPattern
@@ -218,12 +220,11 @@ func compile(d *Document) (*Policy, error) {
 		names[nr.Name] = i
 		cr.name = nr.Name
 
-		host, wildcard, reason := parseHostPattern(r.Host)
+		host, reason := parseHostPattern(r.Host)
 		if reason != "" {
 			return bad(f+".host", "%s", reason)
 		}
-		nr.Host = host
-		cr.host = newHostMatcher(host, wildcard)
+		nr.Host, cr.host = host, host
 
 		if len(r.Ports) > MaxPortsPerRule {
 			return bad(f+".ports", "%d ports; the limit is %d", len(r.Ports), MaxPortsPerRule)
@@ -408,7 +409,7 @@ func (p *Policy) Decide(ctx context.Context, r *Request) (Decision, error) {
 	var nearMiss *compiledRule
 	for i := range p.rules {
 		cr := &p.rules[i]
-		if !cr.host.match(host) || !slices.Contains(cr.ports, r.Port) {
+		if !hostname.Match(cr.host, host) || !slices.Contains(cr.ports, r.Port) {
 			continue
 		}
 		if !cr.allow {
@@ -463,16 +464,25 @@ func (p *Policy) AllowsName(name string) bool {
 		return true
 	}
 	for i := range p.rules {
-		if p.rules[i].allow && p.rules[i].host.match(host) {
+		if p.rules[i].allow && hostname.Match(p.rules[i].host, host) {
 			return true
 		}
 	}
 	return false
 }
 
-func isDoHResolver(host string) bool {
+// dohPatterns are knownDoHResolvers and their sub-domains.
+var dohPatterns = func() []string {
+	ps := make([]string, 0, 2*len(knownDoHResolvers))
 	for _, r := range knownDoHResolvers {
-		if host == r || len(host) > len(r) && host[len(host)-len(r)-1] == '.' && strings.HasSuffix(host, r) {
+		ps = append(ps, r, "*."+r)
+	}
+	return ps
+}()
+
+func isDoHResolver(host string) bool {
+	for _, p := range dohPatterns {
+		if hostname.Match(p, host) {
 			return true
 		}
 	}
@@ -564,7 +574,7 @@ func (p *Policy) NamesHost(name string) bool {
 		return true
 	}
 	for i := range p.rules {
-		if p.rules[i].host.match(host) {
+		if hostname.Match(p.rules[i].host, host) {
 			return true
 		}
 	}

@@ -54,7 +54,7 @@ func TestHostMatching(t *testing.T) {
 	p := mustPolicy(t, `
 rules:
   - {name: exact, host: api.github.com, action: allow}
-  - {name: wild, host: "*.githubusercontent.com", action: allow}
+  - {name: wild, host: "*.usercontent.example.net", action: allow}
 `)
 	runDecide(t, p, []decideCase{
 		{"exact", Request{Host: "api.github.com"}, true, "exact"},
@@ -63,10 +63,10 @@ rules:
 		{"exact other", Request{Host: "github.com"}, false, "default"},
 		{"exact suffix trick", Request{Host: "evilapi.github.com"}, false, "default"},
 		{"exact prefix trick", Request{Host: "api.github.com.evil.net"}, false, "default"},
-		{"wildcard sub", Request{Host: "raw.githubusercontent.com"}, true, "wild"},
-		{"wildcard deep", Request{Host: "a.b.githubusercontent.com"}, true, "wild"},
-		{"wildcard apex", Request{Host: "githubusercontent.com"}, false, "default"},
-		{"wildcard suffix trick", Request{Host: "evilgithubusercontent.com"}, false, "default"},
+		{"wildcard sub", Request{Host: "raw.usercontent.example.net"}, true, "wild"},
+		{"wildcard deep", Request{Host: "a.b.usercontent.example.net"}, true, "wild"},
+		{"wildcard apex", Request{Host: "usercontent.example.net"}, false, "default"},
+		{"wildcard suffix trick", Request{Host: "evilusercontent.example.net"}, false, "default"},
 		{"ip literal", Request{Host: "140.82.112.6"}, false, RuleInvalidHost},
 		{"ipv6 literal", Request{Host: "::1"}, false, RuleInvalidHost},
 		{"empty host", Request{Host: ""}, false, RuleInvalidHost},
@@ -212,7 +212,9 @@ func TestBuiltinsBeatUserRules(t *testing.T) {
 	p := mustPolicy(t, `
 default: allow
 rules:
-  - {name: everything, host: "*.google", ports: [443, 80, 8853], action: allow}
+  - {name: everything, host: "*.dns.google", ports: [443, 80, 8853], action: allow}
+  - {name: mail, host: mail.google, action: allow}
+  - {name: notdns, host: notdns.google, action: allow}
   - {name: cf, host: "*.cloudflare-dns.com", action: allow}
   - {name: dns-google, host: dns.google, action: allow}
   - {name: tcp-all, host: "*.example.com", ports: [443, 5353], protocol: tcp, action: allow}
@@ -229,9 +231,10 @@ rules:
 		{"resolver upper", Request{Host: "DNS.Google."}, false, RuleDoHResolver},
 		{"resolver sub-domain", Request{Host: "security.cloudflare-dns.com"}, false, RuleDoHResolver},
 		{"resolver other port", Request{Host: "dns.google", Port: 8853}, false, RuleDoHResolver},
+		{"resolver sub-domain under a user wildcard", Request{Host: "x.dns.google", Port: 8853}, false, RuleDoHResolver},
 		{"resolver tcp", Request{Host: "one.one.one.one", Protocol: "tcp", Port: 443}, false, RuleDoHResolver},
-		{"not a resolver", Request{Host: "mail.google"}, true, "everything"},
-		{"resolver name suffix only", Request{Host: "notdns.google"}, true, "everything"},
+		{"not a resolver", Request{Host: "mail.google"}, true, "mail"},
+		{"resolver name suffix only", Request{Host: "notdns.google"}, true, "notdns"},
 	})
 }
 
@@ -310,7 +313,7 @@ rules:
   - {host: api.example.com, action: allow}
   - {host: "*.cdn.example.com", protocol: tcp, ports: [9000], action: allow}
   - {host: denied.example.com, action: deny}
-  - {host: "*.google", action: allow}
+  - {host: "*.quad9.net", action: allow}
 `)
 	for name, want := range map[string]bool{
 		"api.example.com":    true,
@@ -319,8 +322,8 @@ rules:
 		"cdn.example.com":    false,
 		"denied.example.com": false,
 		"other.example.com":  false,
-		"mail.google":        true,
-		"dns.google":         false,
+		"www.quad9.net":      true,
+		"dns.quad9.net":      false,
 		"":                   false,
 		"127.0.0.1":          false,
 	} {

@@ -141,7 +141,7 @@ func TestNormalize(t *testing.T) {
 	}
 	for _, in := range []string{
 		"", ".", "a..b", ".a", long + "a.com", "-a.com", "a-.com", `a\.b.com`, `a\000.com`,
-		"a b.com", "é.com", strings.Repeat("abcdefghi.", 26),
+		"a b.com", "é.com", strings.Repeat("abcdefghi.", 26), "1.2.3.4", "a.0x7f", "\u212Aey.com",
 	} {
 		if _, ok := Normalize(in); ok {
 			t.Errorf("Normalize(%q) accepted", in)

@@ -10,6 +10,7 @@ import (
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/gateway"
+	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/cagebox/cagebox/internal/resign"
 	"github.com/cagebox/cagebox/internal/substitute"
 	"github.com/cagebox/cagebox/internal/vault"
@@ -117,12 +118,16 @@ func (m *Manager) bindSecrets(ctx context.Context, tenant, id string, reqs []api
 			}
 			bs.Hosts, bs.Inject = in.Hosts, in.Inject
 			if len(b.Hosts) > 0 {
-				for _, h := range b.Hosts {
-					if !vault.MatchHost(in.Hosts, strings.ToLower(h)) {
+				narrow, err := vault.NormalizeHosts(b.Hosts)
+				if err != nil {
+					return nil, nil, undo, fmt.Errorf("%w: %s.hosts: %v", errdefs.ErrInvalid, field, err)
+				}
+				for _, h := range narrow {
+					if !hostname.CoversAny(in.Hosts, h) {
 						return nil, nil, undo, fmt.Errorf("%w: %s.hosts: %s is not one of the secret's hosts (%s)", errdefs.ErrInvalid, field, h, strings.Join(in.Hosts, ", "))
 					}
 				}
-				bs.Hosts = b.Hosts
+				bs.Hosts = narrow
 			}
 		}
 		val, _, err := m.cfg.Vault.Value(ctx, tenant, bs.Secret)

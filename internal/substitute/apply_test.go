@@ -360,7 +360,7 @@ func jsonU(s string, upperHex bool) string {
 
 func TestRefuseOtherHost(t *testing.T) {
 	gh := ghSecret(t)
-	set := mustSet(t, gh.binding(boundHost, "*.githubusercontent.com"))
+	set := mustSet(t, gh.binding(boundHost, "*.githubassets.com"))
 	up := newUpstream(t)
 	p := newProxy(t, set, up, "other.example", true)
 	locations := map[string]func(v string) *http.Request{
@@ -393,7 +393,7 @@ func TestRefuseOtherHost(t *testing.T) {
 				if res.Refusal == nil || !res.Alert || res.Refusal.Rule != "secret:GITHUB_TOKEN" {
 					t.Fatalf("result %+v", res)
 				}
-				want := "placeholder for GITHUB_TOKEN sent to other.example (bound to api.github.com, *.githubusercontent.com"
+				want := "placeholder for GITHUB_TOKEN sent to other.example (bound to api.github.com, *.githubassets.com"
 				if !strings.HasPrefix(res.Refusal.Reason, want) {
 					t.Fatalf("reason %q", res.Refusal.Reason)
 				}
@@ -413,7 +413,7 @@ func TestRefuseOtherHost(t *testing.T) {
 		t.Fatal("refused stream reached the upstream handler")
 	}
 	// Wildcard hosts are bound, the apex of a wildcard is not.
-	for host, ok := range map[string]bool{"raw.githubusercontent.com": true, "a.b.githubusercontent.com": true, "githubusercontent.com": false, "API.GITHUB.COM.": true, "api.github.com:443": true, "xapi.github.com": false} {
+	for host, ok := range map[string]bool{"raw.githubassets.com": true, "a.b.githubassets.com": true, "githubassets.com": false, "API.GITHUB.COM.": true, "api.github.com:443": true, "xapi.github.com": false} {
 		r, _ := http.NewRequest("GET", "https://"+host+"/", nil)
 		r.Header.Set("Authorization", "Bearer "+gh.ph)
 		res, err := set.Apply(r, host, true)

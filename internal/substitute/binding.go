@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/cagebox/cagebox/internal/hostname"
 )
 
 // DefaultBodyLimit is a binding's BodyLimit when it sets none.
@@ -179,9 +181,11 @@ func (s *Set) Contains(text string) (name string, ok bool) {
 	return "", false
 }
 
-// inHost reports whether the lower-cased host name carries e's placeholder,
-// case-folded (DNS is case-insensitive) or hex-encoded.
+// inHost reports whether the host name carries e's placeholder, case-folded
+// (DNS is case-insensitive; folded here with Unicode rules, so that more is
+// caught rather than less) or hex-encoded.
 func (e *entry) inHost(host string) bool {
+	host = strings.ToLower(host)
 	return strings.Contains(host, e.pat.fold) || strings.Contains(host, e.pat.hex[0])
 }
 
@@ -222,9 +226,9 @@ func newEntry(b *Binding) (*entry, error) {
 		e.bodyLimit = DefaultBodyLimit
 	}
 	for _, h := range b.Hosts {
-		n := normHost(h)
-		if n == "" || strings.ContainsAny(n, "/ :") || strings.Contains(n[1:], "*") || (n[0] == '*' && !strings.HasPrefix(n, "*.")) {
-			return nil, fmt.Errorf("%w: binding %s: host %q: want a name like api.example.com or *.example.com", ErrInvalid, b.Name, h)
+		n, err := hostname.ParseCredentialPattern(h)
+		if err != nil {
+			return nil, fmt.Errorf("%w: binding %s: host %v", ErrInvalid, b.Name, err)
 		}
 		e.hosts = append(e.hosts, n)
 	}
@@ -240,23 +244,26 @@ func newEntry(b *Binding) (*entry, error) {
 	return e, nil
 }
 
-// normHost lowercases h and drops a port and a trailing dot.
+// normHost drops blanks, a port and IPv6 brackets from a request's host
+// and returns it in canonical form (package hostname: ASCII lower-case,
+// no trailing dot).
 func normHost(h string) string {
-	h = strings.ToLower(strings.TrimSpace(h))
+	h = strings.TrimSpace(h)
 	if hh, _, err := net.SplitHostPort(h); err == nil {
 		h = hh
 	}
 	h = strings.TrimPrefix(strings.TrimSuffix(h, "]"), "[")
-	return strings.TrimSuffix(h, ".")
+	return hostname.Canonical(h)
 }
 
-// bound reports whether host (normalised) is one of e's hosts.
+// bound reports whether host (from normHost) is a valid name matched by one
+// of e's hosts (package hostname).
 func (e *entry) bound(host string) bool {
-	for _, h := range e.hosts {
-		if h == host {
-			return true
-		}
-		if strings.HasPrefix(h, "*.") && strings.HasSuffix(host, h[1:]) && len(host) > len(h)-1 {
+	if !hostname.Valid(host) {
+		return false
+	}
+	for _, p := range e.hosts {
+		if hostname.Match(p, host) {
 			return true
 		}
 	}

@@ -2,10 +2,11 @@ package vault
 
 import (
 	"fmt"
-	"net/netip"
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/cagebox/cagebox/internal/hostname"
 )
 
 // Limits.
@@ -14,7 +15,7 @@ const (
 	MaxNameLen   = 128
 	MaxTenantLen = 256
 	MaxHosts     = 64
-	MaxHostLen   = 253
+	MaxHostLen   = hostname.MaxLen
 	MaxInjectLen = 1024
 )
 
@@ -70,12 +71,14 @@ func checkValue(value []byte, inject string) error {
 	return nil
 }
 
-// NormalizeHosts validates hosts and returns them lower-cased, without a
-// trailing dot, in order, without duplicates. Each is a DNS name
-// ("api.github.com") or a wildcard "*." followed by a name of at least two
-// labels ("*.github.com", which matches every name below github.com but
-// not github.com itself). IP addresses, ports, schemes and paths are
-// refused. At least one host is required and at most MaxHosts.
+// NormalizeHosts validates hosts and returns them in canonical form (see
+// package hostname: lower-case, without a trailing dot), in order, without
+// duplicates. Each is a DNS name ("api.github.com") or a wildcard "*."
+// followed by a name that is not a public suffix ("*.github.com", which
+// matches every name below github.com but not github.com itself; "*.com"
+// and "*.github.io" are refused). IP addresses, ports, schemes, paths and
+// non-ASCII names are refused. At least one host is required and at most
+// MaxHosts. hostname.MatchAny matches a request's host against the result.
 func NormalizeHosts(hosts []string) ([]string, error) {
 	if len(hosts) == 0 {
 		return nil, fmt.Errorf("no hosts: name at least one host the secret may be sent to: %w", ErrInvalid)
@@ -86,9 +89,9 @@ func NormalizeHosts(hosts []string) ([]string, error) {
 	out := make([]string, 0, len(hosts))
 	seen := map[string]bool{}
 	for _, h := range hosts {
-		n, err := normalizeHost(h)
+		n, err := hostname.ParseCredentialPattern(h)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("host %w: %w", err, ErrInvalid)
 		}
 		if !seen[n] {
 			seen[n] = true
@@ -96,110 +99,6 @@ func NormalizeHosts(hosts []string) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-func normalizeHost(h string) (string, error) {
-	bad := func(why string) (string, error) {
-		return "", fmt.Errorf("host %q: %s: %w", truncate(h, MaxHostLen+2), why, ErrInvalid)
-	}
-	if strings.TrimSpace(h) == "" {
-		return bad(`empty; want a name such as "api.github.com" or "*.github.com"`)
-	}
-	if _, err := netip.ParseAddr(strings.Trim(h, "[]")); err == nil {
-		return bad("an IP address; name the host instead")
-	}
-	if strings.Contains(h, "://") || strings.ContainsAny(h, "/?#@:") {
-		return bad(`not a bare host name; drop any scheme, user, port and path`)
-	}
-	n := asciiLower(strings.TrimSuffix(h, "."))
-	wildcard := false
-	if rest, ok := strings.CutPrefix(n, "*."); ok {
-		wildcard, n = true, rest
-	}
-	if strings.Contains(n, "*") {
-		return bad(`a wildcard is allowed only as the whole first label, as in "*.example.com"`)
-	}
-	if len(n) > MaxHostLen {
-		return bad(fmt.Sprintf("%d characters; the limit is %d", len(n), MaxHostLen))
-	}
-	labels := strings.Split(n, ".")
-	for _, l := range labels {
-		if why := labelProblem(l); why != "" {
-			return bad(why)
-		}
-	}
-	if looksNumeric(labels[len(labels)-1]) {
-		return bad("the last label is numeric, so it reads as an IP address")
-	}
-	if wildcard {
-		if len(labels) < 2 {
-			return bad(`a wildcard needs at least two labels after "*." (e.g. "*.example.com"), so it cannot cover a whole top-level domain`)
-		}
-		return "*." + n, nil
-	}
-	return n, nil
-}
-
-func labelProblem(l string) string {
-	if l == "" {
-		return `it has an empty label (a leading dot or "..")`
-	}
-	if len(l) > 63 {
-		return fmt.Sprintf("a label is %d characters; labels are at most 63", len(l))
-	}
-	for i := 0; i < len(l); i++ {
-		c := l[i]
-		switch {
-		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '_':
-		case c == '-':
-			if i == 0 || i == len(l)-1 {
-				return fmt.Sprintf("label %q starts or ends with '-'", l)
-			}
-		case c >= 0x80:
-			return "it is not ASCII; write internationalized names in punycode (xn--)"
-		default:
-			return fmt.Sprintf("label %q has character %q; labels are letters, digits, '-' and '_'", l, c)
-		}
-	}
-	return ""
-}
-
-func looksNumeric(l string) bool {
-	if h, ok := strings.CutPrefix(l, "0x"); ok {
-		return strings.Trim(h, "0123456789abcdef") == ""
-	}
-	return strings.Trim(l, "0123456789") == ""
-}
-
-func asciiLower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if 'A' <= c && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	return string(b)
-}
-
-// MatchHost reports whether host (a request's host name, any case, an
-// optional trailing dot, no port) is one a secret with these normalized
-// hosts may be sent to. "*.example.com" matches every name below
-// example.com, at any depth, but not example.com itself.
-func MatchHost(hosts []string, host string) bool {
-	host = asciiLower(strings.TrimSuffix(host, "."))
-	if host == "" {
-		return false
-	}
-	for _, p := range hosts {
-		if suffix, ok := strings.CutPrefix(p, "*"); ok {
-			if len(host) > len(suffix) && strings.HasSuffix(host, suffix) {
-				return true
-			}
-		} else if host == p {
-			return true
-		}
-	}
-	return false
 }
 
 // ParseInject validates an injection template, "Header-Name: template",

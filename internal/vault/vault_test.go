@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/cagebox/cagebox/internal/hostname"
+	"github.com/cagebox/cagebox/internal/hostname/hostnametest"
 	"github.com/cagebox/cagebox/internal/vault"
 	"github.com/cagebox/cagebox/internal/vault/sqlitebackend"
 	"github.com/cagebox/cagebox/internal/vault/vaulttest"
@@ -59,11 +61,11 @@ func TestRoundTrip(t *testing.T) {
 	backends(t, func(t *testing.T, b vault.Backend) {
 		ctx := t.Context()
 		v := vault.New(b, newKey(t))
-		in, err := v.Put(ctx, "t1", "GITHUB_TOKEN", []byte(canary), []string{"API.GitHub.com.", "*.githubusercontent.com", "api.github.com"}, "authorization: Bearer {value}")
+		in, err := v.Put(ctx, "t1", "GITHUB_TOKEN", []byte(canary), []string{"API.GitHub.com.", "*.GitHub.com", "api.github.com"}, "authorization: Bearer {value}")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := []string{"api.github.com", "*.githubusercontent.com"}; !slices.Equal(in.Hosts, want) {
+		if want := []string{"api.github.com", "*.github.com"}; !slices.Equal(in.Hosts, want) {
 			t.Errorf("hosts %q, want %q", in.Hosts, want)
 		}
 		if in.Preview != "TSRQ" || in.Version != 1 || in.Revoked || in.KeyID != v.KeyID() {
@@ -701,8 +703,45 @@ func TestMatchHost(t *testing.T) {
 		"":                     false,
 		"api.example.com.evil": false,
 	} {
-		if got := vault.MatchHost(hosts, host); got != want {
-			t.Errorf("MatchHost(%q) = %v, want %v", host, got, want)
+		if got := hostname.MatchAny(hosts, host); got != want {
+			t.Errorf("MatchAny(%q) = %v, want %v", host, got, want)
+		}
+	}
+}
+
+// TestHostsAgree runs the shared host tables (package hostnametest)
+// through NormalizeHosts: the vault accepts, canonicalises and refuses a
+// secret's hosts exactly as the policy and the substitution do.
+func TestHostsAgree(t *testing.T) {
+	for _, tc := range hostnametest.Patterns {
+		got, err := vault.NormalizeHosts([]string{tc.In})
+		if tc.Canonical == "" {
+			if !errors.Is(err, vault.ErrInvalid) || !strings.Contains(err.Error(), tc.Why) {
+				t.Errorf("%q: %v, want ErrInvalid saying %q", tc.In, err, tc.Why)
+			}
+			continue
+		}
+		if err != nil || len(got) != 1 || got[0] != tc.Canonical {
+			t.Errorf("%q: %q, %v; want %q", tc.In, got, err, tc.Canonical)
+		}
+	}
+	for _, tc := range hostnametest.Matches {
+		hosts, err := vault.NormalizeHosts([]string{tc.Pattern})
+		if err != nil {
+			t.Fatalf("%q: %v", tc.Pattern, err)
+		}
+		if got := hostname.MatchAny(hosts, tc.Host); got != tc.Want {
+			t.Errorf("%q ~ %q = %v, want %v", tc.Pattern, tc.Host, got, tc.Want)
+		}
+	}
+}
+
+// TestHostsRefusePrivateSuffixWildcards: a secret bound to every name of a
+// hosting platform could be sent to anyone's app.
+func TestHostsRefusePrivateSuffixWildcards(t *testing.T) {
+	for _, tc := range hostnametest.PrivateSuffixWildcards {
+		if _, err := vault.NormalizeHosts([]string{tc.In}); !errors.Is(err, vault.ErrInvalid) || !strings.Contains(err.Error(), tc.Why) {
+			t.Errorf("%q: %v, want ErrInvalid saying %q", tc.In, err, tc.Why)
 		}
 	}
 }

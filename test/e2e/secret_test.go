@@ -17,7 +17,7 @@ func TestSecretVault(t *testing.T) {
 	const real = "ghp_R3alV4lu3ThatMustNeverLeakX9cdef"
 	os.Setenv("CBX_E2E_TOKEN", real)
 	defer os.Unsetenv("CBX_E2E_TOKEN")
-	r := e.cli("", "secret", "add", "GITHUB_TOKEN", "--host", "api.github.com,*.githubusercontent.com", "--from-env", "CBX_E2E_TOKEN")
+	r := e.cli("", "secret", "add", "GITHUB_TOKEN", "--host", "api.github.com,*.githubassets.com", "--from-env", "CBX_E2E_TOKEN")
 	if r.code != 0 || !strings.Contains(r.stdout, "…cdef") {
 		t.Fatalf("secret add: %+v", r)
 	}
@@ -26,6 +26,13 @@ func TestSecretVault(t *testing.T) {
 	}
 	if r := e.cli("", "secret", "add", "BAD", "--host", "10.0.0.1", "--from-env", "CBX_E2E_TOKEN"); r.code == 0 {
 		t.Fatalf("secret bound to an IP accepted: %+v", r)
+	}
+	// A wildcard over a public suffix would send the value to names of
+	// unrelated owners.
+	for host, why := range map[string]string{"*.com": "top-level domain", "*.githubusercontent.com": "public suffix", "*.co.uk": "public suffix"} {
+		if r := e.cli("", "secret", "add", "BAD", "--host", host, "--from-env", "CBX_E2E_TOKEN"); r.code == 0 || !strings.Contains(r.stderr, why) {
+			t.Fatalf("secret bound to %s: %+v", host, r)
+		}
 	}
 	for _, args := range [][]string{{"secret", "ls"}, {"secret", "ls", "--json"}} {
 		r := e.cli("", args...)
