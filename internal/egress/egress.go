@@ -146,6 +146,12 @@ type Refusal struct {
 	Status       int
 }
 
+// Error makes a Refusal an error, so that a hook's body reader can refuse a
+// request as its body streams: the proxy answers a request whose body
+// failed with a *Refusal (in its chain) with that refusal, if the answer
+// has not started.
+func (r *Refusal) Error() string { return r.Reason }
+
 // Config configures a Proxy.
 type Config struct {
 	// Lookup identifies the sandbox of an accepted connection (by its remote

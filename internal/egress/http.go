@@ -98,11 +98,13 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		if !hookRefused && p.cfg.OnDenied != nil {
 			p.cfg.OnDenied(info.sb, r, info.name)
 		}
+		closeUnread(cw, r, body)
 		writeDenied(cw, rule, info.name, reason)
 	}
 	// limited answers a request stopped by a per-sandbox limit.
 	limited := func(h *limitHit) {
 		ev.Verdict, ev.Rule, ev.Reason = VerdictDeny, h.rule, h.reason
+		closeUnread(cw, r, body)
 		writeLimit(cw, h, info.name)
 	}
 
@@ -196,6 +198,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			hookRefused = true
 			ev.Verdict, ev.Rule, ev.Reason = VerdictDeny, ref.Rule, ref.Reason
 			if ref.Status != 0 && ref.Status != http.StatusForbidden {
+				closeUnread(cw, r, body)
 				writeRefusal(cw, ref.Status, ref.Rule, info.name, ref.Reason)
 				return
 			}
@@ -264,15 +267,31 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	host := ""
 	if st != nil {
 		host = st.name
+		closeUnread(w, r, st.body)
 		if st.body != nil {
 			// The body ran into a limit while it streamed upstream.
 			if h := st.body.hit.Load(); h != nil {
+				// (A failed body read cancels an HTTP/1 request's
+				// context; the connection can still carry the answer.)
 				st.ev.Verdict, st.ev.Rule, st.ev.Reason = VerdictDeny, h.rule, h.reason
-				if r.Context().Err() == nil {
-					writeLimit(w, h, host)
-				}
+				writeLimit(w, h, host)
 				return
 			}
+		}
+		ref := (*Refusal)(nil)
+		if !errors.As(err, &ref) && st.body != nil {
+			ref = st.body.refused.Load()
+		}
+		if ref != nil {
+			// A hook's body reader refused the body as it streamed (a
+			// signature chunk that does not verify, say).
+			st.ev.Verdict, st.ev.Rule, st.ev.Reason = VerdictDeny, ref.Rule, ref.Reason
+			status := ref.Status
+			if status == 0 {
+				status = http.StatusForbidden
+			}
+			writeRefusal(w, status, ref.Rule, host, ref.Reason)
+			return
 		}
 		if errors.Is(err, errUpstreamConns) {
 			h := &limitHit{ruleUpstreamConns, upstreamReason(err), http.StatusServiceUnavailable}

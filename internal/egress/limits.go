@@ -127,6 +127,9 @@ type guestBody struct {
 	mu  sync.Mutex
 	set time.Time
 	hit atomic.Pointer[limitHit] // the limit that stopped the body, if any
+	// refused is the *Refusal a hook's body reader failed with, if any.
+	refused atomic.Pointer[Refusal]
+	ended   atomic.Bool // the body was read to its end
 }
 
 type limitHit struct {
@@ -157,9 +160,22 @@ func (b *guestBody) Read(p []byte) (int, error) {
 			b.hit.CompareAndSwap(nil, h)
 			return n, b.errOf(h)
 		}
+		if err == io.EOF {
+			b.ended.Store(true)
+		}
 		b.disarm()
 	}
 	return n, err
+}
+
+// closeUnread marks an HTTP/1 answer to a request whose body was not read
+// to its end as the connection's last: otherwise the server reads what is
+// left of the body (up to 256 KiB, as slowly as the sandbox sends it)
+// before it sends the answer. (HTTP/2 resets the stream instead.)
+func closeUnread(w http.ResponseWriter, r *http.Request, b *guestBody) {
+	if b != nil && !b.ended.Load() && r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
 }
 
 func (b *guestBody) errOf(h *limitHit) error {
@@ -230,6 +246,10 @@ type forwardBody struct {
 func (f forwardBody) Read(p []byte) (int, error) {
 	n, err := f.ReadCloser.Read(p)
 	f.g.forwarded(int64(n))
+	var ref *Refusal
+	if err != nil && errors.As(err, &ref) {
+		f.g.refused.CompareAndSwap(nil, ref)
+	}
 	return n, err
 }
 
