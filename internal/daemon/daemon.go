@@ -24,6 +24,7 @@ import (
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
+	"github.com/cagebox/cagebox/internal/substitute"
 	"github.com/cagebox/cagebox/internal/vault"
 	"github.com/cagebox/cagebox/internal/vault/sqlitebackend"
 	"github.com/cagebox/cagebox/isolation"
@@ -70,6 +71,11 @@ type NetworkConfig struct {
 	// Exfil: flag (default), block or off — credential-shaped strings that
 	// are not a sandbox's placeholders.
 	Exfil string
+	// ExfilScan bounds the exfil scan of one request (zero: defaults).
+	ExfilScan substitute.Budget
+	// Limits bound each sandbox's in-flight request bytes, body read times
+	// and upstream connections (zero: defaults).
+	Limits gateway.Limits
 }
 
 // ParseResolve parses HOST:PORT=ADDR:PORT.
@@ -267,6 +273,7 @@ func newGateway(cfg Config, emit func(string, string, string, any), log *slog.Lo
 		StateDir: filepath.Join(cfg.Home, "net"), Pool: n.Pool,
 		ProxyPort: n.ProxyPort, DNSPort: n.DNSPort, TableName: n.TableName, IfPrefix: n.IfPrefix,
 		Resolve: n.Resolve, UpstreamCAs: roots, Emit: emit, Logger: log, Exfil: n.Exfil,
+		ExfilScan: n.ExfilScan, Limits: n.Limits,
 	})
 }
 
