@@ -21,7 +21,11 @@ type Request struct {
 	Protocol string
 	// Method and Path are for HTTP only. Path is the path as sent on the wire
 	// (still percent-encoded, e.g. URL.EscapedPath()), without the query; it
-	// is decoded exactly once here. Empty Method means GET, empty Path "/".
+	// is decoded exactly once here — never pass an already-decoded path
+	// (URL.Path), or "%252e" is decided as ".". Method is compared
+	// case-insensitively: the caller must send the method upper-cased (as
+	// the egress proxy does) so that what the upstream receives is what was
+	// matched. Empty Method means GET, empty Path "/".
 	Method, Path string
 	// WebSocket marks a request to upgrade to a WebSocket.
 	WebSocket bool
