@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"testing"
 
 	"github.com/cagebox/cagebox/internal/policy"
@@ -209,4 +210,32 @@ func TestCanonicalPath(t *testing.T) {
 			t.Errorf("canonicalPath(%q) = %q, %q; want %q, %q", tc.wire, canon, problem, tc.canon, tc.problem)
 		}
 	}
+}
+
+// FuzzCanonicalPath: the canonical form means what the path sent means
+// (one decoding of each gives the same bytes), is its own canonical form,
+// and is what a transport sends for the URL setPath makes.
+func FuzzCanonicalPath(f *testing.F) {
+	for _, s := range []string{"/", "/a%2fb", "/%2e%2e/x", "/%252e", "/a b", "/\xff%7E", "/[x]", "/a;b=c/%3B"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, wire string) {
+		canon, problem := canonicalPath(wire)
+		if problem != "" || wire == "" {
+			return
+		}
+		dw, err1 := url.PathUnescape(wire)
+		dc, err2 := url.PathUnescape(canon)
+		if err1 != nil || err2 != nil || dw != dc {
+			t.Fatalf("%q → %q: decodes to %q (%v), not %q (%v)", wire, canon, dc, err2, dw, err1)
+		}
+		if again, _ := canonicalPath(canon); again != canon {
+			t.Fatalf("%q → %q → %q", wire, canon, again)
+		}
+		u := &url.URL{Scheme: "https", Host: "h"}
+		setPath(u, canon, dc)
+		if u.Opaque != "" || u.RequestURI() != canon {
+			t.Fatalf("%q: sent as %q (opaque %q)", canon, u.RequestURI(), u.Opaque)
+		}
+	})
 }
