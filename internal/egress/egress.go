@@ -266,9 +266,15 @@ type Proxy struct {
 	listeners  map[net.Listener]struct{}
 	open       map[net.Conn]struct{} // accepted sandbox connections
 	perSandbox map[string]int
-	limits     map[string]*sbState    // per sandbox with connections
+	limits     map[string]*sbState    // per sandbox; swept when idle
+	lastSweep  time.Time
 	served     map[net.Conn]*connInfo // conns handed to srv
 }
+
+// sbIdle is how long a sandbox without connections keeps its upstream pool
+// (so a guest opening a connection per request still reuses upstream
+// connections); states idle longer are swept as new connections arrive.
+const sbIdle = 2 * time.Minute
 
 // New returns a proxy; Serve starts it.
 func New(cfg Config) (*Proxy, error) {
@@ -471,6 +477,16 @@ func (p *Proxy) acquire(c net.Conn, sandbox string) *sbState {
 		l = p.newSBState()
 		p.limits[sandbox] = l
 	}
+	l.idleSince = time.Time{}
+	if now := time.Now(); now.Sub(p.lastSweep) > sbIdle/4 {
+		p.lastSweep = now
+		for id, st := range p.limits {
+			if !st.idleSince.IsZero() && now.Sub(st.idleSince) > sbIdle {
+				st.transport.CloseIdleConnections()
+				delete(p.limits, id)
+			}
+		}
+	}
 	return l
 }
 
@@ -481,10 +497,9 @@ func (p *Proxy) release(c net.Conn, sandbox string) {
 	if p.perSandbox[sandbox]--; p.perSandbox[sandbox] <= 0 {
 		delete(p.perSandbox, sandbox)
 		// No request of the sandbox runs any more (a connection is
-		// released after its handlers): its pool goes with it.
+		// released after its handlers); its pool stays a while.
 		if l := p.limits[sandbox]; l != nil {
-			l.transport.CloseIdleConnections()
-			delete(p.limits, sandbox)
+			l.idleSince = time.Now()
 		}
 	}
 }

@@ -37,7 +37,7 @@ var (
 )
 
 // sbState is what the proxy keeps per sandbox while the sandbox has
-// connections: its own upstream transport (connections are never shared
+// connections, and a while after: its own upstream transport (connections are never shared
 // between sandboxes) with a cap on open connections, and its in-flight
 // request bytes.
 type sbState struct {
@@ -47,6 +47,9 @@ type sbState struct {
 	wait     time.Duration
 	inflight atomic.Int64
 	maxBytes int64
+	// idleSince is when the sandbox's last connection closed (zero while
+	// it has connections); guarded by Proxy.mu.
+	idleSince time.Time
 }
 
 func (p *Proxy) newSBState() *sbState {
