@@ -266,7 +266,7 @@ type Proxy struct {
 	listeners  map[net.Listener]struct{}
 	open       map[net.Conn]struct{} // accepted sandbox connections
 	perSandbox map[string]int
-	limits     map[string]*sbState    // per sandbox; swept when idle
+	limits     map[string]*sbState // per sandbox; swept when idle
 	lastSweep  time.Time
 	served     map[net.Conn]*connInfo // conns handed to srv
 }

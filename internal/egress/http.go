@@ -189,7 +189,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			// A hook that read ahead into a limit (in-flight bytes, a
 			// trickling body) is answered with that limit, whatever it
 			// concluded from the failed read.
-			if h := body.hit.Load(); h != nil {
+			if h := body.stopped(); h != nil {
 				limited(h)
 				return
 			}
@@ -261,7 +261,9 @@ func (p *Proxy) roundTrip(r *http.Request) (*http.Response, error) {
 	return st.lim.transport.RoundTrip(r)
 }
 
-// upstreamError answers 502 when the upstream could not be reached.
+// upstreamError answers 502 when the upstream could not be reached, or the
+// refusal of a per-sandbox limit or of a hook's body reader that stopped the
+// request on its way.
 func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	st, _ := r.Context().Value(reqStateKey{}).(*reqState)
 	host := ""
@@ -270,7 +272,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 		closeUnread(w, r, st.body)
 		if st.body != nil {
 			// The body ran into a limit while it streamed upstream.
-			if h := st.body.hit.Load(); h != nil {
+			if h := st.body.stopped(); h != nil {
 				// (A failed body read cancels an HTTP/1 request's
 				// context; the connection can still carry the answer.)
 				st.ev.Verdict, st.ev.Rule, st.ev.Reason = VerdictDeny, h.rule, h.reason

@@ -133,6 +133,9 @@ type guestBody struct {
 	// refused is the *Refusal a hook's body reader failed with, if any.
 	refused atomic.Pointer[Refusal]
 	ended   atomic.Bool // the body was read to its end
+	// finished is set when the request's handler is done; a read after
+	// that (a transport still draining) holds nothing.
+	finished atomic.Bool
 }
 
 type limitHit struct {
@@ -155,13 +158,15 @@ func (b *guestBody) Read(p []byte) (int, error) {
 			return 0, b.errOf(h)
 		}
 		b.held.Add(int64(n))
+		if b.finished.Load() {
+			b.forwarded(b.held.Load())
+		}
 	}
 	if err != nil {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
-			h := &limitHit{ruleBodyTimeout, fmt.Sprintf("the request body did not arrive in time (a read may wait %s, the whole body %s)", b.idle, b.total), http.StatusRequestTimeout}
-			b.hit.CompareAndSwap(nil, h)
-			return n, b.errOf(h)
+			b.hit.CompareAndSwap(nil, b.timeoutHit())
+			return n, b.errOf(b.hit.Load())
 		}
 		if err == io.EOF {
 			b.ended.Store(true)
@@ -179,6 +184,28 @@ func closeUnread(w http.ResponseWriter, r *http.Request, b *guestBody) {
 	if b != nil && !b.ended.Load() && r.ProtoMajor == 1 {
 		w.Header().Set("Connection", "close")
 	}
+}
+
+func (b *guestBody) timeoutHit() *limitHit {
+	return &limitHit{ruleBodyTimeout, fmt.Sprintf("the request body did not arrive in time (a read may wait %s, the whole body %s)", b.idle, b.total), http.StatusRequestTimeout}
+}
+
+// stopped returns the limit that stopped the body, if any. A read that
+// timed out cancels an HTTP/1 request's context from inside the read,
+// before Read can record why; so a body that has not ended and whose read
+// deadline has passed counts as timed out even if Read has not said so yet.
+func (b *guestBody) stopped() *limitHit {
+	if h := b.hit.Load(); h != nil {
+		return h
+	}
+	b.mu.Lock()
+	set := b.set
+	b.mu.Unlock()
+	if !b.ended.Load() && !set.IsZero() && !time.Now().Before(set) {
+		b.hit.CompareAndSwap(nil, b.timeoutHit())
+		return b.hit.Load()
+	}
+	return nil
 }
 
 func (b *guestBody) errOf(h *limitHit) error {
@@ -237,7 +264,10 @@ func (b *guestBody) forwarded(n int64) {
 }
 
 // done releases what the request still holds in the in-flight budget.
-func (b *guestBody) done() { b.forwarded(b.held.Load()) }
+func (b *guestBody) done() {
+	b.finished.Store(true)
+	b.forwarded(b.held.Load())
+}
 
 // forwardBody is the body as the upstream transport reads it, after any
 // hook rewrote it.

@@ -202,8 +202,10 @@ func TestBodyTimeouts(t *testing.T) {
 	})
 	// A body that arrives in time is not affected, and a long response
 	// after it is not cut by a read deadline left behind (the HTTP/1 server
-	// reads on in the background once a body has ended).
-	resp, err := h.client(false).Do(newReq(t, "POST", "https://api.example.test/sse", strings.NewReader("hello")))
+	// reads on in the background once a body has ended). Plain HTTP/1.1 on
+	// both sides, so that the body is sent before the response streams.
+	h.setDst(dstPlain)
+	resp, err := h.client(false).Do(newReq(t, "POST", "http://plain.example.test/sse", strings.NewReader("hello")))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -275,12 +275,12 @@ func TestExfilScanBudget(t *testing.T) {
 		req    func() *http.Request
 		limit  string // "" → passes with no unscanned event
 	}{
-		{"bytes, block", ExfilBlock, substitute.Budget{Bytes: 8 << 10}, header, substitute.LimitBytes},
-		{"bytes, flag", ExfilFlag, substitute.Budget{Bytes: 8 << 10}, header, substitute.LimitBytes},
+		{"bytes, block", ExfilBlock, substitute.Budget{Bytes: 8 << 10, Time: time.Minute}, header, substitute.LimitBytes},
+		{"bytes, flag", ExfilFlag, substitute.Budget{Bytes: 8 << 10, Time: time.Minute}, header, substitute.LimitBytes},
 		{"time, block", ExfilBlock, substitute.Budget{Time: time.Nanosecond}, header, substitute.LimitTime},
 		{"time, flag", ExfilFlag, substitute.Budget{Time: time.Nanosecond}, header, substitute.LimitTime},
-		{"body window, block", ExfilBlock, substitute.Budget{Body: 4 << 10}, body, substitute.LimitBody},
-		{"body window, flag", ExfilFlag, substitute.Budget{Body: 4 << 10}, body, ""},
+		{"body window, block", ExfilBlock, substitute.Budget{Body: 4 << 10, Time: time.Minute}, body, substitute.LimitBody},
+		{"body window, flag", ExfilFlag, substitute.Budget{Body: 4 << 10, Time: time.Minute}, body, ""},
 		{"within budget, block", ExfilBlock, substitute.Budget{Time: time.Minute}, body, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -148,10 +148,10 @@ type ScanResult struct {
 
 // Scan looks for credential-shaped strings in r's headers, query, path and
 // the first limit bytes of its body (limit ≤ 0: no body), leaving out our
-// own placeholders (known), within the default byte and time budgets. See
-// ScanBudget.
+// own placeholders (known), with no byte or time budget: for callers that
+// bound their input themselves. The gateway uses ScanBudget.
 func (d *Detector) Scan(r *http.Request, limit int64, known ...Known) ([]Finding, error) {
-	res, err := d.ScanBudget(r, Budget{Body: limit}, known...)
+	res, err := d.ScanBudget(r, Budget{Bytes: math.MaxInt64, Time: 24 * time.Hour, Body: limit}, known...)
 	return res.Findings, err
 }
 

@@ -168,7 +168,7 @@ func TestScanByteBudget(t *testing.T) {
 	late := "ghp_" + randFrom(t, alnum, 36)
 	r, _ := http.NewRequest("GET", "https://api.example/", nil)
 	r.Header.Set("X-Data", "token "+early+" "+strings.Repeat("x", 32<<10)+" token "+late)
-	res, err := d.ScanBudget(r, Budget{Bytes: 16 << 10})
+	res, err := d.ScanBudget(r, Budget{Bytes: 16 << 10, Time: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func TestScanBodyWindow(t *testing.T) {
 	}
 	// Not read at all: incomplete too, and the body is untouched.
 	r, _ = http.NewRequest("POST", "https://api.example/", strings.NewReader(body))
-	res, _ = d.ScanBudget(r, Budget{})
+	res, _ = d.ScanBudget(r, Budget{Time: time.Hour})
 	if res.Complete || res.Limit != LimitBody || len(res.Findings) != 0 {
 		t.Fatalf("body not read: %+v", res)
 	}
