@@ -94,7 +94,8 @@ type HMACSigning struct {
 	// Sign lists the canonical parts, joined by "\n": method, path (as
 	// sent), query (raw), header:NAME (e.g. header:X-Timestamp), body.
 	Sign []string `json:"sign"`
-	// MaxBody bounds the body read for a "body" part (default 64 MiB).
+	// MaxBody bounds the body read for a "body" part (default 16 MiB; a
+	// bound request over it is refused with 413).
 	MaxBody int64 `json:"max_body,omitempty"`
 }
 

@@ -91,6 +91,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var insecureListen bool
 	var proxyPort, dnsPort uint16
 	var netCfgTable, netCfgPrefix, masterKey, exfil string
+	var lim limitFlags
 	cmd := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the cagebox daemon",
@@ -127,6 +128,9 @@ func daemonCmd(g *globals) *cobra.Command {
 					return fmt.Errorf("--link-pool: %q is not a prefix such as 10.201.0.0/16", pool)
 				}
 				netCfg.Pool = p
+			}
+			if err := lim.apply(&netCfg); err != nil {
+				return err
 			}
 			for _, r := range resolve {
 				k, v, err := daemon.ParseResolve(r)
@@ -166,6 +170,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&netCfgPrefix, "net-ifprefix", os.Getenv("CAGEBOX_NET_IFPREFIX"), "prefix of host-side sandbox interfaces, 1-3 characters (default cbx; env CAGEBOX_NET_IFPREFIX)")
 	cmd.Flags().Uint16Var(&proxyPort, "proxy-port", 0, "port of the transparent proxy on each sandbox's gateway address (default 15001)")
 	cmd.Flags().StringVar(&exfil, "exfil", "flag", "requests carrying credential-shaped strings (gitleaks rules) that are not a sandbox's placeholders: flag (event), block (403) or off")
+	lim.register(cmd)
 	cmd.Flags().StringVar(&masterKey, "master-key-file", "", "vault master key file, created 0600 at first start (default $CAGEBOX_HOME/master.key; CAGEBOX_MASTER_KEY overrides)")
 	cmd.Flags().Uint16Var(&dnsPort, "dns-port", 0, "port of the synthetic DNS resolver on each gateway address (default 15053)")
 	return cmd
@@ -405,6 +410,59 @@ func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
 		}
 	}
 	return req, nil
+}
+
+// limitFlags are the daemon's bounds on the work one request, or one
+// sandbox's requests, make the egress gateway do (zero: the defaults).
+type limitFlags struct {
+	scanBytes, scanBody, inflight string
+	scanTime, bodyIdle, bodyTotal time.Duration
+	upstreamConns                 int
+}
+
+func (l *limitFlags) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&l.scanBytes, "exfil-scan-bytes", "", "bytes of request text the exfil scan examines per request, decoded forms included (default 1M)")
+	f.StringVar(&l.scanBody, "exfil-scan-body", "", "request body bytes read ahead and scanned (default 64K); --exfil block refuses longer bodies")
+	f.DurationVar(&l.scanTime, "exfil-scan-time", 0, "time the exfil scan may take per request (default 250ms); past it --exfil block refuses")
+	f.StringVar(&l.inflight, "max-inflight-bytes", "", "request body bytes a sandbox's requests may hold in the gateway at once (default 64M); over it: 503")
+	f.IntVar(&l.upstreamConns, "max-upstream-conns", 0, "open upstream connections per sandbox (default 128); past it a request waits 2s, then 503")
+	f.DurationVar(&l.bodyIdle, "body-idle-timeout", 0, "longest wait for more of a request body (default 30s); past it: 408")
+	f.DurationVar(&l.bodyTotal, "body-timeout", 0, "longest time to receive a whole request body (default 10m); past it: 408")
+}
+
+func (l *limitFlags) apply(n *daemon.NetworkConfig) error {
+	size := func(flag, v string) (int64, error) {
+		if v == "" {
+			return 0, nil
+		}
+		s, err := parseSize(v)
+		if err != nil {
+			return 0, fmt.Errorf("--%s: %w", flag, err)
+		}
+		return s, nil
+	}
+	var err error
+	if n.ExfilScan.Bytes, err = size("exfil-scan-bytes", l.scanBytes); err != nil {
+		return err
+	}
+	if n.ExfilScan.Body, err = size("exfil-scan-body", l.scanBody); err != nil {
+		return err
+	}
+	if n.Limits.InFlightBytes, err = size("max-inflight-bytes", l.inflight); err != nil {
+		return err
+	}
+	for flag, d := range map[string]time.Duration{"exfil-scan-time": l.scanTime, "body-idle-timeout": l.bodyIdle, "body-timeout": l.bodyTotal} {
+		if d < 0 {
+			return fmt.Errorf("--%s: %s is negative", flag, d)
+		}
+	}
+	if l.upstreamConns < 0 {
+		return fmt.Errorf("--max-upstream-conns: %d is negative", l.upstreamConns)
+	}
+	n.ExfilScan.Time = l.scanTime
+	n.Limits.BodyIdleTimeout, n.Limits.BodyTimeout, n.Limits.UpstreamConns = l.bodyIdle, l.bodyTotal, l.upstreamConns
+	return nil
 }
 
 // parseSize parses 512M, 2G, 1.5GiB, 65536 (bytes).

@@ -27,6 +27,7 @@ import (
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
+	"github.com/cagebox/cagebox/internal/substitute"
 	"github.com/cagebox/cagebox/internal/vault"
 	"github.com/cagebox/cagebox/internal/vault/sqlitebackend"
 	"github.com/cagebox/cagebox/isolation"
@@ -82,6 +83,11 @@ type NetworkConfig struct {
 	// Exfil: flag (default), block or off — credential-shaped strings that
 	// are not a sandbox's placeholders.
 	Exfil string
+	// ExfilScan bounds the exfil scan of one request (zero: defaults).
+	ExfilScan substitute.Budget
+	// Limits bound each sandbox's in-flight request bytes, body read times
+	// and upstream connections (zero: defaults).
+	Limits gateway.Limits
 }
 
 // ParseResolve parses HOST:PORT=ADDR:PORT.
@@ -363,6 +369,7 @@ func newGateway(cfg Config, emit func(string, string, string, any), log *slog.Lo
 		ProxyPort: n.ProxyPort, DNSPort: n.DNSPort, TableName: n.TableName, IfPrefix: n.IfPrefix,
 		Resolve: n.Resolve, UpstreamCAs: roots, Emit: emit, Logger: log, Exfil: n.Exfil,
 		HostAddrs: n.HostPublicAddrs,
+		ExfilScan: n.ExfilScan, Limits: n.Limits,
 	})
 }
 

@@ -57,10 +57,14 @@ import (
 // some request to Host:Port could be allowed; every request on the
 // connection is then decided on its own.
 type Request struct {
-	Host        string
-	Port        int
-	Protocol    string // "http" | "tcp"
-	Method      string
+	Host     string
+	Port     int
+	Protocol string // "http" | "tcp"
+	// Method is upper-case: the method sent upstream.
+	Method string
+	// Path is the request path in canonical escaped form (see
+	// canonicalPath), without the query: exactly what is sent upstream. A
+	// policy decodes it once.
 	Path        string
 	WebSocket   bool
 	ContentType string
@@ -133,12 +137,27 @@ type Event struct {
 
 // RequestHook lets a later stage rewrite an allowed request before it goes
 // upstream (placeholder swap, re-signing) or refuse it. It is called with the
-// request as decided; changes to its URL path, query, headers and body are
-// forwarded. A non-nil *Refusal answers 403 with that rule and reason.
+// request as decided; changes to its query, headers and body are forwarded,
+// while its method and path are what the policy decided on and must not
+// change (a request whose hook changed them is refused). A non-nil *Refusal
+// answers 403 (or Refusal.Status) with that rule and reason. Reading the
+// body counts against the sandbox's in-flight bytes and body timeouts; a
+// read that fails with ErrInFlightLimit or ErrBodyTimeout is answered with
+// that limit whatever the hook returns.
 type RequestHook func(sb *Sandbox, r *http.Request) *Refusal
 
-// Refusal is a RequestHook's denial.
-type Refusal struct{ Rule, Reason string }
+// Refusal is a RequestHook's denial: 403 unless Status says otherwise (413
+// for a body too large to check, say).
+type Refusal struct {
+	Rule, Reason string
+	Status       int
+}
+
+// Error makes a Refusal an error, so that a hook's body reader can refuse a
+// request as its body streams: the proxy answers a request whose body
+// failed with a *Refusal (in its chain) with that refusal, if the answer
+// has not started.
+func (r *Refusal) Error() string { return r.Reason }
 
 // Config configures a Proxy.
 type Config struct {
@@ -183,6 +202,23 @@ type Config struct {
 	MaxHeaderBytes int
 	// MaxConnsPerSandbox bounds concurrent connections per sandbox (default 512).
 	MaxConnsPerSandbox int
+
+	// MaxInFlightBytesPerSandbox bounds the request body bytes a sandbox's
+	// requests hold in the gateway at once: read from the sandbox and not yet
+	// sent upstream, e.g. buffered by a hook to check a signature or scan for
+	// credentials (default 64 MiB). A request that would go over it is
+	// refused with 503 naming the limit.
+	MaxInFlightBytesPerSandbox int64
+	// BodyIdleTimeout bounds each wait for more of a request body (default
+	// 30s); BodyTimeout bounds reading a whole request body (default 10m).
+	// Past either the request is refused with 408 (or aborted upstream).
+	BodyIdleTimeout, BodyTimeout time.Duration
+	// MaxUpstreamConnsPerSandbox bounds a sandbox's open upstream
+	// connections (default 128); each sandbox has its own connection pool.
+	// A request needing one more waits up to UpstreamConnWait (default 2s)
+	// for one to close, then is refused with 503.
+	MaxUpstreamConnsPerSandbox int
+	UpstreamConnWait           time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -204,6 +240,21 @@ func (c *Config) setDefaults() {
 	if c.MaxConnsPerSandbox <= 0 {
 		c.MaxConnsPerSandbox = 512
 	}
+	if c.MaxInFlightBytesPerSandbox <= 0 {
+		c.MaxInFlightBytesPerSandbox = 64 << 20
+	}
+	if c.BodyIdleTimeout <= 0 {
+		c.BodyIdleTimeout = 30 * time.Second
+	}
+	if c.BodyTimeout <= 0 {
+		c.BodyTimeout = 10 * time.Minute
+	}
+	if c.MaxUpstreamConnsPerSandbox <= 0 {
+		c.MaxUpstreamConnsPerSandbox = 128
+	}
+	if c.UpstreamConnWait <= 0 {
+		c.UpstreamConnWait = 2 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -211,16 +262,15 @@ func (c *Config) setDefaults() {
 
 // Proxy is the transparent egress proxy.
 type Proxy struct {
-	cfg       Config
-	log       *slog.Logger
-	guard     *guard
-	transport *http.Transport
-	rp        *httputil.ReverseProxy
-	srv       *http.Server // serves HTTP/1.1 and HTTP/2 on handed-over conns
-	conns     *connQueue   // the srv's listener
-	ctx       context.Context
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	cfg    Config
+	log    *slog.Logger
+	guard  *guard
+	rp     *httputil.ReverseProxy
+	srv    *http.Server // serves HTTP/1.1 and HTTP/2 on handed-over conns
+	conns  *connQueue   // the srv's listener
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
 	// mu guards the fields below.
 	mu         sync.Mutex
@@ -228,8 +278,15 @@ type Proxy struct {
 	listeners  map[net.Listener]struct{}
 	open       map[net.Conn]struct{} // accepted sandbox connections
 	perSandbox map[string]int
+	limits     map[string]*sbState // per sandbox; swept when idle
+	lastSweep  time.Time
 	served     map[net.Conn]*connInfo // conns handed to srv
 }
+
+// sbIdle is how long a sandbox without connections keeps its upstream pool
+// (so a guest opening a connection per request still reuses upstream
+// connections); states idle longer are swept as new connections arrive.
+const sbIdle = 2 * time.Minute
 
 // New returns a proxy; Serve starts it.
 func New(cfg Config) (*Proxy, error) {
@@ -256,12 +313,12 @@ func New(cfg Config) (*Proxy, error) {
 		listeners:  make(map[net.Listener]struct{}),
 		open:       make(map[net.Conn]struct{}),
 		perSandbox: make(map[string]int),
+		limits:     make(map[string]*sbState),
 		served:     make(map[net.Conn]*connInfo),
 	}
-	p.transport = p.newTransport()
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       rewrite,
-		Transport:     p.transport,
+		Transport:     roundTripper(p.roundTrip),
 		FlushInterval: -1,
 		ErrorHandler:  p.upstreamError,
 		ErrorLog:      slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
@@ -284,7 +341,8 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
-func (p *Proxy) newTransport() *http.Transport {
+// newTransport is one sandbox's upstream transport, dialling with dial.
+func (p *Proxy) newTransport(dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Transport {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if extra := p.cfg.UpstreamCAs; extra != nil {
 		// A CertPool cannot be merged with the system pool, so verify by
@@ -297,7 +355,7 @@ func (p *Proxy) newTransport() *http.Transport {
 	}
 	return &http.Transport{
 		Proxy:                  nil, // never an environment proxy
-		DialContext:            p.guard.DialContext,
+		DialContext:            dial,
 		TLSClientConfig:        tc,
 		ForceAttemptHTTP2:      true,
 		MaxIdleConns:           1024,
@@ -407,21 +465,41 @@ func (p *Proxy) Close() error {
 	p.cancel()
 	_ = p.srv.Close()
 	p.wg.Wait()
-	p.transport.CloseIdleConnections()
+	p.mu.Lock()
+	for _, l := range p.limits {
+		l.transport.CloseIdleConnections()
+	}
+	p.mu.Unlock()
 	return nil
 }
 
-// acquire registers an accepted connection; false if the proxy is closed or
-// the sandbox is at its connection limit.
-func (p *Proxy) acquire(c net.Conn, sandbox string) bool {
+// acquire registers an accepted connection and returns its sandbox's
+// state; nil if the proxy is closed or the sandbox is at its connection
+// limit.
+func (p *Proxy) acquire(c net.Conn, sandbox string) *sbState {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed || p.perSandbox[sandbox] >= p.cfg.MaxConnsPerSandbox {
-		return false
+		return nil
 	}
 	p.perSandbox[sandbox]++
 	p.open[c] = struct{}{}
-	return true
+	l := p.limits[sandbox]
+	if l == nil {
+		l = p.newSBState()
+		p.limits[sandbox] = l
+	}
+	l.idleSince = time.Time{}
+	if now := time.Now(); now.Sub(p.lastSweep) > sbIdle/4 {
+		p.lastSweep = now
+		for id, st := range p.limits {
+			if !st.idleSince.IsZero() && now.Sub(st.idleSince) > sbIdle {
+				st.transport.CloseIdleConnections()
+				delete(p.limits, id)
+			}
+		}
+	}
+	return l
 }
 
 func (p *Proxy) release(c net.Conn, sandbox string) {
@@ -430,6 +508,11 @@ func (p *Proxy) release(c net.Conn, sandbox string) {
 	delete(p.open, c)
 	if p.perSandbox[sandbox]--; p.perSandbox[sandbox] <= 0 {
 		delete(p.perSandbox, sandbox)
+		// No request of the sandbox runs any more (a connection is
+		// released after its handlers); its pool stays a while.
+		if l := p.limits[sandbox]; l != nil {
+			l.idleSince = time.Now()
+		}
 	}
 }
 
@@ -491,7 +574,8 @@ func (p *Proxy) handle(c net.Conn) {
 		return
 	}
 	start := time.Now()
-	if !p.acquire(c, sb.ID) {
+	lim := p.acquire(c, sb.ID)
+	if lim == nil {
 		_ = c.Close()
 		if !p.isClosed() {
 			p.emit(sb, Event{Port: int(dst.Port()), Protocol: "tcp", Verdict: VerdictDeny,
@@ -513,7 +597,7 @@ func (p *Proxy) handle(c net.Conn) {
 		if name, ok := sb.nameOf(dst.Addr()); ok {
 			if _, v := p.decide(p.ctx, sb, &Request{Host: name, Port: int(dst.Port()), Protocol: "tcp"}); v == VerdictAllow {
 				_ = c.SetReadDeadline(time.Time{})
-				p.serveTCP(pc, sb, dst, start)
+				p.serveTCP(pc, sb, lim, dst, start)
 				return
 			}
 		}
@@ -526,12 +610,12 @@ func (p *Proxy) handle(c net.Conn) {
 	}
 	switch kind {
 	case kindTLS:
-		p.serveTLS(pc, sb, dst, start)
+		p.serveTLS(pc, sb, lim, dst, start)
 	case kindHTTP:
 		name, ok := sb.nameOf(dst.Addr())
-		p.serveConn(pc, &connInfo{sb: sb, dst: dst, scheme: "http", name: name, named: ok})
+		p.serveConn(pc, &connInfo{sb: sb, lim: lim, dst: dst, scheme: "http", name: name, named: ok})
 	default:
-		p.serveTCP(pc, sb, dst, start)
+		p.serveTCP(pc, sb, lim, dst, start)
 	}
 }
 
@@ -584,8 +668,8 @@ func (c *peekedConn) CloseWrite() error {
 }
 
 // serveTLS terminates a sandbox TLS connection after checking its SNI.
-func (p *Proxy) serveTLS(pc *peekedConn, sb *Sandbox, dst netip.AddrPort, start time.Time) {
-	info := &connInfo{sb: sb, dst: dst, scheme: "https", named: true}
+func (p *Proxy) serveTLS(pc *peekedConn, sb *Sandbox, lim *sbState, dst netip.AddrPort, start time.Time) {
+	info := &connInfo{sb: sb, lim: lim, dst: dst, scheme: "https", named: true}
 	var refusal *Event
 	refuse := func(host, rule, reason string) error {
 		refusal = &Event{Host: host, Port: int(dst.Port()), Protocol: "https", Verdict: VerdictDeny,
@@ -674,6 +758,7 @@ func (p *Proxy) serveConn(c net.Conn, info *connInfo) {
 // arrived on.
 type connInfo struct {
 	sb          *Sandbox
+	lim         *sbState
 	dst         netip.AddrPort
 	scheme      string // "https" | "http"
 	name        string // the destination's name (the SNI for https)

@@ -102,6 +102,7 @@ type seen struct {
 	Method, Host, Path, Proto string
 	XFF                       []string
 	Header                    http.Header
+	URI                       string // the request target as received
 }
 
 type upstream struct {
@@ -113,7 +114,7 @@ type upstream struct {
 func (u *upstream) record(r *http.Request) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.reqs = append(u.reqs, seen{r.Method, r.Host, r.URL.Path, r.Proto, r.Header.Values("X-Forwarded-For"), r.Header.Clone()})
+	u.reqs = append(u.reqs, seen{r.Method, r.Host, r.URL.Path, r.Proto, r.Header.Values("X-Forwarded-For"), r.Header.Clone(), r.RequestURI})
 }
 
 func (u *upstream) seen() []seen {

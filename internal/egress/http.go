@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/textproto"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -41,6 +42,11 @@ type reqState struct {
 	scheme     string
 	name       string
 	ev         *Event
+	lim        *sbState   // the sandbox's pool and budgets
+	body       *guestBody // nil: no request body
+	// path is the canonical request path the policy decided on, sent
+	// upstream as is.
+	path, decodedPath string
 }
 
 type reqStateKey struct{}
@@ -58,11 +64,15 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 
 	start := time.Now()
 	cw := &countingWriter{rw: w}
-	var body *countingBody
+	var body *guestBody
 	if r.Body != nil && r.Body != http.NoBody {
-		body = &countingBody{rc: r.Body}
+		body = &guestBody{rc: r.Body, sb: info.lim, ctl: http.NewResponseController(w),
+			idle: p.cfg.BodyIdleTimeout, total: p.cfg.BodyTimeout, deadline: start.Add(p.cfg.BodyTimeout)}
 		r.Body = body
+		defer body.done()
 	}
+	// The method the policy decides on is the method sent upstream.
+	r.Method = canonicalMethod(r.Method)
 	ev := &Event{
 		Host: info.name, Port: int(info.dst.Port()), Protocol: info.scheme,
 		Method: r.Method, Path: r.URL.Path, Time: start,
@@ -90,7 +100,14 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		if !hookRefused && p.cfg.OnDenied != nil {
 			p.cfg.OnDenied(info.sb, r, info.name)
 		}
+		closeUnread(cw, r, body)
 		writeDenied(cw, rule, info.name, reason)
+	}
+	// limited answers a request stopped by a per-sandbox limit.
+	limited := func(h *limitHit) {
+		ev.Verdict, ev.Rule, ev.Reason = VerdictDeny, h.rule, h.reason
+		closeUnread(cw, r, body)
+		writeLimit(cw, h, info.name)
 	}
 
 	if r.Method == http.MethodConnect {
@@ -114,12 +131,22 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		deny(info.connVerdict, d.Rule, d.Reason)
 		return
 	}
-	if hasDotSegment(r.URL.Path) {
+	// Decide on the path as it was sent, once: the canonical form below is
+	// what the policy sees and exactly what goes upstream.
+	canon, problem := canonicalPath(wirePath(r))
+	if problem != "" {
+		deny(VerdictDeny, rulePath, problem)
+		return
+	}
+	decoded, _ := url.PathUnescape(canon) // canon is well-formed
+	ev.Path = canon
+	if hasDotSegment(decoded) {
 		// "/public/../admin" would match a rule for /public/* here and be
 		// normalised to /admin upstream.
 		deny(VerdictDeny, rulePath, "path has dot segments")
 		return
 	}
+	setPath(r.URL, canon, decoded)
 	ws := isWebSocket(r.Header)
 	if !ws {
 		// h2c and other protocol switches: serve the request as plain
@@ -128,7 +155,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	preq := &Request{
 		Host: info.name, Port: int(info.dst.Port()), Protocol: "http",
-		Method: r.Method, Path: r.URL.Path, WebSocket: ws,
+		Method: r.Method, Path: canon, WebSocket: ws,
 		ContentType: r.Header.Get("Content-Type"), Accept: r.Header.Get("Accept"),
 	}
 	d, verdict := p.decide(r.Context(), info.sb, preq)
@@ -136,26 +163,72 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		deny(verdict, d.Rule, d.Reason)
 		return
 	}
+	// A method override (X-HTTP-Method-Override and kin, ?_method=) makes
+	// many servers act as if the request had that method: it must be
+	// allowed too.
+	overrides, bad := methodOverrides(r)
+	if bad != "" {
+		deny(VerdictDeny, ruleMethodOverride, bad)
+		return
+	}
+	for _, m := range overrides {
+		oreq := *preq
+		oreq.Method = m
+		od, overdict := p.decide(r.Context(), info.sb, &oreq)
+		if overdict != VerdictAllow {
+			deny(overdict, od.Rule, fmt.Sprintf("method override to %s: %s", m, od.Reason))
+			return
+		}
+	}
 	ev.Rule = d.Rule
 	if ws && r.ProtoMajor != 1 {
 		deny(VerdictDeny, ruleUpgrade, "WebSocket is supported over HTTP/1.1 only")
 		return
 	}
 	if p.cfg.Hook != nil {
-		if ref := p.cfg.Hook(info.sb, r); ref != nil {
+		ref := p.cfg.Hook(info.sb, r)
+		if body != nil {
+			// A hook that read ahead into a limit (in-flight bytes, a
+			// trickling body) is answered with that limit, whatever it
+			// concluded from the failed read.
+			if h := body.stopped(); h != nil {
+				limited(h)
+				return
+			}
+		}
+		if ref != nil {
 			hookRefused = true
+			ev.Verdict, ev.Rule, ev.Reason = VerdictDeny, ref.Rule, ref.Reason
+			if ref.Status != 0 && ref.Status != http.StatusForbidden {
+				closeUnread(cw, r, body)
+				writeRefusal(cw, ref.Status, ref.Rule, info.name, ref.Reason)
+				return
+			}
 			deny(VerdictDeny, ref.Rule, ref.Reason)
 			return
 		}
+		if r.URL.EscapedPath() != canon || r.Method != preq.Method {
+			// Hooks swap credentials and signatures; they never re-route.
+			p.log.Error("egress hook changed the request's path or method", "sandbox", info.sb.ID, "host", info.name)
+			deny(VerdictError, rulePath, "the gateway changed the request's path or method after the policy decided")
+			return
+		}
+	}
+	if body != nil && r.Body != nil && r.Body != http.NoBody {
+		r.Body = forwardBody{ReadCloser: r.Body, g: body}
 	}
 	ev.Verdict = VerdictAllow
 	ev.Reason = d.Reason
 	st := &reqState{
-		authority:  info.name + ":" + strconv.Itoa(int(info.dst.Port())),
-		hostHeader: info.name,
-		scheme:     info.scheme,
-		name:       info.name,
-		ev:         ev,
+		authority:   info.name + ":" + strconv.Itoa(int(info.dst.Port())),
+		hostHeader:  info.name,
+		scheme:      info.scheme,
+		name:        info.name,
+		ev:          ev,
+		lim:         info.lim,
+		body:        body,
+		path:        canon,
+		decodedPath: decoded,
 	}
 	if (info.scheme == "https" && info.dst.Port() != 443) || (info.scheme == "http" && info.dst.Port() != 80) {
 		st.hostHeader = st.authority
@@ -173,11 +246,64 @@ func rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.URL.Host = st.authority
 	pr.Out.URL.User = nil
 	pr.Out.Host = st.hostHeader
+	setPath(pr.Out.URL, st.path, st.decodedPath) // exactly what was decided on
 }
 
-// upstreamError answers 502 when the upstream could not be reached.
+// roundTripper adapts a function to http.RoundTripper.
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// roundTrip sends an allowed request over its sandbox's own pool.
+func (p *Proxy) roundTrip(r *http.Request) (*http.Response, error) {
+	st, _ := r.Context().Value(reqStateKey{}).(*reqState)
+	if st == nil || st.lim == nil {
+		return nil, errors.New("egress: request without sandbox state")
+	}
+	return st.lim.transport.RoundTrip(r)
+}
+
+// upstreamError answers 502 when the upstream could not be reached, or the
+// refusal of a per-sandbox limit or of a hook's body reader that stopped the
+// request on its way.
 func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	st, _ := r.Context().Value(reqStateKey{}).(*reqState)
+	host := ""
+	if st != nil {
+		host = st.name
+		closeUnread(w, r, st.body)
+		if st.body != nil {
+			// The body ran into a limit while it streamed upstream.
+			if h := st.body.stopped(); h != nil {
+				// (A failed body read cancels an HTTP/1 request's
+				// context; the connection can still carry the answer.)
+				st.ev.Verdict, st.ev.Rule, st.ev.Reason = VerdictDeny, h.rule, h.reason
+				writeLimit(w, h, host)
+				return
+			}
+		}
+		ref := (*Refusal)(nil)
+		if !errors.As(err, &ref) && st.body != nil {
+			ref = st.body.refused.Load()
+		}
+		if ref != nil {
+			// A hook's body reader refused the body as it streamed (a
+			// signature chunk that does not verify, say).
+			st.ev.Verdict, st.ev.Rule, st.ev.Reason = VerdictDeny, ref.Rule, ref.Reason
+			status := ref.Status
+			if status == 0 {
+				status = http.StatusForbidden
+			}
+			writeRefusal(w, status, ref.Rule, host, ref.Reason)
+			return
+		}
+		if errors.Is(err, errUpstreamConns) {
+			h := &limitHit{ruleUpstreamConns, upstreamReason(err), http.StatusServiceUnavailable}
+			st.ev.Verdict, st.ev.Rule, st.ev.Reason = VerdictDeny, h.rule, h.reason
+			writeLimit(w, h, host)
+			return
+		}
+	}
 	reason, rule := upstreamReason(err), refusalRule(err)
 	if st != nil {
 		st.ev.Verdict, st.ev.Reason = VerdictError, upstreamErrPrefix+reason
@@ -187,10 +313,6 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	}
 	if r.Context().Err() != nil {
 		return // the sandbox went away
-	}
-	host := ""
-	if st != nil {
-		host = st.name
 	}
 	p.log.Info("egress upstream error", "host", host, "err", err)
 	body := map[string]string{
@@ -234,8 +356,13 @@ func upstreamReason(err error) string {
 }
 
 func writeDenied(w http.ResponseWriter, rule, host, reason string) {
+	writeRefusal(w, http.StatusForbidden, rule, host, reason)
+}
+
+// writeRefusal is writeDenied with another status (a hook's 413, say).
+func writeRefusal(w http.ResponseWriter, status int, rule, host, reason string) {
 	w.Header().Set(headerDenied, rule)
-	writeJSON(w, http.StatusForbidden, map[string]string{
+	writeJSON(w, status, map[string]string{
 		"error":  deniedMessage,
 		"rule":   rule,
 		"host":   host,
@@ -259,17 +386,6 @@ func splitHostPort(hostport string) (host, port string) {
 		return h, p
 	}
 	return strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]"), ""
-}
-
-// hasDotSegment reports whether a decoded path has a "." or ".." segment
-// (also with a backslash separator, which some servers accept).
-func hasDotSegment(p string) bool {
-	for _, seg := range strings.FieldsFunc(p, func(r rune) bool { return r == '/' || r == '\\' }) {
-		if seg == "." || seg == ".." {
-			return true
-		}
-	}
-	return false
 }
 
 func isWebSocket(h http.Header) bool {
@@ -349,16 +465,3 @@ func (c *countingConn) Write(b []byte) (int, error) {
 	c.down.Add(int64(n))
 	return n, err
 }
-
-type countingBody struct {
-	rc io.ReadCloser
-	n  atomic.Int64
-}
-
-func (b *countingBody) Read(p []byte) (int, error) {
-	n, err := b.rc.Read(p)
-	b.n.Add(int64(n))
-	return n, err
-}
-
-func (b *countingBody) Close() error { return b.rc.Close() }

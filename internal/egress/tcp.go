@@ -12,7 +12,7 @@ import (
 
 // serveTCP splices a raw flow to its upstream if the policy allows raw TCP
 // to the destination's name and port; otherwise it closes the flow.
-func (p *Proxy) serveTCP(pc *peekedConn, sb *Sandbox, dst netip.AddrPort, start time.Time) {
+func (p *Proxy) serveTCP(pc *peekedConn, sb *Sandbox, lim *sbState, dst netip.AddrPort, start time.Time) {
 	ev := Event{Port: int(dst.Port()), Protocol: "tcp", Time: start}
 	name, ok := sb.nameOf(dst.Addr())
 	if !ok {
@@ -31,7 +31,7 @@ func (p *Proxy) serveTCP(pc *peekedConn, sb *Sandbox, dst netip.AddrPort, start 
 		p.emit(sb, ev)
 		return
 	}
-	up, err := p.guard.DialContext(p.ctx, "tcp", net.JoinHostPort(name, strconv.Itoa(int(dst.Port()))))
+	up, err := lim.dial(p.ctx, p.guard, "tcp", net.JoinHostPort(name, strconv.Itoa(int(dst.Port()))))
 	if err != nil {
 		ev.Verdict, ev.Reason = VerdictError, upstreamErrPrefix+upstreamReason(err)
 		if rule := refusalRule(err); rule != "" {

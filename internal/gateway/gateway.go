@@ -10,12 +10,14 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -63,6 +65,22 @@ type Config struct {
 	// string that is not one of the sandbox's placeholders: "flag" (an
 	// event; the default), "block" (403) or "off".
 	Exfil string
+	// ExfilScan bounds the exfil scan of one request (zero fields:
+	// substitute's defaults). Its Body is how much of a body is read ahead
+	// and scanned. Past a bound the rest of the request is not scanned: an
+	// event under "flag", a 403 under "block" (which refuses what it cannot
+	// scan, bodies longer than Body included).
+	ExfilScan substitute.Budget
+	// Limits bounds each sandbox's in-flight request bytes, body read
+	// times and upstream connections (zero fields: egress' defaults).
+	Limits Limits
+}
+
+// Limits are the per-sandbox bounds of egress.Config.
+type Limits struct {
+	InFlightBytes                int64
+	BodyIdleTimeout, BodyTimeout time.Duration
+	UpstreamConns                int
 }
 
 // Exfil modes.
@@ -72,9 +90,10 @@ const (
 	ExfilOff   = "off"
 )
 
-// exfilBodyLimit bounds the body bytes scanned for credential shapes;
-// bodies of unknown length (streams) are not read ahead.
-const exfilBodyLimit = 64 << 10
+// unboundVerifyMax bounds the body read to tell whether a request to a host
+// an HMAC binding is not bound to was signed with its placeholder key (an
+// alert, not a protection: that signature is worth nothing upstream).
+const unboundVerifyMax = 64 << 10
 
 // Gateway manages every sandbox's network.
 type Gateway struct {
@@ -230,6 +249,15 @@ func New(cfg Config) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
 	}
+	if g.cfg.ExfilScan.Body == 0 {
+		g.cfg.ExfilScan.Body = substitute.DefaultScanBody
+	}
+	if g.cfg.ExfilScan.Bytes <= 0 {
+		g.cfg.ExfilScan.Bytes = substitute.DefaultScanBytes
+	}
+	if g.cfg.ExfilScan.Time <= 0 {
+		g.cfg.ExfilScan.Time = substitute.DefaultScanTime
+	}
 	g.proxy, err = egress.New(egress.Config{
 		Lookup:      g.lookup,
 		OnEvent:     g.onProxyEvent,
@@ -239,6 +267,11 @@ func New(cfg Config) (*Gateway, error) {
 		UpstreamCAs: cfg.UpstreamCAs,
 		HostAddrs:   cfg.HostAddrs,
 		Logger:      cfg.Logger,
+
+		MaxInFlightBytesPerSandbox: cfg.Limits.InFlightBytes,
+		BodyIdleTimeout:            cfg.Limits.BodyIdleTimeout,
+		BodyTimeout:                cfg.Limits.BodyTimeout,
+		MaxUpstreamConnsPerSandbox: cfg.Limits.UpstreamConns,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -535,23 +568,17 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusa
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
+	// What can be refused from the headers alone is refused before any
+	// of the body is read.
+	if ref := g.resignSigV4(sb, a, r, host, true); ref != nil {
+		return ref
+	}
 	// Credential-shaped strings that are not our placeholders: scanned on
 	// the request as the guest sent it, before any swap.
-	if g.det != nil {
-		limit := int64(0)
-		if r.ContentLength > 0 && r.ContentLength <= exfilBodyLimit {
-			limit = exfilBodyLimit
-		}
-		if fs, err := g.det.Scan(r, limit, known{set, a.sigV4()}); err == nil && len(fs) > 0 {
-			for _, f := range fs {
-				g.cfg.Emit(sb.Tenant, sb.ID, "secret.exfil_suspect", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": f.Rule, "where": f.Where, "preview": f.Preview, "mode": g.cfg.Exfil})
-			}
-			if g.cfg.Exfil == ExfilBlock {
-				return &egress.Refusal{Rule: fs[0].Rule, Reason: "request carries a credential-shaped string (" + fs[0].Rule + " in " + fs[0].Where + ", …" + strings.TrimPrefix(fs[0].Preview, "…") + ")"}
-			}
-		}
+	if ref := g.exfilScan(sb, a, r, host, set); ref != nil {
+		return ref
 	}
-	if ref := g.resignSigV4(sb, a, r, host); ref != nil {
+	if ref := g.resignSigV4(sb, a, r, host, false); ref != nil {
 		return ref
 	}
 	if ref := g.resignHMAC(sb, a, r, host); ref != nil {
@@ -577,6 +604,52 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusa
 		g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": res.Replaced})
 	}
 	return nil
+}
+
+// exfilScan scans r for credential-shaped strings within the configured
+// budget. Under "block" a finding, or a part of the request the scan could
+// not cover (a spent budget, a body longer than the scan window or of
+// unknown length, a body that failed to arrive), is a 403: block refuses
+// what it cannot scan. Under "flag" findings and spent budgets are events.
+func (g *Gateway) exfilScan(sb *egress.Sandbox, a *Attachment, r *http.Request, host string, set *substitute.Set) *egress.Refusal {
+	if g.det == nil {
+		return nil
+	}
+	b := g.cfg.ExfilScan
+	if g.cfg.Exfil != ExfilBlock && r.ContentLength < 0 {
+		// A stream is not read ahead under flag: a client waiting for an
+		// answer before sending more would stall.
+		b.Body = 0
+	}
+	res, err := g.det.ScanBudget(r, b, known{set, a.sigV4()})
+	for _, f := range res.Findings {
+		g.cfg.Emit(sb.Tenant, sb.ID, "secret.exfil_suspect", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": f.Rule, "where": f.Where, "preview": f.Preview, "mode": g.cfg.Exfil})
+	}
+	block := g.cfg.Exfil == ExfilBlock
+	if block && len(res.Findings) > 0 {
+		f := res.Findings[0]
+		return &egress.Refusal{Rule: f.Rule, Reason: "request carries a credential-shaped string (" + f.Rule + " in " + f.Where + ", …" + strings.TrimPrefix(f.Preview, "…") + ")"}
+	}
+	if res.Complete {
+		return nil
+	}
+	if res.Limit == substitute.LimitBody && !block && err == nil {
+		return nil // under flag, bodies are scanned as far as the window reaches
+	}
+	g.cfg.Emit(sb.Tenant, sb.ID, "secret.exfil_unscanned", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "limit": res.Limit, "unscanned": res.Gap, "scanned_bytes": res.Scanned, "mode": g.cfg.Exfil})
+	if !block {
+		return nil
+	}
+	reason := "the exfil scan (--exfil block) could not cover the request: " + res.Gap + "; block refuses what it cannot scan"
+	switch res.Limit {
+	case substitute.LimitBytes:
+		reason += fmt.Sprintf(" (scan budget %d bytes, --exfil-scan-bytes)", g.cfg.ExfilScan.Bytes)
+	case substitute.LimitTime:
+		reason += fmt.Sprintf(" (scan time budget %s, --exfil-scan-time)", g.cfg.ExfilScan.Time)
+	case substitute.LimitBody:
+		reason += fmt.Sprintf(" (scan window %d body bytes, --exfil-scan-body); send less", b.Body)
+	}
+	return &egress.Refusal{Rule: "builtin:exfil-unscanned", Reason: reason}
 }
 
 // deniedAlert raises secret.alert when a request the policy refused carries
@@ -626,8 +699,10 @@ func (g *Gateway) resignHMAC(sb *egress.Sandbox, a *Attachment, r *http.Request,
 		}
 		if r.TLS == nil || !hostname.MatchAny(b.Hosts, host) {
 			// Another header of the same name is none of our business;
-			// a signature made with our placeholder key is.
-			if b.Signer.Verify(r) == nil {
+			// a signature made with our placeholder key is — but only
+			// worth an alert, so it is checked only when that is cheap:
+			// a signature over no body or a small one of known length.
+			if signsSmallBody(b.Signer, r) && b.Signer.Verify(r) == nil {
 				return refuse("secret.alert", fmt.Sprintf("request signed with the placeholder key of %s sent to %s (bound to %s)", b.Name, host, strings.Join(b.Hosts, ", ")))
 			}
 			continue
@@ -639,7 +714,11 @@ func (g *Gateway) resignHMAC(sb *egress.Sandbox, a *Attachment, r *http.Request,
 		s := *b.Signer
 		s.Real = real
 		if err := s.Resign(r); err != nil {
-			return refuse("secret.refused", fmt.Sprintf("HMAC signature of %s: %v", b.Name, err))
+			ref := refuse("secret.refused", fmt.Sprintf("HMAC signature of %s: %v", b.Name, err))
+			if errors.Is(err, resign.ErrBodyTooLarge) {
+				ref.Status = http.StatusRequestEntityTooLarge
+			}
+			return ref
 		}
 		g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": []string{b.Name}, "resigned": "hmac"})
 		return nil
@@ -650,8 +729,10 @@ func (g *Gateway) resignHMAC(sb *egress.Sandbox, a *Attachment, r *http.Request,
 // resignSigV4 handles requests signed with a sandbox's placeholder AWS key:
 // re-signed with the real key for a bound host over intercepted TLS,
 // refused (with an alert) anywhere else or when the signature does not
-// verify. It runs before the generic swap, which must not touch them.
-func (g *Gateway) resignSigV4(sb *egress.Sandbox, a *Attachment, r *http.Request, host string) *egress.Refusal {
+// verify. It runs before the generic swap, which must not touch them. With
+// headersOnly it only refuses what the headers show (the placeholder key
+// headed for a host it is not bound to) and reads no body.
+func (g *Gateway) resignSigV4(sb *egress.Sandbox, a *Attachment, r *http.Request, host string, headersOnly bool) *egress.Refusal {
 	bs := a.sigV4()
 	if len(bs) == 0 {
 		return nil
@@ -668,16 +749,58 @@ func (g *Gateway) resignSigV4(sb *egress.Sandbox, a *Attachment, r *http.Request
 		if r.TLS == nil || !hostname.MatchAny(b.Hosts, host) {
 			return refuse("secret.alert", fmt.Sprintf("AWS request signed with the placeholder key of %s sent to %s (bound to %s)", b.Name, host, strings.Join(b.Hosts, ", ")))
 		}
+		if headersOnly {
+			return nil
+		}
 		real, err := b.Real()
 		if err != nil {
 			return refuse("secret.refused", fmt.Sprintf("%s cannot be used: %v", b.Name, err))
 		}
 		s := &resign.SigV4{Placeholder: b.Placeholder, Real: real}
 		if err := s.Resign(r); err != nil {
-			return refuse("secret.refused", fmt.Sprintf("AWS signature of %s: %v", b.Name, err))
+			ref := refuse("secret.refused", fmt.Sprintf("AWS signature of %s: %v", b.Name, err))
+			if errors.Is(err, resign.ErrBodyTooLarge) {
+				ref.Status = http.StatusRequestEntityTooLarge
+			}
+			return ref
+		}
+		// The body may still fail its check as it streams (a payload
+		// hash, an aws-chunked signature): refuse it then, by name.
+		if r.Body != nil && r.Body != http.NoBody {
+			r.Body = &refusingBody{ReadCloser: r.Body, refuse: func(err error) error {
+				return refuse("secret.refused", fmt.Sprintf("AWS signature of %s: %v", b.Name, err))
+			}}
 		}
 		g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": []string{b.Name}, "resigned": "sigv4"})
 		return nil
 	}
 	return nil
+}
+
+// signsSmallBody reports whether checking h's signature on r reads at most
+// unboundVerifyMax body bytes.
+func signsSmallBody(h *resign.HMAC, r *http.Request) bool {
+	if !slices.Contains(h.Canonical, "body") || r.Body == nil || r.Body == http.NoBody {
+		return true
+	}
+	return r.ContentLength >= 0 && r.ContentLength <= unboundVerifyMax
+}
+
+// refusingBody turns a re-signer's failure on a streaming body into an
+// egress refusal, so the sandbox gets a 403 naming the secret instead of a
+// broken upstream request.
+type refusingBody struct {
+	io.ReadCloser
+	once   sync.Once
+	refuse func(error) error
+	err    error
+}
+
+func (b *refusingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && (errors.Is(err, resign.ErrBadSignature) || errors.Is(err, resign.ErrUnsupported)) {
+		b.once.Do(func() { b.err = b.refuse(err) })
+		return n, b.err
+	}
+	return n, err
 }

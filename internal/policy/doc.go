@@ -53,7 +53,11 @@
 // upgrades and raw TCP always need an explicit rule.
 //
 // Method: compared case-insensitively; a rule without methods matches any.
-// An empty Request.Method is treated as GET.
+// An empty Request.Method is treated as GET. The proxy upper-cases a
+// request's method before asking and sends it upper-cased, so the method a
+// rule matched is the method the upstream receives; a request carrying a
+// method override (X-HTTP-Method-Override, X-HTTP-Method,
+// X-Method-Override, ?_method=) is decided for each method it names too.
 //
 // Path: a rule's paths are globs over "/"-separated segments: "*" within a
 // segment matches any run of characters other than "/" (so "*" alone is
@@ -62,17 +66,30 @@
 // "/v1/" and "/v1/a/b"). Paths are case-sensitive. A rule without paths
 // matches any path.
 //
-// The request path is decided on in canonical form: it is percent-decoded
+// Request.Path is the path as sent on the wire, still percent-encoded (the
+// proxy passes the canonical escaped form it also sends upstream, see
+// package egress). It is decided on in canonical form: percent-decoded
 // exactly once (so "%2F" is a "/" and "%2e%2e" is ".."), then cleaned with
 // [path.Clean] semantics ("//", "/./" and "/../" are resolved; ".." cannot
 // climb above "/"), and a trailing slash is dropped ("/repos/" is "/repos").
 // Patterns are decoded and cleaned the same way when the policy is compiled.
-// A path that is still ambiguous after that — it contains a backslash, a
-// percent-escape that survived decoding (double encoding), or a dot segment
-// followed by ";" ("..;/") — is never allowed by a rule that restricts
-// paths and is always denied by a deny rule that restricts paths, since
-// upstream servers disagree about what such paths mean. Rules without paths
-// are not affected.
+//
+// Servers read some paths in more than one way, and a path rule holds for
+// all of them: an encoded slash may or may not separate segments
+// ("/a%2Fb" is "/a/b" to some, one segment "a/b" to others), and ";"
+// path parameters are cut from each segment by servlet containers
+// ("/admin;x/y" is "/admin/y" there). An allow rule's paths must match
+// every such reading; a deny rule's paths match if any reading does, and
+// in any letter case (servers that route case-insensitively serve
+// "/ADMIN" as "/admin"; the folding also equates "ſ" with "s" and the
+// Kelvin sign with "k"). An allow rule's paths stay case-sensitive.
+//
+// A path that is still ambiguous after one decoding — it contains a
+// backslash, a percent-escape that survived decoding (double encoding), or
+// a dot segment followed by ";" ("..;/") — is never allowed by a rule that
+// restricts paths and is always denied by a deny rule that restricts paths,
+// since upstream servers disagree about what such paths mean. Rules without
+// paths are not affected.
 //
 // # Validation
 //

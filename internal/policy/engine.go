@@ -23,7 +23,11 @@ type Request struct {
 	Protocol string
 	// Method and Path are for HTTP only. Path is the path as sent on the wire
 	// (still percent-encoded, e.g. URL.EscapedPath()), without the query; it
-	// is decoded exactly once here. Empty Method means GET, empty Path "/".
+	// is decoded exactly once here — never pass an already-decoded path
+	// (URL.Path), or "%252e" is decided as ".". Method is compared
+	// case-insensitively: the caller must send the method upper-cased (as
+	// the egress proxy does) so that what the upstream receives is what was
+	// matched. Empty Method means GET, empty Path "/".
 	Method, Path string
 	// WebSocket marks a request to upgrade to a WebSocket.
 	WebSocket bool
@@ -104,6 +108,8 @@ type compiledRule struct {
 	ports   []int
 	methods []string // nil: any
 	paths   []pathPattern
+	// folded are paths case-folded: a deny rule matches a path in any case.
+	folded []pathPattern
 }
 
 func (r *compiledRule) allows(k kind) bool {
@@ -121,7 +127,10 @@ func (r *compiledRule) matchMethod(m string) bool {
 	return r.methods == nil || slices.Contains(r.methods, m)
 }
 
-// matchPath reports whether the rule's paths match p. Ambiguous paths never
+// matchPath reports whether the rule's paths match p. Servers read some
+// paths in more than one way (see reqPath.readings): an allow rule must
+// match every reading, a deny rule matches if any reading does, in any
+// letter case (some servers route case-insensitively). Ambiguous paths never
 // match an allow rule's paths and always match a deny rule's.
 func (r *compiledRule) matchPath(p *reqPath) bool {
 	if r.paths == nil {
@@ -130,8 +139,24 @@ func (r *compiledRule) matchPath(p *reqPath) bool {
 	if p.ambiguous {
 		return !r.allow
 	}
-	segs := p.segments()
-	for _, pp := range r.paths {
+	if r.allow {
+		for _, segs := range p.segmentReadings(false) {
+			if !matchAny(r.paths, segs) {
+				return false
+			}
+		}
+		return true
+	}
+	for _, segs := range p.segmentReadings(true) {
+		if matchAny(r.folded, segs) {
+			return true
+		}
+	}
+	return false
+}
+
+func matchAny(pps []pathPattern, segs []string) bool {
+	for _, pp := range pps {
 		if pp.match(segs) {
 			return true
 		}
@@ -283,6 +308,9 @@ func compile(d *Document) (*Policy, error) {
 			}
 			nr.Paths = append(nr.Paths, raw)
 			cr.paths = append(cr.paths, pp)
+			if !cr.allow {
+				cr.folded = append(cr.folded, pp.folded())
+			}
 		}
 
 		n.Rules = append(n.Rules, nr)

@@ -444,3 +444,40 @@ func TestNamesHost(t *testing.T) {
 		t.Error("AllowsName true for a denied name")
 	}
 }
+
+// TestPathReadings: a path rule holds for every way servers read a path.
+// Allow rules must match every reading (with and without splitting on an
+// encoded slash, with and without ";" path parameters); deny rules match
+// any reading, in any letter case.
+func TestPathReadings(t *testing.T) {
+	deny := mustPolicy(t, `
+default: allow
+rules: [{name: no-admin, host: a.example.com, paths: ["/admin/**", "/Files/*.KEY"], action: deny}]
+`)
+	runDecide(t, deny, []decideCase{
+		{"plain", Request{Host: "a.example.com", Path: "/admin/x"}, false, "no-admin"},
+		{"upper", Request{Host: "a.example.com", Path: "/ADMIN/x"}, false, "no-admin"},
+		{"mixed", Request{Host: "a.example.com", Path: "/aDmIn"}, false, "no-admin"},
+		{"escaped upper", Request{Host: "a.example.com", Path: "/%41DMIN/x"}, false, "no-admin"},
+		{"long s folds to s", Request{Host: "a.example.com", Path: "/File%C5%BF/a.KEY"}, false, "no-admin"},
+		{"kelvin sign folds to k", Request{Host: "a.example.com", Path: "/files/a.%E2%84%AAey"}, false, "no-admin"},
+		{"glob in any case", Request{Host: "a.example.com", Path: "/files/secret.key"}, false, "no-admin"},
+		{"path parameter", Request{Host: "a.example.com", Path: "/admin;jsessionid=1/x"}, false, "no-admin"},
+		{"encoded path parameter", Request{Host: "a.example.com", Path: "/admin%3Bx/y"}, false, "no-admin"},
+		{"encoded slash splits", Request{Host: "a.example.com", Path: "/admin%2Fx"}, false, "no-admin"},
+		{"elsewhere", Request{Host: "a.example.com", Path: "/administrator"}, true, RuleDefault},
+		{"elsewhere with params", Request{Host: "a.example.com", Path: "/public;admin/x"}, true, RuleDefault},
+	})
+	allow := mustPolicy(t, `
+rules: [{name: repos, host: a.example.com, paths: ["/repos/*/issues", "/v1/**"], action: allow}]
+`)
+	runDecide(t, allow, []decideCase{
+		{"plain", Request{Host: "a.example.com", Path: "/repos/x/issues"}, true, "repos"},
+		{"case-sensitive", Request{Host: "a.example.com", Path: "/REPOS/x/issues"}, false, RuleDefault},
+		{"encoded slash: two readings, one fails", Request{Host: "a.example.com", Path: "/repos/a%2Fb/issues"}, false, RuleDefault},
+		{"encoded slash under **: both readings match", Request{Host: "a.example.com", Path: "/v1/a%2Fb"}, true, "repos"},
+		{"path parameter on the last segment", Request{Host: "a.example.com", Path: "/repos/x/issues;v=1"}, false, RuleDefault},
+		{"path parameter under **", Request{Host: "a.example.com", Path: "/v1/x;v=1"}, true, "repos"},
+		{"path parameter hiding a segment", Request{Host: "a.example.com", Path: "/repos/x;/issues"}, true, "repos"},
+	})
+}

@@ -5,21 +5,30 @@ import (
 	"net/url"
 	"path"
 	"strings"
+	"unicode"
 )
 
-// reqPath is a request path in the canonical form decisions are made on.
+// reqPath is a request path in the canonical form decisions are made on,
+// with the other readings servers give it.
 type reqPath struct {
-	clean     string   // decoded once, cleaned, no trailing slash ("/" for the root)
-	ambiguous bool     // see the package documentation
-	segs      []string // split lazily by segments
-	split     bool
+	raw       string // as sent (escaped)
+	clean     string // decoded once, cleaned, no trailing slash ("/" for the root)
+	ambiguous bool   // see the package documentation
+	// readings are the path's segments as servers read it, computed on
+	// first use: [0] is clean's; then, when the path has an encoded slash,
+	// with "%2F" kept inside its segment; and, when it has ";", each of
+	// those with the ";..." path parameters cut from every segment.
+	readings [][]string
+	folded   [][]string // readings, case-folded (for deny rules)
+	split    bool
 }
 
-// canonicalPath decodes and cleans a request path. problem is non-empty if
-// the path must be refused whatever the rules say.
+// canonicalPath decodes and cleans a request path (as sent, still
+// percent-encoded). problem is non-empty if the path must be refused
+// whatever the rules say.
 func canonicalPath(raw string) (p reqPath, problem string) {
 	if raw == "" {
-		return reqPath{clean: "/"}, ""
+		return reqPath{raw: "/", clean: "/"}, ""
 	}
 	if raw[0] != '/' {
 		return p, "the request path does not start with \"/\""
@@ -34,6 +43,7 @@ func canonicalPath(raw string) (p reqPath, problem string) {
 	if strings.IndexByte(dec, 0) >= 0 {
 		return p, "the request path contains NUL"
 	}
+	p.raw = raw
 	p.ambiguous = isAmbiguousPath(dec)
 	p.clean = path.Clean(dec) // dec starts with "/", so clean does too and has no trailing slash
 	return p, ""
@@ -71,14 +81,77 @@ func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
-func (p *reqPath) segments() []string {
+// segmentReadings returns the path's readings (see reqPath), case-folded
+// if fold.
+func (p *reqPath) segmentReadings(fold bool) [][]string {
 	if !p.split {
 		p.split = true
+		var d []string
 		if p.clean != "/" {
-			p.segs = strings.Split(p.clean[1:], "/")
+			d = strings.Split(p.clean[1:], "/")
+		}
+		p.readings = [][]string{d}
+		if strings.Contains(p.raw, "%2F") || strings.Contains(p.raw, "%2f") {
+			// Servers that route before decoding keep "a%2Fb" as one
+			// segment "a/b".
+			var r []string
+			for seg := range strings.SplitSeq(p.raw, "/") {
+				d, _ := url.PathUnescape(seg) // the whole path decoded
+				r = append(r, d)
+			}
+			p.readings = append(p.readings, cleanSegments(r))
+		}
+		if strings.IndexByte(p.clean, ';') >= 0 || strings.Contains(p.raw, ";") {
+			// Servlet containers and others drop ";params" from each
+			// segment before routing: "/admin;x/y" is "/admin/y" there.
+			for _, r := range p.readings {
+				var cut []string
+				for _, seg := range r {
+					seg, _, _ = strings.Cut(seg, ";")
+					cut = append(cut, seg)
+				}
+				p.readings = append(p.readings, cleanSegments(cut))
+			}
 		}
 	}
-	return p.segs
+	if !fold {
+		return p.readings
+	}
+	if p.folded == nil {
+		for _, r := range p.readings {
+			f := make([]string, len(r))
+			for i, seg := range r {
+				f[i] = foldCase(seg)
+			}
+			p.folded = append(p.folded, f)
+		}
+	}
+	return p.folded
+}
+
+// cleanSegments resolves "." and ".." segments and drops empty ones, as
+// path.Clean does for a whole path.
+func cleanSegments(segs []string) []string {
+	out := make([]string, 0, len(segs))
+	for _, s := range segs {
+		switch s {
+		case "", ".":
+		case "..":
+			if len(out) > 0 {
+				out = out[:len(out)-1]
+			}
+		default:
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// foldCase maps s to a form in which every case variant of it is equal,
+// including the variants some servers' case-insensitive routing equates
+// beyond ASCII ("ſ" is "s", the Kelvin sign "k", dotless "ı" "i").
+func foldCase(s string) string {
+	return strings.Map(func(r rune) rune { return unicode.ToLower(unicode.ToUpper(r)) }, s)
 }
 
 // pathPattern is a compiled path glob: a sequence of segment patterns, each
@@ -86,6 +159,15 @@ func (p *reqPath) segments() []string {
 // of non-'/' characters.
 type pathPattern struct {
 	segs []string
+}
+
+// folded returns the pattern case-folded (for deny rules).
+func (pp pathPattern) folded() pathPattern {
+	f := pathPattern{segs: make([]string, len(pp.segs))}
+	for i, s := range pp.segs {
+		f.segs[i] = foldCase(s)
+	}
+	return f
 }
 
 // parsePathPattern validates and compiles one of a rule's paths.

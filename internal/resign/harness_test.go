@@ -358,6 +358,12 @@ func (p *proxy) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := http.DefaultTransport.RoundTrip(out.WithContext(r.Context()))
 	if err != nil {
+		if errors.Is(p.lastErr(), ErrBadSignature) {
+			// The body failed its check as it streamed (the gateway
+			// answers such a body with a 403 too).
+			http.Error(w, "refused: "+p.lastErr().Error(), http.StatusForbidden)
+			return
+		}
 		http.Error(w, "proxy: "+err.Error(), http.StatusBadGateway)
 		return
 	}

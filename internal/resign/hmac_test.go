@@ -188,7 +188,8 @@ func TestErrorsCarryNoSecrets(t *testing.T) {
 	cases := []*http.Request{
 		mk("GET", "/b/k", nil, guestOpt{payloadHash: unsignedPayload, sendHash: true, creds: withToken(realCreds, realToken)}),
 		mk("GET", "/b/k", nil, guestOpt{payloadHash: unsignedPayload, sendHash: true, creds: AWSCreds{AccessKeyID: phCreds.AccessKeyID, SecretAccessKey: realCreds.SecretAccessKey, SessionToken: realToken}}),
-		mk("PUT", "/b/k", []byte("0123456789"), guestOpt{sendHash: true}),
+		// over MaxBody: a payload hash signed but not declared needs the body in memory
+		mk("PUT", "/b/k", []byte("0123456789"), guestOpt{}),
 		mk("GET", "/b/k", nil, guestOpt{payloadHash: "STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD", sendHash: true}),
 	}
 	tampered := mk("GET", "/b/k", nil, guestOpt{payloadHash: unsignedPayload, sendHash: true})
@@ -206,6 +207,14 @@ func TestErrorsCarryNoSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := io.ReadAll(up.Body)
+	errs = append(errs, err)
+	// A declared payload hash: a body that does not match fails its reader.
+	hashed := mk("PUT", "/b/k", []byte("0123456789"), guestOpt{sendHash: true})
+	hashed.Body = io.NopCloser(strings.NewReader("9876543210"))
+	if err := sig.Resign(hashed); err != nil {
+		t.Fatal(err)
+	}
+	_, err = io.ReadAll(hashed.Body)
 	errs = append(errs, err)
 
 	h := &HMAC{Algorithm: "sha256", Header: "X-Sig", Canonical: []string{"body"}, Placeholder: hmacPlaceholder, Real: hmacReal}

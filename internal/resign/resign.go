@@ -40,11 +40,17 @@ var (
 	// ErrUnsupported: the request uses a signing variant the re-signer cannot
 	// handle; the message says what to change.
 	ErrUnsupported = errors.New("unsupported signing variant")
+	// ErrBodyTooLarge (with ErrUnsupported): verifying the signature needs
+	// the whole body in memory and the body is over the limit.
+	ErrBodyTooLarge = errors.New("body too large to verify")
 )
 
-// DefaultMaxBody bounds how much of a body is read into memory when a
-// signature covers the body (a payload hash or an HMAC over the body).
-const DefaultMaxBody = 64 << 20
+// DefaultMaxBody bounds how much of a body is read into memory when
+// verifying a signature needs the whole body first: an HMAC over the body,
+// or a SigV4 request whose payload hash is not declared in
+// X-Amz-Content-Sha256 (non-S3 services). A declared payload hash is
+// checked as the body streams, with no such bound.
+const DefaultMaxBody = 16 << 20
 
 const redacted = "REDACTED"
 
@@ -56,13 +62,13 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 		return nil, nil
 	}
 	if r.ContentLength > max {
-		return nil, fmt.Errorf("%w: the signature covers a %d-byte body, over the %d-byte limit for verification; use UNSIGNED-PAYLOAD or a smaller request", ErrUnsupported, r.ContentLength, max)
+		return nil, fmt.Errorf("%w: %w: the signature covers a %d-byte body, over the %d-byte limit for verification; use UNSIGNED-PAYLOAD, send X-Amz-Content-Sha256, or a smaller request", ErrUnsupported, ErrBodyTooLarge, r.ContentLength, max)
 	}
 	orig := r.Body
 	buf, err := io.ReadAll(io.LimitReader(orig, max+1))
 	if int64(len(buf)) > max {
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), orig), orig}
-		return nil, fmt.Errorf("%w: the signature covers a body over the %d-byte limit for verification; use UNSIGNED-PAYLOAD or a smaller request", ErrUnsupported, max)
+		return nil, fmt.Errorf("%w: %w: the signature covers a body over the %d-byte limit for verification; use UNSIGNED-PAYLOAD, send X-Amz-Content-Sha256, or a smaller request", ErrUnsupported, ErrBodyTooLarge, max)
 	}
 	if err != nil {
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), orig), orig}

@@ -85,6 +85,9 @@ type sigv4Req struct {
 	names                 []string
 	signature             []byte
 	payloadHash           string
+	// checkHash is the declared payload hash the body must match, checked
+	// as the body streams (nil: nothing to check).
+	checkHash []byte
 
 	headers map[string][]string // lower-case name → values
 	query   []queryPair
@@ -106,7 +109,13 @@ type sigv4Req struct {
 // For aws-chunked uploads r.Body is replaced by a reader that verifies each
 // chunk signature against the placeholder chain and rewrites it for the real
 // chain as the body streams; a bad chunk makes that reader fail (wrapping
-// ErrBadSignature) before any of the chunk is passed on.
+// ErrBadSignature) before any of the chunk is passed on. A body with a
+// declared payload hash (X-Amz-Content-Sha256) is not read here either: r.Body
+// is replaced by a reader that hashes it as it streams and fails (wrapping
+// ErrBadSignature) instead of passing on its last bytes if it does not match,
+// so an upstream never receives a complete body that differs from what was
+// signed. Only a payload hash that is signed but not declared (non-S3
+// services) needs the body in memory first, up to MaxBody.
 func (s *SigV4) Resign(r *http.Request) error {
 	q, err := s.parse(r)
 	if err != nil {
@@ -123,11 +132,17 @@ func (s *SigV4) Resign(r *http.Request) error {
 	rk := s.key(s.Real.SecretAccessKey, q)
 	if q.presigned {
 		q.resignQuery(s.Real, rk, uri, qmode)
+		if q.checkHash != nil {
+			checkBody(r, q.checkHash)
+		}
 		return nil
 	}
 	sig := q.resignHeader(s.Real, rk, uri, qmode)
 	if q.payloadHash == streamingSigned || q.payloadHash == streamingSignedTrailer {
 		q.streamBody(s, pk, rk, sig)
+	}
+	if q.checkHash != nil {
+		checkBody(r, q.checkHash)
 	}
 	return nil
 }
@@ -334,20 +349,28 @@ func (s *SigV4) payload(q *sigv4Req) error {
 	case d == "" && q.presigned && q.s3:
 		q.payloadHash = unsignedPayload
 		return nil
-	case d == "" || isHex64(d):
+	case isHex64(d):
+		// The signature covers the declared hash, not the body: verify
+		// it now, and the body against it as it streams (hashReader), so
+		// nothing is buffered.
+		q.payloadHash = d
+		want, _ := hex.DecodeString(d)
+		if q.r.Body == nil || q.r.Body == http.NoBody {
+			if sha256Hex(nil) != strings.ToLower(d) {
+				return bad("the body does not match X-Amz-Content-Sha256")
+			}
+			return nil
+		}
+		q.checkHash = want
+		return nil
+	case d == "":
+		// The payload hash is in the signature but not in a header: the
+		// whole body is needed before anything can be verified.
 		body, err := readBody(q.r, s.maxBody())
 		if err != nil {
 			return err
 		}
-		h := sha256Hex(body)
-		if d == "" {
-			q.payloadHash = h
-			return nil
-		}
-		if !strings.EqualFold(h, d) {
-			return bad("the body does not match X-Amz-Content-Sha256")
-		}
-		q.payloadHash = d
+		q.payloadHash = sha256Hex(body)
 		return nil
 	}
 	return bad("X-Amz-Content-Sha256 is neither a SHA-256 hash nor a known payload mode")

@@ -10,7 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"crypto/sha256"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"testing/iotest"
 )
 
 const s3Key = "/bucket/my%20file%2Bname%20%C3%BC.txt" // "my file+name ü.txt", escaped as the S3 SDK does
@@ -376,11 +378,14 @@ func TestSigV4Classify(t *testing.T) {
 
 	t.Run("body over the limit", func(t *testing.T) {
 		body := []byte("0123456789abcdefXYZ") // 19 bytes > MaxBody 16
-		req := guestRequest(t, "PUT", "http://bucket.example", "/bucket/k", body, guestOpt{creds: phCreds, sendHash: true})
+		// The payload hash is signed but not declared: verifying needs the
+		// whole body in memory (a declared hash streams, see
+		// TestSigV4DeclaredHashStreams).
+		req := guestRequest(t, "PUT", "http://bucket.example", "/bucket/k", body, guestOpt{creds: phCreds})
 		req.ContentLength = -1 // unknown: must stop reading at the limit
 		err := s.Resign(req)
-		if !errors.Is(err, ErrUnsupported) {
-			t.Fatalf("got %v, want ErrUnsupported", err)
+		if !errors.Is(err, ErrUnsupported) || !errors.Is(err, ErrBodyTooLarge) {
+			t.Fatalf("got %v, want ErrUnsupported and ErrBodyTooLarge", err)
 		}
 		rest, _ := io.ReadAll(req.Body)
 		if !bytes.Equal(rest, body) {
@@ -430,6 +435,84 @@ func BenchmarkSigV4ResignGET(b *testing.B) {
 		req.Header = hdr.Clone()
 		if err := s.Resign(req); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// readCounter counts the reads of a body.
+type readCounter struct {
+	io.ReadCloser
+	reads int
+}
+
+func (c *readCounter) Read(p []byte) (int, error) {
+	c.reads++
+	return c.ReadCloser.Read(p)
+}
+
+// TestSigV4DeclaredHashStreams: with X-Amz-Content-Sha256 declared, the
+// signature is verified (and the request re-signed) before any of the body
+// is read, and the body is checked against the hash as it streams, with no
+// size limit. Before, the whole body was read into memory first (up to
+// 64 MiB), and anything larger was refused.
+func TestSigV4DeclaredHashStreams(t *testing.T) {
+	s := &SigV4{Placeholder: phCreds, Real: realCreds, MaxBody: 16}
+	body := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB ≫ MaxBody
+	req := guestRequest(t, "PUT", "http://bucket.example", "/bucket/k", body, guestOpt{creds: phCreds, sendHash: true})
+	rc := &readCounter{ReadCloser: req.Body}
+	req.Body = rc
+	if err := s.Resign(req); err != nil {
+		t.Fatal(err)
+	}
+	if rc.reads != 0 {
+		t.Fatalf("Resign read the body %d times before returning", rc.reads)
+	}
+	if got, err := io.ReadAll(req.Body); err != nil || !bytes.Equal(got, body) {
+		t.Fatalf("body: %d bytes, %v", len(got), err)
+	}
+
+	// End to end: the upstream gets the body, re-signed.
+	up := newUpstream(t, realCreds)
+	px := newProxy(t, s, up.URL)
+	req = guestRequest(t, "PUT", px.URL, s3Key, body, guestOpt{creds: phCreds, sendHash: true})
+	if code, msg := do(t, req); code != http.StatusOK {
+		t.Fatalf("status %d (%s)", code, msg)
+	}
+	if a := up.accepted(); len(a) != 1 || !bytes.Equal(a[0].body, body) {
+		t.Fatalf("upstream accepted %d", len(a))
+	}
+}
+
+// TestSigV4HashReaderHoldsBackTheEnd: a body that does not match its
+// declared hash never reaches a reader whole: the reader fails before
+// passing its last byte on, whatever the read sizes.
+func TestSigV4HashReaderHoldsBackTheEnd(t *testing.T) {
+	body := []byte("0123456789")
+	wrong := sha256.Sum256([]byte("something else"))
+	right := sha256.Sum256(body)
+	for _, size := range []int{1, 3, 10, 100} {
+		for _, tc := range []struct {
+			want [32]byte
+			ok   bool
+		}{{right, true}, {wrong, false}} {
+			hr := newHashReader(io.NopCloser(iotest.OneByteReader(bytes.NewReader(body))), tc.want[:])
+			var got []byte
+			var err error
+			buf := make([]byte, size)
+			for {
+				var n int
+				n, err = hr.Read(buf)
+				got = append(got, buf[:n]...)
+				if err != nil {
+					break
+				}
+			}
+			if tc.ok && (err != io.EOF || !bytes.Equal(got, body)) {
+				t.Errorf("size %d, right hash: %q %v", size, got, err)
+			}
+			if !tc.ok && (!errors.Is(err, ErrBadSignature) || len(got) >= len(body)) {
+				t.Errorf("size %d, wrong hash: passed %q on, error %v", size, got, err)
+			}
 		}
 	}
 }

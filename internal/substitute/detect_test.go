@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 var (
@@ -131,5 +132,97 @@ func TestScanThenApply(t *testing.T) {
 		if len(fs) != 0 {
 			t.Fatalf("placeholder reported as a finding: %+v", fs)
 		}
+	}
+}
+
+// TestScanWorkIsLinear: the regex work of a scan grows in proportion to
+// the input for every adversarial shape. Before the fix, a line-targeted
+// allowlist regex ran over the whole line once per match, so a long
+// header line with many candidates cost time quadratic in its length (a
+// 57 KiB header: 6.7 s).
+func TestScanWorkIsLinear(t *testing.T) {
+	d := testDetector(t)
+	work := func(kind string, n int) int64 {
+		r, _ := http.NewRequest("GET", "https://api.example/", nil)
+		r.Header.Set("X-Data", adversarial(kind, n))
+		res, err := d.ScanBudget(r, Budget{Bytes: 1 << 30, Time: time.Hour})
+		if err != nil || !res.Complete {
+			t.Fatalf("%s: %v %q", kind, err, res.Gap)
+		}
+		return res.work
+	}
+	// Shapes whose vocabulary does not grow with their length, so the same
+	// rules pass the keyword prefilter at both sizes (in random text, more
+	// rules' keywords turn up by chance as it grows, up to all of them).
+	for _, kind := range []string{"kv-tokens", "near-miss"} {
+		small, big := work(kind, 8<<10), work(kind, 32<<10)
+		if ratio := float64(big) / float64(small); ratio > 5 {
+			t.Errorf("%s: 4× the input costs %.1f× the regex work (%d → %d bytes): not linear", kind, ratio, small, big)
+		}
+	}
+}
+
+func TestScanByteBudget(t *testing.T) {
+	d := testDetector(t)
+	early := "ghp_" + randFrom(t, alnum, 36)
+	late := "ghp_" + randFrom(t, alnum, 36)
+	r, _ := http.NewRequest("GET", "https://api.example/", nil)
+	r.Header.Set("X-Data", "token "+early+" "+strings.Repeat("x", 32<<10)+" token "+late)
+	res, err := d.ScanBudget(r, Budget{Bytes: 16 << 10, Time: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Complete || res.Limit != LimitBytes || !strings.Contains(res.Gap, "header:X-Data") || res.Scanned != 16<<10 {
+		t.Fatalf("result %+v", res)
+	}
+	if len(res.Findings) != 1 || res.Findings[0].Preview != "…"+early[len(early)-4:] {
+		t.Fatalf("findings %+v: want the credential within the budget only", res.Findings)
+	}
+	// The same request within budget: both found, complete.
+	res, _ = d.ScanBudget(r, Budget{Time: time.Hour})
+	if !res.Complete || res.Limit != "" || len(res.Findings) != 2 {
+		t.Fatalf("within budget: %+v", res)
+	}
+}
+
+func TestScanTimeBudget(t *testing.T) {
+	d := testDetector(t)
+	r, _ := http.NewRequest("GET", "https://api.example/", nil)
+	r.Header.Set("X-Data", adversarial("keywords", 4<<10))
+	res, err := d.ScanBudget(r, Budget{Time: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Complete || res.Limit != LimitTime || !strings.Contains(res.Gap, "time budget") {
+		t.Fatalf("result %+v", res)
+	}
+}
+
+func TestScanBodyWindow(t *testing.T) {
+	d := testDetector(t)
+	pat := "ghp_" + randFrom(t, alnum, 36)
+	body := "token " + pat + "\n" + strings.Repeat("y", 8<<10)
+	r, _ := http.NewRequest("POST", "https://api.example/", strings.NewReader(body))
+	res, err := d.ScanBudget(r, Budget{Body: 4 << 10, Time: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Complete || res.Limit != LimitBody || res.Gap != "body after the first 4096 bytes" || len(res.Findings) != 1 {
+		t.Fatalf("result %+v", res)
+	}
+	if b, _ := io.ReadAll(r.Body); string(b) != body {
+		t.Fatal("body not restored whole")
+	}
+	// Not read at all: incomplete too, and the body is untouched.
+	r, _ = http.NewRequest("POST", "https://api.example/", strings.NewReader(body))
+	res, _ = d.ScanBudget(r, Budget{Time: time.Hour})
+	if res.Complete || res.Limit != LimitBody || len(res.Findings) != 0 {
+		t.Fatalf("body not read: %+v", res)
+	}
+	// A body within the window: complete.
+	r, _ = http.NewRequest("POST", "https://api.example/", strings.NewReader(body))
+	res, _ = d.ScanBudget(r, Budget{Body: 64 << 10, Time: time.Hour})
+	if !res.Complete || len(res.Findings) != 1 {
+		t.Fatalf("whole body: %+v", res)
 	}
 }
