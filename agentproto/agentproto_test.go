@@ -633,3 +633,65 @@ func BenchmarkForkExecTrue(b *testing.B) {
 		p.Wait()
 	}
 }
+
+// TestRefused: a server that refuses announces it at the handshake, still
+// answers health, and fails every exec and file operation with its reason;
+// a server's StartProcess starts the processes it runs.
+func TestRefused(t *testing.T) {
+	srv := &Server{Token: testToken, Logger: testLogger(t), Refused: "processes the agent starts would hold CapBnd=0000000000000100 (CAP_SETPCAP)"}
+	a, b := net.Pipe()
+	done := make(chan struct{})
+	go func() { defer close(done); srv.ServeConn(b) }()
+	c, err := NewClient(ctxT(t), a, testToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.Close(); <-done }()
+	if err := c.Refused(); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "CAP_SETPCAP") {
+		t.Fatalf("Refused() = %v", err)
+	}
+	if _, err := c.Health(ctxT(t)); err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	marker := filepath.Join(t.TempDir(), "ran")
+	for name, op := range map[string]func() error{
+		"exec": func() error {
+			_, err := c.Exec(ctxT(t), &ExecRequest{Argv: []string{"touch", marker}}, nil, nil, nil)
+			return err
+		},
+		"write": func() error { return c.WriteFile(ctxT(t), marker, 0o644, strings.NewReader("x")) },
+		"read":  func() error { return c.ReadFile(ctxT(t), "/etc/hostname", io.Discard, 0) },
+		"list": func() error {
+			_, err := c.ListDir(ctxT(t), "/")
+			return err
+		},
+	} {
+		if err := op(); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "CAP_SETPCAP") {
+			t.Errorf("%s: %v, want the refusal", name, err)
+		}
+	}
+	if _, err := os.Stat(marker); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refusing server ran something: %v", err)
+	}
+
+	c2, srv2 := startPair(t, "pipe")
+	if err := c2.Refused(); err != nil {
+		t.Fatalf("Refused() of a server that runs processes: %v", err)
+	}
+	var started []string
+	var mu sync.Mutex
+	srv2.StartProcess = func(name string, argv []string, attr *os.ProcAttr) (*os.Process, error) {
+		mu.Lock()
+		started = append(started, name)
+		mu.Unlock()
+		return os.StartProcess(name, argv, attr)
+	}
+	if res, out, _ := execOut(t, c2, &ExecRequest{Argv: []string{"echo", "hi"}}, nil); res.ExitCode != 0 || out != "hi\n" {
+		t.Fatalf("exec through StartProcess: %+v %q", res, out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(started) != 1 || !strings.HasSuffix(started[0], "/echo") {
+		t.Errorf("StartProcess started %v", started)
+	}
+}

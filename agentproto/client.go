@@ -23,10 +23,11 @@ const killWait = time.Second
 // Client is the host side of a connection to an agent. It is safe for
 // concurrent use.
 type Client struct {
-	conn   net.Conn
-	sess   *yamux.Session
-	nextID atomic.Uint64
-	agent  string // agent version from the handshake
+	conn    net.Conn
+	sess    *yamux.Session
+	nextID  atomic.Uint64
+	agent   string // agent version from the handshake
+	refused string // why the agent refuses to run anything, from the handshake
 }
 
 // NewClient performs the handshake on conn and starts a session. ctx bounds
@@ -77,7 +78,7 @@ func newClient(ctx context.Context, conn net.Conn, token string) (*Client, error
 		sess.Close()
 		return nil, fmt.Errorf("agentproto: start session: %w", err)
 	}
-	return &Client{conn: conn, sess: sess, agent: ok.Version}, nil
+	return &Client{conn: conn, sess: sess, agent: ok.Version, refused: ok.Refused}, nil
 }
 
 func clientHandshake(conn net.Conn, token string) (*helloOK, error) {
@@ -128,6 +129,20 @@ func yamuxConfig() *yamux.Config {
 
 // AgentVersion is the version the agent announced in the handshake.
 func (c *Client) AgentVersion() string { return c.agent }
+
+// Refused is the agent's refusal from the handshake: empty when it runs
+// processes, else why it refuses every exec and file operation (the
+// processes it would start would keep capabilities).
+func (c *Client) Refused() error {
+	if c.refused == "" {
+		return nil
+	}
+	msg := c.refused
+	if len(msg) > maxErrorMessage {
+		msg = msg[:maxErrorMessage]
+	}
+	return &RemoteError{Kind: kindRefused, Message: ErrRefused.Error() + ": " + msg}
+}
 
 // Done is closed when the session with the agent has ended.
 func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }

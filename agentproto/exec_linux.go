@@ -222,8 +222,12 @@ func (c *serverConn) run(st *yamux.Stream, fr *frameReader, fw *frameWriter, id 
 	pl.attr.Files = []*os.File{stdinR, outW, errW}
 
 	exitCh := make(chan syscall.WaitStatus, 1)
+	startProcess := os.StartProcess
+	if s.StartProcess != nil {
+		startProcess = s.StartProcess
+	}
 	start := func() (int, error) {
-		proc, err := os.StartProcess(pl.path, pl.argv, pl.attr)
+		proc, err := startProcess(pl.path, pl.argv, pl.attr)
 		if err != nil {
 			return 0, err
 		}

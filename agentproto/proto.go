@@ -68,6 +68,9 @@ var (
 	ErrInvalid = errors.New("invalid request")
 	// ErrHandshake: the agent refused the handshake (wrong token or version).
 	ErrHandshake = errors.New("handshake rejected")
+	// ErrRefused: the agent refuses to run anything because processes it
+	// starts would not be confined (Server.Refused says why).
+	ErrRefused = errors.New("refusing to run processes")
 )
 
 // Error kinds on the wire.
@@ -78,12 +81,13 @@ const (
 	kindTooLarge   = "too_large"
 	kindInvalid    = "invalid"
 	kindHandshake  = "handshake"
+	kindRefused    = "refused"
 )
 
 // RemoteError is an error reported by the agent. Its message is the agent's
 // and is prefixed with "agent: ". It matches fs.ErrNotExist, fs.ErrExist,
-// fs.ErrPermission, ErrTooLarge, ErrInvalid or ErrHandshake according to its
-// kind.
+// fs.ErrPermission, ErrTooLarge, ErrInvalid, ErrHandshake or ErrRefused
+// according to its kind.
 type RemoteError struct {
 	Kind    string
 	Message string
@@ -106,6 +110,8 @@ func (e *RemoteError) Is(target error) bool {
 		return target == ErrInvalid
 	case kindHandshake:
 		return target == ErrHandshake
+	case kindRefused:
+		return target == ErrRefused
 	}
 	return false
 }
@@ -139,6 +145,8 @@ func newWireError(err error) wireError {
 		we.Kind = kindTooLarge
 	case errors.Is(err, ErrInvalid):
 		we.Kind = kindInvalid
+	case errors.Is(err, ErrRefused):
+		we.Kind = kindRefused
 	}
 	return we
 }
@@ -165,6 +173,9 @@ type hello struct {
 type helloOK struct {
 	Proto   int    `json:"proto"`
 	Version string `json:"version"`
+	// Refused is set when the agent refuses to run anything (see
+	// Server.Refused): the host learns it at connect time.
+	Refused string `json:"refused,omitempty"`
 }
 
 // Operations.

@@ -57,6 +57,15 @@ type Server struct {
 	// it so it can hand their exit status back instead of swallowing it.
 	// Without a Reaper, each process is waited for directly.
 	Reaper *Reaper
+	// StartProcess, if set, starts exec'd processes instead of
+	// os.StartProcess (the agent starts them from a thread whose
+	// capabilities it has dropped).
+	StartProcess func(name string, argv []string, attr *os.ProcAttr) (*os.Process, error)
+	// Refused, if set, is why the server refuses to run anything (the
+	// agent's check found that the processes it starts would keep
+	// capabilities): the handshake announces it and every exec and file
+	// operation fails with it (ErrRefused). Set it before serving.
+	Refused string
 
 	// mu guards procs and closing.
 	mu      sync.Mutex
@@ -134,7 +143,7 @@ func (s *Server) handshake(conn net.Conn) error {
 	if !tokenEqual(h.Token, s.Token) {
 		return fail("bad token")
 	}
-	p, err = json.Marshal(helloOK{Proto: ProtocolVersion, Version: Version})
+	p, err = json.Marshal(helloOK{Proto: ProtocolVersion, Version: Version, Refused: s.Refused})
 	if err != nil {
 		return err
 	}
@@ -290,6 +299,10 @@ func (c *serverConn) handle(st *yamux.Stream) {
 	var req request
 	if err := json.Unmarshal(p, &req); err != nil {
 		sendError(fw, fmt.Errorf("malformed request: %v: %w", err, ErrInvalid))
+		return
+	}
+	if c.s.Refused != "" && req.Op != opHealth {
+		sendError(fw, fmt.Errorf("%w: %s", ErrRefused, c.s.Refused))
 		return
 	}
 	switch req.Op {

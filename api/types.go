@@ -66,7 +66,9 @@ type SecretBinding struct {
 	// Body opts in to substitution in request bodies.
 	Body bool `json:"body,omitempty"`
 	// Mode "env" puts the REAL value in the guest's environment (for
-	// protocols the gateway cannot see); inspect and events mark it.
+	// protocols the gateway cannot see); inspect and events mark it. A
+	// stored secret must allow it (PutSecretRequest.AllowEnv), else the
+	// create is refused (403); an inline Value is the caller's own.
 	// Mode "sigv4": the secret's value is "ACCESS_KEY_ID:SECRET_ACCESS_KEY";
 	// the guest gets placeholder AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY,
 	// signs normally, and the gateway verifies the signature with the
@@ -262,11 +264,18 @@ type PutSecretRequest struct {
 	// Inject is an optional "Header: template {value}" the gateway sets on
 	// requests to the hosts even when the guest sent nothing.
 	Inject string `json:"inject,omitempty"`
+	// AllowEnv lets sandboxes bind the secret in mode "env", which puts
+	// the real value inside the guest. Default off: such a binding is
+	// refused (403).
+	AllowEnv bool `json:"allow_env,omitempty"`
 }
 
 // RotateSecretRequest replaces a secret's value (bumps its version).
 type RotateSecretRequest struct {
 	Value string `json:"value"`
+	// AllowEnv, if given, sets whether mode "env" may deliver the (new)
+	// value into guests; absent keeps the setting.
+	AllowEnv *bool `json:"allow_env,omitempty"`
 }
 
 // Secret describes a stored secret: never its value, only a preview.
@@ -280,4 +289,7 @@ type Secret struct {
 	CreatedAt time.Time  `json:"created_at"`
 	UpdatedAt time.Time  `json:"updated_at"`
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	// AllowEnv: sandboxes may bind it in mode "env" (the real value in
+	// the guest).
+	AllowEnv bool `json:"allow_env"`
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -16,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cagebox/cagebox/internal/egress"
@@ -26,14 +28,20 @@ const benchName = "api.example.test"
 
 // egressBench measures keep-alive HTTPS GETs on loopback: (a) direct to the
 // upstream, (b) through the cagebox proxy with interception (the client
-// connects as a sandbox would, its traffic redirected to the proxy), (c)
-// through mitmproxy (Debian's mitmdump) as an explicit proxy.
+// connects as a sandbox would, its traffic redirected to the proxy), and
+// two intercepting peers as explicit proxies (one CONNECT per connection,
+// amortised by keep-alive): (c) squid with ssl_bump (Debian's
+// squid-openssl), (d) mitmproxy (Debian's mitmdump). Every proxy mints
+// certificates from the client's SNI with its own CA and verifies the
+// upstream's certificate against the upstream's CA; every row gets the
+// same clients, concurrency and keep-alive.
 func egressBench(dur time.Duration, conc int) {
 	dir, err := os.MkdirTemp("", "cbx-egress-bench")
 	if err != nil {
 		fail(err)
 	}
 	defer os.RemoveAll(dir)
+	onFail(func() { os.RemoveAll(dir) })
 
 	pki, err := testpki.New(time.Hour, benchName)
 	if err != nil {
@@ -41,7 +49,13 @@ func egressBench(dur time.Duration, conc int) {
 	}
 	upPool := pki.Pool
 	body := []byte("hello from upstream\n")
-	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(body) }))
+	// upHits counts the requests the upstream served: every row's requests
+	// must reach it (no proxy answers from a cache or with an error page).
+	var upHits atomic.Int64
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upHits.Add(1)
+		_, _ = w.Write(body)
+	}))
 	up.EnableHTTP2 = true
 	up.TLS = &tls.Config{Certificates: []tls.Certificate{pki.Leaf}}
 	up.StartTLS()
@@ -56,80 +70,114 @@ func egressBench(dur time.Duration, conc int) {
 	sbPool := x509.NewCertPool()
 	sbPool.AppendCertsFromPEM(ca.CertPEM())
 
-	// (c) mitmproxy.
-	mitmPort := freeTCPPort()
-	mitmConf := filepath.Join(dir, "mitm")
-	mitm := exec.Command("mitmdump", "-q", "--listen-host", "127.0.0.1", "--listen-port", fmt.Sprint(mitmPort),
-		"--set", "confdir="+mitmConf, "--set", "ssl_verify_upstream_trusted_ca="+caFile, "--set", "connection_strategy=lazy")
-	mitmOK := mitm.Start() == nil
-	if mitmOK {
-		defer func() { _ = mitm.Process.Kill(); _ = mitm.Wait() }()
-		mitmOK = waitFile(filepath.Join(mitmConf, "mitmproxy-ca-cert.pem"), 20*time.Second) && waitPort(mitmPort, 20*time.Second)
+	type client struct {
+		name   string
+		target string
+		h1only bool // the peer speaks HTTP/1.1 to its clients only
+		mk     func(h2 bool) *http.Client
 	}
-
-	clients := []struct {
-		name string
-		mk   func(h2 bool) *http.Client
-	}{
-		{"direct to upstream", func(h2 bool) *http.Client {
+	clients := []client{
+		{name: "direct to upstream", target: "https://" + benchName + "/", mk: func(h2 bool) *http.Client {
 			return &http.Client{Transport: transport(h2, upPool, func(ctx context.Context, _, _ string) (net.Conn, error) {
 				var d net.Dialer
 				return d.DialContext(ctx, "tcp", upAddr.String())
 			}, nil)}
 		}},
-		{"cagebox proxy (intercepting)", func(h2 bool) *http.Client {
+		{name: "cagebox proxy (intercepting)", target: "https://" + benchName + "/", mk: func(h2 bool) *http.Client {
 			return &http.Client{Transport: transport(h2, sbPool, func(ctx context.Context, _, _ string) (net.Conn, error) {
 				var d net.Dialer
 				return d.DialContext(ctx, "tcp", pl.String())
 			}, nil)}
 		}},
 	}
+
+	// (c) squid with ssl_bump.
+	const squidName = "squid ssl_bump"
+	squidLabel := ""
+	if sq, err := startSquid(upAddr, pki.CAPEM, numCPU()); err != nil {
+		fmt.Printf("  (squid not measured: %v)\n", err)
+	} else {
+		defer sq.stop()
+		squidLabel = fmt.Sprintf("squid %s ssl_bump, %d workers", sq.version, sq.workers)
+		sp := x509.NewCertPool()
+		sp.AppendCertsFromPEM(sq.caPEM)
+		proxyURL, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", sq.port))
+		clients = append(clients, client{name: squidName, h1only: true,
+			// CONNECT api.example.test:PORT: squid resolves the name from
+			// its hosts_file and verifies the upstream's certificate for it.
+			target: fmt.Sprintf("https://%s:%d/", benchName, upAddr.Port()),
+			mk: func(h2 bool) *http.Client {
+				return &http.Client{Transport: transport(h2, sp, nil, http.ProxyURL(proxyURL))}
+			}})
+	}
+
+	// (d) mitmproxy.
+	const mitmName = "mitmproxy 8.1 (intercepting)"
+	mitmPort := freeTCPPort()
+	mitmConf := filepath.Join(dir, "mitm")
+	mitm := exec.Command("mitmdump", "-q", "--listen-host", "127.0.0.1", "--listen-port", fmt.Sprint(mitmPort),
+		"--set", "confdir="+mitmConf, "--set", "ssl_verify_upstream_trusted_ca="+caFile, "--set", "connection_strategy=lazy")
+	mitmOK := mitm.Start() == nil
+	if mitmOK {
+		var once sync.Once
+		stopMitm := func() { once.Do(func() { _ = mitm.Process.Kill(); _ = mitm.Wait() }) }
+		defer stopMitm()
+		onFail(stopMitm)
+		mitmOK = waitFile(filepath.Join(mitmConf, "mitmproxy-ca-cert.pem"), 20*time.Second) && waitPort(mitmPort, 20*time.Second)
+	}
 	if mitmOK {
 		mitmCA, _ := os.ReadFile(filepath.Join(mitmConf, "mitmproxy-ca-cert.pem"))
 		mp := x509.NewCertPool()
 		mp.AppendCertsFromPEM(mitmCA)
 		proxyURL, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", mitmPort))
-		clients = append(clients, struct {
-			name string
-			mk   func(h2 bool) *http.Client
-		}{"mitmproxy 8.1 (intercepting)", func(h2 bool) *http.Client {
-			// CONNECT to the upstream's address; SNI and the certificate
-			// name are api.example.test as in the other two.
-			return &http.Client{Transport: transport(h2, mp, nil, http.ProxyURL(proxyURL))}
-		}})
+		clients = append(clients, client{name: mitmName,
+			// CONNECT to the address (mitmproxy cannot resolve the test
+			// name); SNI and the certificate check stay api.example.test.
+			target: "https://" + upAddr.String() + "/",
+			mk: func(h2 bool) *http.Client {
+				return &http.Client{Transport: transport(h2, mp, nil, http.ProxyURL(proxyURL))}
+			}})
 	} else {
 		fmt.Println("  (mitmdump not available: scripts/bench.sh installs Debian's mitmproxy)")
 	}
 
 	fmt.Printf("egress: keep-alive HTTPS GET of %d bytes on loopback, %d concurrent clients, %s each\n", len(body), conc, dur)
+	if squidLabel != "" {
+		fmt.Printf("  (%s: %s)\n", squidName, squidLabel)
+	}
 	type row struct {
 		rps      float64
 		p50, p99 time.Duration
 	}
-	results := map[string]row{}
 	for _, h2 := range []bool{false, true} {
 		proto := "HTTP/1.1"
 		if h2 {
 			proto = "HTTP/2"
 		}
+		results := map[string]row{}
 		for _, cl := range clients {
-			target := "https://" + benchName + "/"
-			if cl.name == "mitmproxy 8.1 (intercepting)" {
-				// CONNECT to the address (mitmproxy cannot resolve the test
-				// name); SNI and the certificate check stay api.example.test.
-				target = "https://" + upAddr.String() + "/"
+			if h2 && cl.h1only {
+				fmt.Printf("  %-8s %-30s %9s          (squid speaks HTTP/1.1 to its clients only)\n", proto, cl.name, "-")
+				continue
 			}
-			rps, _, _ := load(cl.mk(h2), target, conc, dur)
-			_, p50, p99 := load(cl.mk(h2), target, 1, dur/2)
-			results[proto+cl.name] = row{rps, p50, p99}
+			hits0 := upHits.Load()
+			rps, n1, _, _ := load(cl.mk(h2), cl.target, body, conc, dur)
+			_, n2, p50, p99 := load(cl.mk(h2), cl.target, body, 1, dur/2)
+			if got := upHits.Load() - hits0; got < int64(n1+n2) {
+				fail(fmt.Errorf("%s: the upstream served %d of %d requests", cl.name, got, n1+n2))
+			}
+			results[cl.name] = row{rps, p50, p99}
 			fmt.Printf("  %-8s %-30s %9.0f req/s   serial p50 %8s  p99 %8s\n", proto, cl.name, rps, us(p50), us(p99))
 		}
-		d, c, m := results[proto+clients[0].name], results[proto+clients[1].name], results[proto+"mitmproxy 8.1 (intercepting)"]
-		fmt.Printf("  %-8s cagebox added p50 over direct: %s (goal ≤ 0.5 ms)", proto, us(c.p50-d.p50))
-		if m.rps > 0 {
-			fmt.Printf("; throughput cagebox/mitmproxy: %.1fx (goal ≥ 10x)", c.rps/m.rps)
+		// Ratios: throughput cagebox/X (above 1: cagebox serves more) and
+		// serial p50 latency cagebox/X (below 1: cagebox answers sooner).
+		d, c := results[clients[0].name], results[clients[1].name]
+		fmt.Printf("  %-8s cagebox added p50 over direct: %s (goal ≤ 0.5 ms)\n", proto, us(c.p50-d.p50))
+		for _, peer := range []struct{ name, short, goal string }{{clients[0].name, "direct", ""}, {squidName, "squid", ""}, {mitmName, "mitmproxy", " (goal ≥ 10x)"}} {
+			if m, ok := results[peer.name]; ok && m.rps > 0 {
+				fmt.Printf("  %-8s cagebox/%-9s throughput %6.2fx%s, serial p50 latency %5.2fx\n", proto, peer.short, c.rps/m.rps, peer.goal, float64(c.p50)/float64(m.p50))
+			}
 		}
-		fmt.Println()
 	}
 }
 
@@ -149,13 +197,28 @@ func transport(h2 bool, roots *x509.CertPool, dial func(context.Context, string,
 	return t
 }
 
-func load(c *http.Client, target string, conc int, dur time.Duration) (float64, time.Duration, time.Duration) {
+// load runs conc clients that GET target for dur, each response checked
+// to be a 200 with body want; it returns the throughput, the number of
+// requests (warm-up included) and the latency percentiles.
+func load(c *http.Client, target string, want []byte, conc int, dur time.Duration) (float64, int, time.Duration, time.Duration) {
+	get := func() error {
+		resp, err := c.Get(target)
+		if err != nil {
+			return err
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK || !bytes.Equal(b, want) {
+			return fmt.Errorf("%s: %s %q, want 200 %q", target, resp.Status, b, want)
+		}
+		return nil
+	}
 	// Warm the connections.
 	for i := 0; i < conc; i++ {
-		if resp, err := c.Get(target); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		} else {
+		if err := get(); err != nil {
 			fail(fmt.Errorf("%s: %v", target, err))
 		}
 	}
@@ -171,12 +234,9 @@ func load(c *http.Client, target string, conc int, dur time.Duration) (float64, 
 			var mine []time.Duration
 			for time.Now().Before(deadline) && len(mine) < 200000 {
 				t0 := time.Now()
-				resp, err := c.Get(target)
-				if err != nil {
+				if err := get(); err != nil {
 					fail(err)
 				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
 				mine = append(mine, time.Since(t0))
 			}
 			mu.Lock()
@@ -187,7 +247,7 @@ func load(c *http.Client, target string, conc int, dur time.Duration) (float64, 
 	wg.Wait()
 	el := time.Since(start)
 	c.CloseIdleConnections()
-	return float64(len(lat)) / el.Seconds(), pct(lat, 50), pct(lat, 99)
+	return float64(len(lat)) / el.Seconds(), len(lat) + conc, pct(lat, 50), pct(lat, 99)
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d)/1e3) }

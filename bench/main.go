@@ -278,7 +278,16 @@ func numCPU() int {
 	return n
 }
 
+// onFail registers f to run (last registered first) when the bench
+// fails: peers it started (squid, mitmproxy) must not outlive it.
+func onFail(f func()) { atFail = append(atFail, f) }
+
+var atFail []func()
+
 func fail(v any) {
 	fmt.Fprintln(os.Stderr, "bench:", v)
+	for i := len(atFail) - 1; i >= 0; i-- {
+		atFail[i]()
+	}
 	os.Exit(1)
 }

@@ -99,8 +99,8 @@ func secretsBench(dur time.Duration, conc, revokes int) {
 		return &http.Client{Transport: authTransport{c.Transport, "Bearer " + ph}}
 	}
 	fmt.Printf("\nsecrets: HTTP/2 keep-alive GETs with 'Authorization: Bearer <placeholder>', %d clients, %s each\n", conc, dur)
-	rpsPlain, p50Plain, _ := load(withAuth(plain), "https://"+benchName+"/", conc, dur)
-	rpsSub, p50Sub, _ := load(withAuth(subst), "https://"+benchName+"/", conc, dur)
+	rpsPlain, _, p50Plain, _ := load(withAuth(plain), "https://"+benchName+"/", []byte("ok\n"), conc, dur)
+	rpsSub, _, p50Sub, _ := load(withAuth(subst), "https://"+benchName+"/", []byte("ok\n"), conc, dur)
 	fmt.Printf("  proxy without substitution   %9.0f req/s  p50 %s\n", rpsPlain, us(p50Plain))
 	fmt.Printf("  proxy with substitution      %9.0f req/s  p50 %s   (real value from the vault per request)\n", rpsSub, us(p50Sub))
 	fmt.Printf("  with/without                 %.2fx\n", rpsSub/rpsPlain)

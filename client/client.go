@@ -379,8 +379,14 @@ func (c *Client) Secrets(ctx context.Context) ([]api.Secret, error) {
 
 // RotateSecret replaces a secret's value.
 func (c *Client) RotateSecret(ctx context.Context, name, value string) (*api.Secret, error) {
+	return c.RotateSecretWith(ctx, name, &api.RotateSecretRequest{Value: value})
+}
+
+// RotateSecretWith replaces a secret's value, and its settings the request
+// gives (AllowEnv).
+func (c *Client) RotateSecretWith(ctx context.Context, name string, req *api.RotateSecretRequest) (*api.Secret, error) {
 	var s api.Secret
-	return &s, c.do(ctx, "PUT", "/v1/secrets/"+url.PathEscape(name), &api.RotateSecretRequest{Value: value}, &s)
+	return &s, c.do(ctx, "PUT", "/v1/secrets/"+url.PathEscape(name), req, &s)
 }
 
 // DeleteSecret deletes a secret.

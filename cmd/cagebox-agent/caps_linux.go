@@ -40,14 +40,37 @@ const keptCaps = 1<<unix.CAP_SETUID | 1<<unix.CAP_SETGID
 // dropCapabilities arranges that processes the agent starts, as root or not,
 // have no capabilities in any set, and that the agent keeps only CAP_SETUID
 // and CAP_SETGID. Credentials are per thread in Linux, so every step is
-// applied to all threads of the process (which requires a cgo-free build).
-// Each step is attempted; the errors of those that failed are returned.
+// applied to all threads of the process. That needs a cgo-free build: with
+// cgo (a dynamically linked agent) AllThreadsSyscall fails with ENOTSUP and
+// the agent's threads keep their capabilities; the launcher's thread, which
+// starts every process, is confined on its own either way. Each step is
+// attempted; the errors of those that failed are returned.
 func dropCapabilities() error {
+	return confine(func(trap uintptr, a [6]uintptr) syscall.Errno {
+		_, _, e := syscall.AllThreadsSyscall6(trap, a[0], a[1], a[2], a[3], a[4], a[5])
+		return e
+	})
+}
+
+// confineThread is dropCapabilities for the calling OS thread only; the
+// caller must have locked its goroutine to the thread.
+func confineThread() error {
+	return confine(func(trap uintptr, a [6]uintptr) syscall.Errno {
+		_, _, e := unix.RawSyscall6(trap, a[0], a[1], a[2], a[3], a[4], a[5])
+		return e
+	})
+}
+
+// confine runs the steps of the capability drop through sys, which applies
+// one system call to all threads or to the calling one. What is already
+// done (securebits set, a capability out of the bounding set) is skipped:
+// redoing it would need CAP_SETPCAP, which the first pass gave up.
+func confine(sys func(trap uintptr, a [6]uintptr) syscall.Errno) error {
 	var errs []error
 	step := func(what string, trap uintptr, a ...uintptr) {
 		var args [6]uintptr
 		copy(args[:], a)
-		if _, _, e := syscall.AllThreadsSyscall6(trap, args[0], args[1], args[2], args[3], args[4], args[5]); e != 0 {
+		if e := sys(trap, args); e != 0 {
 			errs = append(errs, fmt.Errorf("%s: %w", what, e))
 		}
 	}
@@ -55,11 +78,19 @@ func dropCapabilities() error {
 	if cur, err := unix.PrctlRetInt(unix.PR_GET_SECUREBITS, 0, 0, 0, 0); err != nil || cur&agentSecurebits != agentSecurebits {
 		step("set securebits", unix.SYS_PRCTL, unix.PR_SET_SECUREBITS, agentSecurebits)
 	}
+	// One error for the bounding set, not one per capability.
+	var bndFailed []string
+	var bndErr syscall.Errno
 	for c := 0; c <= lastCap(); c++ {
 		if in, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0); err == nil && in == 0 {
 			continue
 		}
-		step("drop capability "+strconv.Itoa(c)+" from bounding set", unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c))
+		if e := sys(unix.SYS_PRCTL, [6]uintptr{unix.PR_CAPBSET_DROP, uintptr(c)}); e != 0 {
+			bndFailed, bndErr = append(bndFailed, strconv.Itoa(c)), e
+		}
+	}
+	if len(bndFailed) > 0 {
+		errs = append(errs, fmt.Errorf("drop capabilities %s from the bounding set: %w", strings.Join(bndFailed, ","), bndErr))
 	}
 	step("clear ambient capabilities", unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL)
 

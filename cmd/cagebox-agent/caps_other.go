@@ -11,6 +11,8 @@ import (
 
 func dropCapabilities() error { return errors.New("capabilities are only managed on linux") }
 
+func confineThread() error { return errors.New("capabilities are only managed on linux") }
+
 func startReaper(log *slog.Logger) (*agentproto.Reaper, error) {
 	return nil, errors.New("reaping is only supported on linux")
 }

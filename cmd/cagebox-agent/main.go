@@ -104,16 +104,32 @@ func run(args []string, stderr io.Writer) int {
 		env = agentproto.MergeEnv(agentproto.DefaultEnv, fileEnv)
 	}
 
-	if err := dropCapabilities(); err != nil {
-		log.Warn("could not fully drop capabilities; continuing", "err", err)
-	} else {
-		log.Debug("capabilities dropped")
+	// Capabilities are dropped on all threads where the build allows it
+	// (static), and always on the thread that starts processes. Whether
+	// that worked is not taken on trust: a probe process started the way
+	// exec starts them must hold nothing, or the agent runs nothing.
+	var dropErr, launchErr error
+	if !faultKeepCaps {
+		dropErr = dropCapabilities()
 	}
+	launch, launchErr := newLauncher(!faultKeepCaps)
 	reaper, err := startReaper(log)
 	if err != nil {
 		log.Warn("no reaper; orphans will not be reaped", "err", err)
 	}
-	srv := &agentproto.Server{Token: token, BaseEnv: env, Logger: log, Reaper: reaper}
+	srv := &agentproto.Server{Token: token, BaseEnv: env, Logger: log, Reaper: reaper, StartProcess: launch.startProcess}
+	if err := checkChildren(context.Background(), srv, selfProbeArgv); err != nil {
+		if launchErr != nil {
+			err = fmt.Errorf("%w (dropping them failed: %v)", err, launchErr)
+		}
+		srv.Refused = err.Error()
+		log.Error("refusing to run processes", "err", err)
+	} else if dropErr != nil {
+		// In a cgo build AllThreadsSyscall is unavailable (ENOTSUP).
+		log.Warn("the agent's own threads keep capabilities (a static build, CGO_ENABLED=0, drops them); the processes it starts hold none", "err", dropErr)
+	} else {
+		log.Debug("processes start with no capabilities")
+	}
 
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()

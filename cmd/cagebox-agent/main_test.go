@@ -60,11 +60,16 @@ func TestDependencies(t *testing.T) {
 }
 
 var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-	buildDir  string
+	// buildMu guards builds and buildDir.
+	buildMu  sync.Mutex
+	builds   = map[string]*agentBuild{}
+	buildDir string
 )
+
+type agentBuild struct {
+	path string
+	err  error
+}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -77,21 +82,35 @@ func TestMain(m *testing.M) {
 // agentBinary builds the agent the way it ships: CGO_ENABLED=0.
 func agentBinary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		if buildDir, buildErr = os.MkdirTemp("", "cagebox-agent-test"); buildErr != nil {
-			return
+	return agentBinaryBuilt(t, "cagebox-agent", "CGO_ENABLED=0")
+}
+
+// agentBinaryBuilt builds the agent once per name, with env added to the
+// environment of go build and args before the package.
+func agentBinaryBuilt(t *testing.T, name string, env string, args ...string) string {
+	t.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	b := builds[name]
+	if b == nil {
+		b = &agentBuild{}
+		builds[name] = b
+		if buildDir == "" {
+			buildDir, b.err = os.MkdirTemp("", "cagebox-agent-test")
 		}
-		binPath = filepath.Join(buildDir, "cagebox-agent")
-		cmd := exec.Command("go", "build", "-o", binPath, ".")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("CGO_ENABLED=0 go build: %v\n%s", err, out)
+		if b.err == nil {
+			b.path = filepath.Join(buildDir, name)
+			cmd := exec.Command("go", append(append([]string{"build", "-o", b.path}, args...), ".")...)
+			cmd.Env = append(os.Environ(), env)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				b.err = fmt.Errorf("%s go build %v: %v\n%s", env, args, err, out)
+			}
 		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
 	}
-	return binPath
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
 }
 
 func TestStaticBinary(t *testing.T) {
@@ -145,6 +164,13 @@ const testToken = "tok-3f9a1c0d5e7b"
 // startAgent runs the built agent on a unix socket with extra flags.
 func startAgent(t *testing.T, extra ...string) *agent {
 	t.Helper()
+	return startAgentWith(t, agentBinary(t), nil, extra...)
+}
+
+// startAgentWith runs the agent binary bin; start, if not nil, starts the
+// command instead of cmd.Start.
+func startAgentWith(t *testing.T, bin string, start func(*exec.Cmd) error, extra ...string) *agent {
+	t.Helper()
 	dir := t.TempDir()
 	a := &agent{
 		stderr:    &syncBuffer{},
@@ -157,10 +183,13 @@ func startAgent(t *testing.T, extra ...string) *agent {
 		t.Fatal(err)
 	}
 	args := append([]string{"--listen", "unix:" + a.sock, "--token-file", a.tokenFile, "--log-level", "debug"}, extra...)
-	a.cmd = exec.Command(agentBinary(t), args...)
+	a.cmd = exec.Command(bin, args...)
 	a.cmd.Env = []string{"CAGEBOX_AGENT_GRACE=5s", "AGENT_ONLY_VAR=1"}
 	a.cmd.Stderr = a.stderr
-	if err := a.cmd.Start(); err != nil {
+	if start == nil {
+		start = (*exec.Cmd).Start
+	}
+	if err := start(a.cmd); err != nil {
 		t.Fatal(err)
 	}
 	go func() { a.cmd.Wait(); close(a.exited) }()

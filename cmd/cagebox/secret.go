@@ -46,12 +46,21 @@ func secretValue(fromEnv, fromFile string) (string, error) {
 	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
+// envNote says when a secret may be put inside guests.
+func envNote(allowEnv bool) string {
+	if allowEnv {
+		return "; mode env allowed: sandboxes may hold the real value"
+	}
+	return ""
+}
+
 func secretCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "secret", Short: "Manage credentials in the vault (values never leave the host)"}
 	var fromEnv, fromFile, inject string
 	var hosts []string
+	var allowEnv bool
 	add := &cobra.Command{
-		Use:   "add NAME --host HOST[,HOST] [--from-env VAR | --from-file F | < stdin]",
+		Use:   "add NAME --host HOST[,HOST] [--allow-env] [--from-env VAR | --from-file F | < stdin]",
 		Short: "Store a secret (replaces one of the same name)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -62,11 +71,11 @@ func secretCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := g.client().PutSecret(cmd.Context(), &api.PutSecretRequest{Name: args[0], Value: v, Hosts: hosts, Inject: inject})
+			s, err := g.client().PutSecret(cmd.Context(), &api.PutSecretRequest{Name: args[0], Value: v, Hosts: hosts, Inject: inject, AllowEnv: allowEnv})
 			if err != nil {
 				return err
 			}
-			fmt.Printf("%s stored (version %d, …%s) for %s\n", s.Name, s.Version, s.Preview, strings.Join(s.Hosts, ", "))
+			fmt.Printf("%s stored (version %d, …%s) for %s%s\n", s.Name, s.Version, s.Preview, strings.Join(s.Hosts, ", "), envNote(s.AllowEnv))
 			return nil
 		},
 	}
@@ -74,10 +83,12 @@ func secretCmd(g *globals) *cobra.Command {
 	add.Flags().StringVar(&fromEnv, "from-env", "", "read the value from this environment variable")
 	add.Flags().StringVar(&fromFile, "from-file", "", "read the value from this file")
 	add.Flags().StringVar(&inject, "inject", "", `header the gateway sets on requests to the hosts, e.g. "Authorization: Bearer {value}"`)
+	add.Flags().BoolVar(&allowEnv, "allow-env", false, "let sandboxes bind it with mode env, which puts the REAL value inside the guest (default: refused)")
 
 	var rotEnv, rotFile string
+	var rotAllowEnv bool
 	rotate := &cobra.Command{
-		Use:   "rotate NAME [--from-env VAR | --from-file F | < stdin]",
+		Use:   "rotate NAME [--allow-env[=false]] [--from-env VAR | --from-file F | < stdin]",
 		Short: "Replace a secret's value (running sandboxes use it from the next request)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -85,16 +96,21 @@ func secretCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := g.client().RotateSecret(cmd.Context(), args[0], v)
+			req := &api.RotateSecretRequest{Value: v}
+			if cmd.Flags().Changed("allow-env") {
+				req.AllowEnv = &rotAllowEnv
+			}
+			s, err := g.client().RotateSecretWith(cmd.Context(), args[0], req)
 			if err != nil {
 				return err
 			}
-			fmt.Printf("%s rotated (version %d, …%s)\n", s.Name, s.Version, s.Preview)
+			fmt.Printf("%s rotated (version %d, …%s)%s\n", s.Name, s.Version, s.Preview, envNote(s.AllowEnv))
 			return nil
 		},
 	}
 	rotate.Flags().StringVar(&rotEnv, "from-env", "", "read the value from this environment variable")
 	rotate.Flags().StringVar(&rotFile, "from-file", "", "read the value from this file")
+	rotate.Flags().BoolVar(&rotAllowEnv, "allow-env", false, "set whether mode env may put the new value inside guests (default: unchanged)")
 
 	var asJSON bool
 	ls := &cobra.Command{
@@ -110,13 +126,17 @@ func secretCmd(g *globals) *cobra.Command {
 				return printJSON(l)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tPREVIEW\tHOSTS\tVERSION\tUPDATED\tSTATUS")
+			fmt.Fprintln(tw, "NAME\tPREVIEW\tHOSTS\tENV\tVERSION\tUPDATED\tSTATUS")
 			for _, s := range l {
 				status := "active"
 				if s.RevokedAt != nil {
 					status = "revoked " + s.RevokedAt.Local().Format(time.DateTime)
 				}
-				fmt.Fprintf(tw, "%s\t…%s\t%s\t%d\t%s\t%s\n", s.Name, s.Preview, strings.Join(s.Hosts, ","), s.Version, s.UpdatedAt.Local().Format(time.DateTime), status)
+				env := "no"
+				if s.AllowEnv {
+					env = "allowed"
+				}
+				fmt.Fprintf(tw, "%s\t…%s\t%s\t%s\t%d\t%s\t%s\n", s.Name, s.Preview, strings.Join(s.Hosts, ","), env, s.Version, s.UpdatedAt.Local().Format(time.DateTime), status)
 			}
 			return tw.Flush()
 		},

@@ -191,6 +191,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if _, err := os.Stat(cfg.AgentPath); err != nil {
 		return fmt.Errorf("cagebox-agent binary: %w (build it with `make build`, or pass --agent)", err)
 	}
+	if err := checkAgentBinary(cfg.AgentPath); err != nil {
+		return err
+	}
 	st, err := sqlite.Open(filepath.Join(cfg.Home, "cagebox.db"))
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)

@@ -679,7 +679,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, t *store.Tena
 
 func secretView(in *vault.Info) api.Secret {
 	return api.Secret{Name: in.Name, Tenant: in.Tenant, Hosts: in.Hosts, Inject: in.Inject, Preview: in.Preview,
-		Version: in.Version, CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, RevokedAt: in.RevokedAt}
+		Version: in.Version, CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, RevokedAt: in.RevokedAt, AllowEnv: in.AllowEnv}
 }
 
 // Secrets live in the caller's own tenant; the admin manages the admin
@@ -689,11 +689,11 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request, t *store.Tena
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	in, err := s.vault.Put(r.Context(), t.ID, req.Name, []byte(req.Value), req.Hosts, req.Inject)
+	in, err := s.vault.PutWith(r.Context(), t.ID, req.Name, []byte(req.Value), vault.PutOptions{Hosts: req.Hosts, Inject: req.Inject, AllowEnv: req.AllowEnv})
 	if err != nil {
 		return err
 	}
-	s.mgr.Emit(t.ID, "", "secret.put", map[string]any{"name": in.Name, "hosts": in.Hosts, "version": in.Version, "preview": in.Preview})
+	s.mgr.Emit(t.ID, "", "secret.put", map[string]any{"name": in.Name, "hosts": in.Hosts, "version": in.Version, "preview": in.Preview, "allow_env": in.AllowEnv})
 	writeJSON(w, http.StatusCreated, secretView(in))
 	return nil
 }
@@ -725,11 +725,11 @@ func (s *Server) rotateSecret(w http.ResponseWriter, r *http.Request, t *store.T
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	in, err := s.vault.Rotate(r.Context(), t.ID, r.PathValue("name"), []byte(req.Value))
+	in, err := s.vault.RotateWith(r.Context(), t.ID, r.PathValue("name"), []byte(req.Value), req.AllowEnv)
 	if err != nil {
 		return err
 	}
-	s.mgr.Emit(t.ID, "", "secret.rotated", map[string]any{"name": in.Name, "version": in.Version, "preview": in.Preview})
+	s.mgr.Emit(t.ID, "", "secret.rotated", map[string]any{"name": in.Name, "version": in.Version, "preview": in.Preview, "allow_env": in.AllowEnv})
 	writeJSON(w, 200, secretView(in))
 	return nil
 }

@@ -369,7 +369,12 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	defer acancel()
 	agentErr := make(chan error, 1)
 	go func() {
-		_, err := e.agent(actx)
+		c, err := e.agent(actx)
+		if err == nil {
+			// The agent found that the processes it would start keep
+			// capabilities: it runs nothing, and the sandbox is not made.
+			err = c.Refused()
+		}
 		agentErr <- err
 	}()
 	err = sb.Start(sctx)
@@ -397,6 +402,9 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		e.dropAll()
 		_ = sb.Destroy(sctx)
 		m.detach(id)
+		if errors.Is(aerr, agentproto.ErrRefused) {
+			return fail(fmt.Errorf("the sandbox's %w", aerr))
+		}
 		return fail(fmt.Errorf("sandbox started but its agent does not answer: %w", aerr))
 	}
 	rec.Status = StatusRunning

@@ -130,9 +130,18 @@ func (m *Manager) bindSecrets(ctx context.Context, tenant, id string, reqs []api
 				bs.Hosts = narrow
 			}
 		}
-		val, _, err := m.cfg.Vault.Value(ctx, tenant, bs.Secret)
+		val, vin, err := m.cfg.Vault.Value(ctx, tenant, bs.Secret)
 		if err != nil {
 			return nil, nil, undo, fmt.Errorf("%s: %w", field, err)
+		}
+		// The real value enters the guest in env mode: only where whoever
+		// stored it allowed that (an inline value is the caller's own). The
+		// flag is read with the value, so a secret replaced meanwhile is
+		// judged by the value actually delivered.
+		if mode == ModeEnv && !bs.Inline && !vin.AllowEnv {
+			val.Wipe()
+			return nil, nil, undo, fmt.Errorf("%w: %s: secret %q may not be delivered into a guest (mode env): store it with `cagebox secret add %s --allow-env …` (or `cagebox secret rotate %s --allow-env`), or bind it in proxy mode",
+				errdefs.ErrDenied, field, bs.Secret, bs.Secret, bs.Secret)
 		}
 		switch mode {
 		case ModeEnv:

@@ -48,6 +48,9 @@ type Record struct {
 	CreatedAt    time.Time
 	UpdatedAt    time.Time
 	RevokedAt    *time.Time // nil unless revoked
+	// AllowEnv lets sandboxes bind the secret in env mode, which puts the
+	// real value into the guest. Off unless the secret was stored with it.
+	AllowEnv bool
 }
 
 // NonceSize is the length of Record.Nonce.

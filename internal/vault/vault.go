@@ -40,6 +40,7 @@ type Info struct {
 	Revoked      bool
 	RevokedAt    *time.Time // nil unless revoked
 	KeyID        string     // the master key the value is sealed under
+	AllowEnv     bool       // sandboxes may bind it in env mode (the real value in the guest)
 }
 
 func infoOf(r *Record) *Info {
@@ -54,6 +55,7 @@ func infoOf(r *Record) *Info {
 		UpdatedAt: r.UpdatedAt,
 		Revoked:   r.RevokedAt != nil,
 		KeyID:     r.KeyID,
+		AllowEnv:  r.AllowEnv,
 	}
 	if r.RevokedAt != nil {
 		t := *r.RevokedAt
@@ -90,14 +92,33 @@ func (v *Vault) KeyID() string {
 
 func now() time.Time { return normTime(time.Now()) }
 
-// Put stores a secret, replacing any of the same name: a replaced secret
-// keeps its CreatedAt, gets Version+1 and is no longer revoked. name is
-// [A-Za-z_][A-Za-z0-9_]{0,127}; hosts are DNS names or "*." wildcards (see
-// NormalizeHosts); value is 1 byte to 64 KiB; inject is "" or a template
-// such as "Authorization: Bearer {value}" (see ParseInject), in which case
-// the value must be free of control characters. value is copied; the
-// caller may wipe it afterwards.
+// Put stores a secret that may not be delivered into a guest (PutWith
+// with only hosts and inject).
 func (v *Vault) Put(ctx context.Context, tenant, name string, value []byte, hosts []string, inject string) (*Info, error) {
+	return v.PutWith(ctx, tenant, name, value, PutOptions{Hosts: hosts, Inject: inject})
+}
+
+// PutOptions are a secret's settings besides its value.
+type PutOptions struct {
+	// Hosts are DNS names or "*." wildcards (see NormalizeHosts).
+	Hosts []string
+	// Inject is "" or a template such as "Authorization: Bearer {value}"
+	// (see ParseInject), in which case the value must be free of control
+	// characters.
+	Inject string
+	// AllowEnv lets sandboxes bind the secret in env mode: the real value
+	// is then delivered into the guest. It can be set only together with
+	// a value (Put, Rotate), never on its own, so whoever allows a value
+	// into guests is whoever supplied it.
+	AllowEnv bool
+}
+
+// PutWith stores a secret, replacing any of the same name (settings and
+// all): a replaced secret keeps its CreatedAt, gets Version+1 and is no
+// longer revoked. name is [A-Za-z_][A-Za-z0-9_]{0,127}; value is 1 byte to
+// 64 KiB. value is copied; the caller may wipe it afterwards.
+func (v *Vault) PutWith(ctx context.Context, tenant, name string, value []byte, o PutOptions) (*Info, error) {
+	hosts, inject := o.Hosts, o.Inject
 	if err := checkTenant(tenant); err != nil {
 		return nil, fmt.Errorf("put secret: %w", err)
 	}
@@ -120,7 +141,7 @@ func (v *Vault) Put(ctx context.Context, tenant, name string, value []byte, host
 	defer v.locks.lock(tenant, name)()
 
 	t := now()
-	r := &Record{Tenant: tenant, Name: name, Hosts: hosts, Inject: inject, Preview: preview(value), Version: 1, CreatedAt: t, UpdatedAt: t}
+	r := &Record{Tenant: tenant, Name: name, Hosts: hosts, Inject: inject, Preview: preview(value), Version: 1, CreatedAt: t, UpdatedAt: t, AllowEnv: o.AllowEnv}
 	old, err := v.b.Get(ctx, tenant, name)
 	switch {
 	case err == nil:
@@ -215,10 +236,16 @@ func (v *Vault) Revoke(ctx context.Context, tenant, name string) error {
 	return nil
 }
 
-// Rotate replaces the secret's value, keeping its hosts and injection
-// template, and bumps its Version. A revoked secret is refused with
-// ErrRevoked (add it again with Put instead).
+// Rotate replaces the secret's value, keeping its hosts, injection
+// template and AllowEnv, and bumps its Version. A revoked secret is
+// refused with ErrRevoked (add it again with Put instead).
 func (v *Vault) Rotate(ctx context.Context, tenant, name string, newValue []byte) (*Info, error) {
+	return v.RotateWith(ctx, tenant, name, newValue, nil)
+}
+
+// RotateWith is Rotate that also sets AllowEnv when allowEnv is not nil
+// (with the new value: see PutOptions.AllowEnv).
+func (v *Vault) RotateWith(ctx context.Context, tenant, name string, newValue []byte, allowEnv *bool) (*Info, error) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	defer v.locks.lock(tenant, name)()
@@ -235,6 +262,9 @@ func (v *Vault) Rotate(ctx context.Context, tenant, name string, newValue []byte
 	r.Version++
 	r.UpdatedAt = now()
 	r.Preview = preview(newValue)
+	if allowEnv != nil {
+		r.AllowEnv = *allowEnv
+	}
 	if err := seal(v.key, r, newValue); err != nil {
 		return nil, err
 	}

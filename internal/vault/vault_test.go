@@ -356,6 +356,49 @@ func TestRotate(t *testing.T) {
 	})
 }
 
+// TestAllowEnv: a secret may be delivered into a guest only if it was
+// stored (or rotated) with AllowEnv; replacing it without the flag, or a
+// master-key rotation, never sets it, and a value rotation keeps it.
+func TestAllowEnv(t *testing.T) {
+	backends(t, func(t *testing.T, b vault.Backend) {
+		ctx := t.Context()
+		v := vault.New(b, newKey(t))
+		in, err := v.Put(ctx, "t", "S", []byte("value-one-AAAA"), []string{"h.example"}, "")
+		if err != nil || in.AllowEnv {
+			t.Fatalf("Put: %+v %v (want AllowEnv off)", in, err)
+		}
+		in, err = v.PutWith(ctx, "t", "S", []byte("value-two-BBBB"), vault.PutOptions{Hosts: []string{"h.example"}, AllowEnv: true})
+		if err != nil || !in.AllowEnv {
+			t.Fatalf("PutWith AllowEnv: %+v %v", in, err)
+		}
+		if in, _ := v.Info(ctx, "t", "S"); !in.AllowEnv {
+			t.Error("Info lost AllowEnv")
+		}
+		if in, err = v.Rotate(ctx, "t", "S", []byte("value-three-CCCC")); err != nil || !in.AllowEnv {
+			t.Errorf("Rotate dropped AllowEnv: %+v %v", in, err)
+		}
+		no, yes := false, true
+		if in, err = v.RotateWith(ctx, "t", "S", []byte("value-four-DDDD"), &no); err != nil || in.AllowEnv {
+			t.Errorf("RotateWith off: %+v %v", in, err)
+		}
+		if in, err = v.RotateWith(ctx, "t", "S", []byte("value-five-EEEE"), &yes); err != nil || !in.AllowEnv {
+			t.Errorf("RotateWith on: %+v %v", in, err)
+		}
+		if _, err := v.RotateMasterKey(ctx, newKey(t)); err != nil {
+			t.Fatal(err)
+		}
+		if in, _ := v.Info(ctx, "t", "S"); !in.AllowEnv || mustValue(t, v, "t", "S") != "value-five-EEEE" {
+			t.Errorf("after a master-key rotation: %+v", in)
+		}
+		if in, err = v.Put(ctx, "t", "S", []byte("value-six-FFFF"), []string{"h.example"}, ""); err != nil || in.AllowEnv {
+			t.Errorf("a replacing Put without the flag kept it: %+v %v", in, err)
+		}
+		if l, _ := v.List(ctx, "t"); len(l) != 1 || l[0].AllowEnv {
+			t.Errorf("List: %+v", l)
+		}
+	})
+}
+
 func TestConcurrentPutsSQLite(t *testing.T) {
 	b := openSQLite(t, filepath.Join(t.TempDir(), "vault.db"))
 	v := vault.New(b, newKey(t))

@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/client"
 )
 
 // TestCredentialSwap: the guest holds a placeholder; the upstream sees the
@@ -202,13 +205,20 @@ func TestCredentialSwap(t *testing.T) {
 }
 
 // TestSecretEnvMode: the weaker model delivers the real value into the
-// guest, and says so in inspect and events.
+// guest — for a stored secret only if it was stored with --allow-env — and
+// says so in inspect and events.
 func TestSecretEnvMode(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon()
 	os.Setenv("DB_PASSWORD", "pg-real-password-0001")
 	defer os.Unsetenv("DB_PASSWORD")
-	r := e.cli("", "create", "--secret", "DB_PASSWORD@db.example.test", "--secret-env", "DB_PASSWORD")
+	if r := e.cli("", "secret", "add", "DB_PASSWORD", "--host", "db.example.test", "--from-env", "DB_PASSWORD", "--allow-env"); r.code != 0 || !strings.Contains(r.stdout, "mode env allowed") {
+		t.Fatalf("secret add --allow-env: %+v", r)
+	}
+	if r := e.cli("", "secret", "ls"); !regexp.MustCompile(`(?m)^DB_PASSWORD\s.*\sallowed\s`).MatchString(r.stdout) {
+		t.Fatalf("secret ls does not show env allowed:\n%s", r.stdout)
+	}
+	r := e.cli("", "create", "--secret", "DB_PASSWORD=vault:DB_PASSWORD", "--secret-env", "DB_PASSWORD")
 	if r.code != 0 {
 		t.Fatalf("create: %+v", r)
 	}
@@ -227,5 +237,93 @@ func TestSecretEnvMode(t *testing.T) {
 	}
 	if !found {
 		t.Error("no secret.env_delivered event")
+	}
+	// An inline value is the caller's own: env mode needs no permission.
+	os.Setenv("INLINE_PW", "inline-password-0002")
+	defer os.Unsetenv("INLINE_PW")
+	if r := e.cli("", "run", "--secret", "INLINE_PW@db.example.test", "--secret-env", "INLINE_PW", "--", "sh", "-c", "printf %s \"$INLINE_PW\""); r.code != 0 || r.stdout != "inline-password-0002" {
+		t.Fatalf("inline env mode: %+v", r)
+	}
+}
+
+// TestSecretEnvModeRefused: a tenant API key cannot read the plaintext of
+// its tenant's stored secret by binding it in env mode: the create is
+// refused with 403 saying how to allow it, and nothing is created. The
+// permission cannot be raised without supplying a new value, so what a
+// later env binding delivers is the value whoever allowed it supplied.
+func TestSecretEnvModeRefused(t *testing.T) {
+	e := newEnv(t)
+	addr := freePort(t)
+	e.startDaemon("--listen", addr)
+	ctx := context.Background()
+	admin := e.client()
+	if _, err := admin.CreateTenant(ctx, &api.CreateTenantRequest{Name: "alpha"}); err != nil {
+		t.Fatal(err)
+	}
+	k, err := admin.CreateKey(ctx, "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := client.TCP("http://"+addr, k.Key)
+	const real = "alpha-db-password-real-7731"
+	if s, err := a.PutSecret(ctx, &api.PutSecretRequest{Name: "DB_PASSWORD", Value: real, Hosts: []string{"db.example.test"}}); err != nil || s.AllowEnv {
+		t.Fatalf("put: %+v %v", s, err)
+	}
+	for _, body := range []string{
+		`{"secrets":[{"name":"DB_PASSWORD","mode":"env"}]}`,
+		`{"secrets":[{"name":"PW","secret":"DB_PASSWORD","mode":"env"}]}`,
+		`{"secrets":[{"name":"OK","value":"inline-is-fine","hosts":["x.example.test"],"mode":"env"},{"name":"DB_PASSWORD","mode":"env"}]}`,
+	} {
+		resp, err := a.Raw(ctx, "POST", "/v1/sandboxes", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ae api.Error
+		_ = json.NewDecoder(resp.Body).Decode(&ae)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(ae.Error, "--allow-env") || strings.Contains(ae.Error, real) {
+			t.Errorf("create %s: %d %q, want 403 saying how to allow it", body, resp.StatusCode, ae.Error)
+		}
+	}
+	// The permission cannot be raised on its own.
+	resp, err := a.Raw(ctx, "PUT", "/v1/secrets/DB_PASSWORD", "application/json", strings.NewReader(`{"allow_env":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("raise allow_env without a value: %d, want 400", resp.StatusCode)
+	}
+	if l, err := a.Secrets(ctx); err != nil || len(l) != 1 || l[0].AllowEnv || l[0].Version != 1 {
+		t.Fatalf("secrets after the attempts: %+v %v", l, err)
+	}
+	// Nothing was created: no sandbox of any tenant, no inline secret, no
+	// state dir.
+	for who, c := range map[string]*client.Client{"alpha": a, "admin": admin} {
+		if l, err := c.List(ctx); err != nil || len(l) != 0 {
+			t.Errorf("%s lists sandboxes after refused creates: %+v %v", who, l, err)
+		}
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.home, "sandboxes")); len(ents) > 0 {
+		t.Errorf("refused creates left state dirs: %v", ents)
+	}
+	if n := countLinks(t); n != 0 {
+		t.Errorf("refused creates left %d links", n)
+	}
+	// Allowed together with a new value, env mode delivers that value.
+	yes := true
+	if s, err := a.RotateSecretWith(ctx, "DB_PASSWORD", &api.RotateSecretRequest{Value: "value-the-allower-chose", AllowEnv: &yes}); err != nil || !s.AllowEnv {
+		t.Fatalf("rotate --allow-env: %+v %v", s, err)
+	}
+	sb, err := a.Create(ctx, &api.CreateSandboxRequest{Secrets: []api.SecretBinding{{Name: "DB_PASSWORD", Mode: "env"}}})
+	if err != nil {
+		t.Fatalf("create after allowing: %v", err)
+	}
+	var out strings.Builder
+	if res, err := a.Exec(ctx, sb.ID, &api.ExecRequest{Argv: []string{"sh", "-c", "printf %s \"$DB_PASSWORD\""}}, nil, &out, &out); err != nil || *res.ExitCode != 0 || out.String() != "value-the-allower-chose" {
+		t.Fatalf("env value after allowing: %q %v", out.String(), err)
+	}
+	if strings.Contains(e.logBuf.String(), real) {
+		t.Error("the real value reached the daemon log")
 	}
 }

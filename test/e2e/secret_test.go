@@ -102,7 +102,7 @@ func TestMasterKeyRotation(t *testing.T) {
 	os.Setenv("CBX_ROT", "value-that-must-survive-rotation-42")
 	defer os.Unsetenv("CBX_ROT")
 	for _, n := range []string{"ONE", "TWO", "THREE"} {
-		if r := e.cli("", "secret", "add", n, "--host", "api.example.test", "--from-env", "CBX_ROT"); r.code != 0 {
+		if r := e.cli("", "secret", "add", n, "--host", "api.example.test", "--from-env", "CBX_ROT", "--allow-env"); r.code != 0 {
 			t.Fatal(r)
 		}
 	}

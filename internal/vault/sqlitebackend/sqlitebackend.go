@@ -1,9 +1,9 @@
 // Package sqlitebackend is a vault.Backend on SQLite through
 // modernc.org/sqlite, in table vault_secrets.
 //
-// It creates its own table (Schema, idempotent) so that it can stand alone;
-// the daemon's store may instead create the same table in one of its
-// migrations and hand its connections to New. Like the daemon's store it
+// It creates and migrates its own table (Migrate, idempotent) so that it
+// can stand alone; a caller that owns the database may run Migrate itself
+// and hand its connections to New. Like the daemon's store it
 // writes through a single connection whose transactions BEGIN IMMEDIATE
 // (writers queue in Go instead of failing with SQLITE_BUSY) and reads
 // through a separate pool, in WAL mode with synchronous=FULL.
@@ -32,10 +32,15 @@ import (
 
 var _ vault.Backend = (*Backend)(nil)
 
-// Schema creates the vault_secrets table if it does not exist. The CHECK
-// constraints repeat vault.Record.Validate so that a bad row cannot be
-// written by another path either.
-const Schema = `CREATE TABLE IF NOT EXISTS vault_secrets (
+// migrations is the table's schema, oldest first, each step applied once
+// and counted in PRAGMA user_version; a released step is never edited,
+// only followed by a new one. The CHECK constraints repeat
+// vault.Record.Validate so that a bad row cannot be written by another
+// path either.
+var migrations = []string{
+	// 1: the table. IF NOT EXISTS: databases made before steps were
+	// counted have it at user_version 0.
+	`CREATE TABLE IF NOT EXISTS vault_secrets (
 	tenant_id  TEXT NOT NULL CHECK (tenant_id <> ''),
 	name       TEXT NOT NULL CHECK (name <> ''),
 	hosts      TEXT NOT NULL,
@@ -49,7 +54,63 @@ const Schema = `CREATE TABLE IF NOT EXISTS vault_secrets (
 	updated_at INTEGER NOT NULL,
 	revoked_at INTEGER,
 	PRIMARY KEY (tenant_id, name)
-) WITHOUT ROWID`
+) WITHOUT ROWID`,
+	// 2: whether a secret may be delivered into a guest (env mode);
+	// existing secrets may not.
+	`ALTER TABLE vault_secrets ADD COLUMN allow_env INTEGER NOT NULL DEFAULT 0 CHECK (allow_env IN (0, 1))`,
+}
+
+// Migrate brings the vault_secrets table of the database on w (a single
+// connection whose transactions BEGIN IMMEDIATE) up to date, each step in
+// its own transaction with the version it sets. A database at a version
+// this code does not know was written by a newer cagebox and is refused.
+func Migrate(ctx context.Context, w *sql.DB) error {
+	var have int
+	if err := w.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&have); err != nil {
+		return fmt.Errorf("migrate vault database: read version: %w", err)
+	}
+	if have > len(migrations) {
+		return fmt.Errorf("vault database has schema version %d but this cagebox knows versions up to %d: it was written by a newer cagebox; run that version or restore a matching backup", have, len(migrations))
+	}
+	for v := have + 1; v <= len(migrations); v++ {
+		if err := migrateStep(ctx, w, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func migrateStep(ctx context.Context, w *sql.DB, v int) (err error) {
+	tx, err := w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("migrate vault database to version %d: begin: %w", v, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	// Another process may have migrated since we looked; from here on
+	// (BEGIN IMMEDIATE) nobody else can.
+	var have int
+	if err := tx.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&have); err != nil {
+		return fmt.Errorf("migrate vault database to version %d: %w", v, err)
+	}
+	if have >= v {
+		return tx.Commit()
+	}
+	if _, err := tx.ExecContext(ctx, migrations[v-1]); err != nil {
+		return fmt.Errorf("migrate vault database to version %d: %w", v, err)
+	}
+	// PRAGMA takes no parameters; v is a small integer of ours.
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, v)); err != nil {
+		return fmt.Errorf("migrate vault database to version %d: %w", v, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("migrate vault database to version %d: commit: %w", v, err)
+	}
+	return nil
+}
 
 const busyTimeout = 10 * time.Second
 
@@ -106,16 +167,16 @@ func Open(path string) (_ *Backend, err error) {
 	n := max(4, runtime.GOMAXPROCS(0))
 	b.r.SetMaxOpenConns(n)
 	b.r.SetMaxIdleConns(n)
-	if _, err := b.w.Exec(Schema); err != nil {
-		return nil, fmt.Errorf("open vault database %s: create table: %w", path, err)
+	if err := Migrate(context.Background(), b.w); err != nil {
+		return nil, fmt.Errorf("open vault database %s: %w", path, err)
 	}
 	return b, nil
 }
 
 // New returns a Backend on connections the caller owns (and closes): w
 // must be a single connection whose transactions BEGIN IMMEDIATE, r may be
-// a read-only pool (or w again). The vault_secrets table must exist
-// (Schema).
+// a read-only pool (or w again). The vault_secrets table must exist and
+// be up to date (Migrate).
 func New(w, r *sql.DB) *Backend { return &Backend{w: w, r: r} }
 
 // Close closes the database if Open opened it. It is safe to call more
@@ -139,14 +200,15 @@ func (b *Backend) Close() error {
 	return b.closeErr
 }
 
-const cols = `tenant_id, name, hosts, inject, preview, key_id, nonce, ciphertext, version, created_at, updated_at, revoked_at`
+const cols = `tenant_id, name, hosts, inject, preview, key_id, nonce, ciphertext, version, created_at, updated_at, revoked_at, allow_env`
 
-const upsert = `INSERT INTO vault_secrets (` + cols + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+const upsert = `INSERT INTO vault_secrets (` + cols + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (tenant_id, name) DO UPDATE SET
 	hosts = excluded.hosts, inject = excluded.inject, preview = excluded.preview,
 	key_id = excluded.key_id, nonce = excluded.nonce, ciphertext = excluded.ciphertext,
 	version = excluded.version, created_at = excluded.created_at,
-	updated_at = excluded.updated_at, revoked_at = excluded.revoked_at`
+	updated_at = excluded.updated_at, revoked_at = excluded.revoked_at,
+	allow_env = excluded.allow_env`
 
 type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
@@ -169,7 +231,7 @@ func put(ctx context.Context, db execer, r *vault.Record) error {
 		revoked = r.RevokedAt.UnixNano()
 	}
 	_, err = db.ExecContext(ctx, upsert, r.Tenant, r.Name, string(hj), r.Inject, r.Preview, r.KeyID,
-		r.Nonce, r.Ciphertext, r.Version, r.CreatedAt.UnixNano(), r.UpdatedAt.UnixNano(), revoked)
+		r.Nonce, r.Ciphertext, r.Version, r.CreatedAt.UnixNano(), r.UpdatedAt.UnixNano(), revoked, r.AllowEnv)
 	if err != nil {
 		return fmt.Errorf("write record %q of tenant %q: %w", r.Name, r.Tenant, err)
 	}
@@ -259,7 +321,7 @@ func scan(s scanner) (*vault.Record, error) {
 	var created, updated int64
 	var revoked sql.NullInt64
 	if err := s.Scan(&r.Tenant, &r.Name, &hosts, &r.Inject, &r.Preview, &r.KeyID, &r.Nonce, &r.Ciphertext,
-		&r.Version, &created, &updated, &revoked); err != nil {
+		&r.Version, &created, &updated, &revoked, &r.AllowEnv); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal([]byte(hosts), &r.Hosts); err != nil {

@@ -27,6 +27,7 @@ func TestBackend(t *testing.T, newBackend func(t *testing.T) vault.Backend) {
 	t.Run("ReplaceAllAtomic", func(t *testing.T) { testReplaceAllAtomic(t, newBackend(t)) })
 	t.Run("ConcurrentPuts", func(t *testing.T) { testConcurrentPuts(t, newBackend(t)) })
 	t.Run("CopiesNotShared", func(t *testing.T) { testCopies(t, newBackend(t)) })
+	t.Run("AllowEnv", func(t *testing.T) { testAllowEnv(t, newBackend(t)) })
 }
 
 var t0 = time.Date(2025, 3, 4, 5, 6, 7, 891011000, time.UTC)
@@ -73,6 +74,8 @@ func Equal(got, want *vault.Record) string {
 	case (got.RevokedAt == nil) != (want.RevokedAt == nil),
 		got.RevokedAt != nil && !got.RevokedAt.Equal(*want.RevokedAt):
 		return fmt.Sprintf("revoked %v, want %v", got.RevokedAt, want.RevokedAt)
+	case got.AllowEnv != want.AllowEnv:
+		return fmt.Sprintf("allow env %v, want %v", got.AllowEnv, want.AllowEnv)
 	}
 	return ""
 }
@@ -130,6 +133,37 @@ func testRoundTrip(t *testing.T, b vault.Backend) {
 	}
 	if list, _ := b.List(ctx, "t1"); len(list) != 1 {
 		t.Errorf("List after Delete = %d records, want 1", len(list))
+	}
+}
+
+// testAllowEnv: the flag is kept, read back, listed and replaced like
+// every other field.
+func testAllowEnv(t *testing.T, b vault.Backend) {
+	ctx := context.Background()
+	on, off := Rec("t", "ON", 1), Rec("t", "OFF", 1)
+	on.AllowEnv = true
+	mustPut(t, b, on)
+	mustPut(t, b, off)
+	for _, want := range []*vault.Record{on, off} {
+		if d := Equal(mustGet(t, b, "t", want.Name), want); d != "" {
+			t.Errorf("Get %s: %s", want.Name, d)
+		}
+	}
+	list, err := b.List(ctx, "t")
+	if err != nil || len(list) != 2 || !list[1].AllowEnv || list[0].AllowEnv {
+		t.Errorf("List: %v %v (want OFF without, ON with allow env)", list, err)
+	}
+	on2 := Rec("t", "ON", 2)
+	mustPut(t, b, on2)
+	if mustGet(t, b, "t", "ON").AllowEnv {
+		t.Error("a replacing Put without AllowEnv kept it")
+	}
+	off.AllowEnv = true
+	if err := b.ReplaceAll(ctx, []*vault.Record{off}); err != nil {
+		t.Fatal(err)
+	}
+	if !mustGet(t, b, "t", "OFF").AllowEnv {
+		t.Error("ReplaceAll lost AllowEnv")
 	}
 }
 
