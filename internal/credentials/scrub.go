@@ -396,9 +396,9 @@ func b64Replace(out []byte, core []byte, tail int, align int, url bool, mask str
 		a, alpha = 1, urlAlpha
 	}
 	L := len(mask)
-	j0 := 8 * align / 6                 // first character touching the value
-	cs := (8*align + 5) / 6             // first core character
-	ce := 8 * (align + L) / 6           // end of the core
+	j0 := 8 * align / 6       // first character touching the value
+	cs := (8*align + 5) / 6   // first core character
+	ce := 8 * (align + L) / 6 // end of the core
 	hasHead := cs > j0 && len(out) > 0 && b64Val[a][out[len(out)-1]] >= 0
 	hasTail := tail >= 0 && 8*(align+L)%6 != 0 && b64Val[a][byte(tail)] >= 0
 	nch := ce - j0 + 1

@@ -78,7 +78,7 @@ var encodings = map[string]func(string) string{
 	"json-u":         func(s string) string { return jsonU(s, false) },
 	"json-U":         func(s string) string { return jsonU(s, true) },
 	"json-slash":     func(s string) string { return strings.ReplaceAll(s, "/", `\/`) },
-	"json-mixed":     func(s string) string { return s[:3] + jsonU(s[3:7], true) + pctAll(s[7:9], true) + s[9:] },
+	"json-mixed":     func(s string) string { return s[:3] + jsonU(s[3:7], false) + pctAll(s[7:9], false) + s[9:] },
 	"hex":            func(s string) string { return hex.EncodeToString([]byte(s)) },
 	"HEX":            func(s string) string { return strings.ToUpper(hex.EncodeToString([]byte(s))) },
 	"b64-std-0":      func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) },

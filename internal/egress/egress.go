@@ -127,8 +127,10 @@ type Event struct {
 // RequestHook lets a later stage rewrite an allowed request before it goes
 // upstream (placeholder swap, re-signing) or refuse it. It is called with the
 // request as decided; changes to its URL path, query, headers and body are
-// forwarded. A non-nil *Refusal answers 403 with that rule and reason.
-type RequestHook func(sb *Sandbox, r *http.Request) *Refusal
+// forwarded. A non-nil *Refusal answers 403 with that rule and reason. A
+// non-nil ResponseFilter is applied to the upstream's response to this
+// request (see ResponseFilter).
+type RequestHook func(sb *Sandbox, r *http.Request) (*Refusal, ResponseFilter)
 
 // Refusal is a RequestHook's denial.
 type Refusal struct{ Rule, Reason string }
@@ -248,11 +250,12 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.transport = p.newTransport()
 	p.rp = &httputil.ReverseProxy{
-		Rewrite:       rewrite,
-		Transport:     p.transport,
-		FlushInterval: -1,
-		ErrorHandler:  p.upstreamError,
-		ErrorLog:      slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+		Rewrite:        rewrite,
+		ModifyResponse: modifyResponse,
+		Transport:      p.transport,
+		FlushInterval:  -1,
+		ErrorHandler:   p.upstreamError,
+		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 	}
 	p.conns = newConnQueue()
 	p.srv = &http.Server{

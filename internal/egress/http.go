@@ -39,6 +39,7 @@ type reqState struct {
 	scheme     string
 	name       string
 	ev         *Event
+	filter     ResponseFilter // from the hook; nil: the response passes as is
 }
 
 type reqStateKey struct{}
@@ -139,12 +140,15 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		deny(VerdictDeny, ruleUpgrade, "WebSocket is supported over HTTP/1.1 only")
 		return
 	}
+	var filter ResponseFilter
 	if p.cfg.Hook != nil {
-		if ref := p.cfg.Hook(info.sb, r); ref != nil {
+		ref, f := p.cfg.Hook(info.sb, r)
+		if ref != nil {
 			hookRefused = true
 			deny(VerdictDeny, ref.Rule, ref.Reason)
 			return
 		}
+		filter = f
 	}
 	ev.Verdict = VerdictAllow
 	ev.Reason = d.Reason
@@ -154,6 +158,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		scheme:     info.scheme,
 		name:       info.name,
 		ev:         ev,
+		filter:     filter,
 	}
 	if (info.scheme == "https" && info.dst.Port() != 443) || (info.scheme == "http" && info.dst.Port() != 80) {
 		st.hostHeader = st.authority
@@ -203,6 +208,9 @@ func upstreamReason(err error) string {
 	var ci x509.CertificateInvalidError
 	var rh tls.RecordHeaderError
 	var ne net.Error
+	if reason, ok := filterReason(err); ok {
+		return reason
+	}
 	switch {
 	case errors.As(err, &re):
 		if re.Reason == "connection failed" && errors.As(re.Err, &ne) && ne.Timeout() {
