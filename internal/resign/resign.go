@@ -42,6 +42,18 @@ var (
 	ErrUnsupported = errors.New("unsupported signing variant")
 )
 
+// Reporter hears a real-key output a re-signer put into a request and
+// what the guest had sent in its place (its own signature, its key id; ""
+// when the guest sent nothing there). It must keep the value in memory for
+// the request only and never log it.
+type Reporter func(real, guest string)
+
+func (r Reporter) report(real, guest string) {
+	if r != nil && real != "" {
+		r(real, guest)
+	}
+}
+
 // DefaultMaxBody bounds how much of a body is read into memory when a
 // signature covers the body (a payload hash or an HMAC over the body).
 const DefaultMaxBody = 64 << 20
