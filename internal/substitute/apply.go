@@ -107,16 +107,21 @@ type sub struct {
 //   - in the URL path (or userinfo, or a header name): refused, without
 //     substitution — a credential in a path ends up in access logs and
 //     Referer headers, so it is never put there;
-//   - in a header value: replaced; in "Authorization: Basic" the
+//   - anywhere its binding does not allow (a header other than
+//     Authorization, Inject's header and Binding.Headers; a query parameter
+//     not in Binding.Query; a parameter name; a body without Body; a
+//     trailer not among the headers): refused, without an alert, the reason
+//     naming the allowed places and the flag that adds one;
+//   - in an allowed header value: replaced; in "Authorization: Basic" the
 //     user:password pair is decoded, replaced and re-encoded;
-//   - in the query: replaced in each key and value, raw or percent-decoded,
-//     and that component re-escaped; the rest of the query is left byte for
-//     byte;
+//   - in an allowed query parameter's value: replaced, raw or
+//     percent-decoded, and the value re-escaped; the rest of the query is
+//     left byte for byte;
 //   - in the body: replaced only if the binding opted in (Body), in bodies up
 //     to its BodyLimit — a larger body carrying the placeholder is refused.
-//     Without the opt-in the placeholder is forwarded unchanged. The real value
-//     is JSON-escaped in JSON bodies and query-escaped in form bodies.
-//     Encoded forms (base64, …) are not substituted, anywhere.
+//     The real value is JSON-escaped in JSON bodies and query-escaped in
+//     form bodies. Encoded forms (base64, …) in allowed places are
+//     forwarded unchanged (worthless upstream), never substituted.
 //
 // A binding with Inject sets its header on every request to a bound host over
 // intercepted TLS. Real is called once per binding a request needs; its
