@@ -74,6 +74,13 @@ func (e *Error) Error() string { return e.Reason }
 // compressed per message, which the gateway could not read) are not
 // offered.
 func PrepareRequest(r *http.Request) {
+	NarrowAcceptEncoding(r)
+	r.Header.Del("Sec-WebSocket-Extensions")
+}
+
+// NarrowAcceptEncoding keeps in r's Accept-Encoding only the encodings the
+// scrub can decode (identity when none is left).
+func NarrowAcceptEncoding(r *http.Request) {
 	if vs := r.Header.Values("Accept-Encoding"); len(vs) > 0 {
 		var keep []string
 		for _, v := range vs {
@@ -98,7 +105,6 @@ func PrepareRequest(r *http.Request) {
 			r.Header.Set("Accept-Encoding", strings.Join(keep, ", "))
 		}
 	}
-	r.Header.Del("Sec-WebSocket-Extensions")
 }
 
 func (s *Scrub) report(sw *swapInfo, where, enc string) {

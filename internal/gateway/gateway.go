@@ -558,6 +558,7 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) (*egress.Refus
 	if ref := g.resignHMAC(sb, a, r, host, reals); ref != nil {
 		return ref, nil
 	}
+	streaming := false
 	if set != nil {
 		res, err := set.ApplyReport(r, strings.ToLower(host), r.TLS != nil, func(name, real, ph string) {
 			reals.Add(credentials.Swap{Name: name, Real: real, Placeholder: ph})
@@ -579,12 +580,18 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) (*egress.Refus
 		}
 		if res.Streaming {
 			reals.SetPending()
+			streaming = true
 		}
 	}
 	if r.TLS == nil || (reals.Len() == 0 && !a.bound(host)) {
 		return nil, nil
 	}
-	credentials.PrepareRequest(r)
+	// Frames must stay readable on a bound host; a response that may carry
+	// a real value must come in an encoding the scrub decodes.
+	r.Header.Del("Sec-WebSocket-Extensions")
+	if reals.Len() > 0 || streaming {
+		credentials.NarrowAcceptEncoding(r)
+	}
 	method, path := r.Method, r.URL.Path
 	scrub := &credentials.Scrub{
 		Reals:             reals,
