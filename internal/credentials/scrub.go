@@ -59,6 +59,7 @@ type swapInfo struct {
 type matcher struct {
 	swaps  []swapInfo
 	trig   [256][]trigger
+	hot    [256]bool // some trigger starts with this byte
 	window int  // longest form in bytes: the most a scan holds back
 	hasB64 bool // some base64 core: the byte before a match may change
 }
@@ -113,6 +114,7 @@ func (m *matcher) add(t trigger, c byte) {
 		}
 	}
 	m.trig[c] = append(m.trig[c], t)
+	m.hot[c] = true
 }
 
 func (m *matcher) empty() bool { return len(m.swaps) == 0 }
@@ -451,14 +453,16 @@ func (e *engine) feed(p []byte, eof bool) {
 	m := e.m
 	start := 0
 	for i := 0; i < len(data); {
-		ts := m.trig[data[i]]
-		if len(ts) == 0 {
+		for i < len(data) && !m.hot[data[i]] {
 			i++
-			continue
 		}
+		if i == len(data) {
+			break
+		}
+		ts := m.trig[data[i]]
 		advanced := false
-		for _, t := range ts {
-			end, st := e.try(data, i, start, t, eof)
+		for k := range ts {
+			end, st := e.try(data, i, start, &ts[k], eof)
 			if st == needMore {
 				e.out = append(e.out, data[start:i]...)
 				e.carry = append([]byte(nil), data[i:]...)
@@ -478,7 +482,7 @@ func (e *engine) feed(p []byte, eof bool) {
 
 // try attempts trigger t at data[i]; on a match it writes data[start:i]
 // and the replacement to e.out and returns the end of the match.
-func (e *engine) try(data []byte, i, start int, t trigger, eof bool) (int, int) {
+func (e *engine) try(data []byte, i, start int, t *trigger, eof bool) (int, int) {
 	sw := &e.m.swaps[t.sw]
 	switch t.kind {
 	case kindFlex:
@@ -537,6 +541,9 @@ func (e *engine) hit(sw int, enc string) {
 // prefixMatch reports whether d begins with pat (needMore: d is a proper
 // prefix of it and more may come).
 func prefixMatch(d []byte, pat string, eof bool) int {
+	if len(d) > 1 && d[1] != pat[1] { // patterns are ≥ 2 bytes; most tries end here
+		return noMatch
+	}
 	if len(d) >= len(pat) {
 		if string(d[:len(pat)]) == pat {
 			return matched
