@@ -60,8 +60,8 @@ type matcher struct {
 	swaps  []swapInfo
 	trig   [256][]trigger
 	hot    [256]bool // some trigger starts with this byte
-	window int  // longest form in bytes: the most a scan holds back
-	hasB64 bool // some base64 core: the byte before a match may change
+	window int       // longest form in bytes: the most a scan holds back
+	hasB64 bool      // some base64 core: the byte before a match may change
 }
 
 func newMatcher(swaps []Swap) *matcher {
