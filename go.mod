@@ -3,6 +3,7 @@ module github.com/cagebox/cagebox
 go 1.26.8
 
 require (
+	github.com/andybalholm/brotli v1.2.8
 	github.com/cavaliergopher/cpio v1.0.1
 	github.com/firecracker-microvm/firecracker-go-sdk v1.0.0
 	github.com/go-openapi/runtime v0.24.0

@@ -65,6 +65,12 @@ type SecretBinding struct {
 	Hosts []string `json:"hosts,omitempty"`
 	// Body opts in to substitution in request bodies.
 	Body bool `json:"body,omitempty"`
+	// Headers names request headers, besides Authorization and the
+	// secret's inject header, whose values may carry the placeholder (e.g.
+	// X-Api-Key). Query names query parameters that may (e.g.
+	// access_token). A placeholder anywhere else is refused with a 403.
+	Headers []string `json:"headers,omitempty"`
+	Query   []string `json:"query,omitempty"`
 	// Mode "env" puts the REAL value in the guest's environment (for
 	// protocols the gateway cannot see); inspect and events mark it. A
 	// stored secret must allow it (PutSecretRequest.AllowEnv), else the
@@ -107,6 +113,9 @@ type BoundSecret struct {
 	Secret string   `json:"secret"`
 	Hosts  []string `json:"hosts"`
 	Mode   string   `json:"mode"`
+	// Headers and Query are the extra places the placeholder is swapped.
+	Headers []string `json:"headers,omitempty"`
+	Query   []string `json:"query,omitempty"`
 	// HMAC is the signing configuration of a mode "hmac" binding.
 	HMAC *HMACSigning `json:"hmac,omitempty"`
 }

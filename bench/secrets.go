@@ -70,15 +70,15 @@ func secretsBench(dur time.Duration, conc, revokes int) {
 	if err != nil {
 		fail(err)
 	}
-	hook := func(_ *egress.Sandbox, r *http.Request) *egress.Refusal {
+	hook := func(_ *egress.Sandbox, r *http.Request) (*egress.Refusal, egress.ResponseFilter) {
 		res, err := set.Apply(r, benchName, r.TLS != nil)
 		if err != nil {
-			return &egress.Refusal{Rule: "secret", Reason: err.Error()}
+			return &egress.Refusal{Rule: "secret", Reason: err.Error()}, nil
 		}
 		if res.Refusal != nil {
-			return &egress.Refusal{Rule: res.Refusal.Rule, Reason: res.Refusal.Reason}
+			return &egress.Refusal{Rule: res.Refusal.Rule, Reason: res.Refusal.Reason}, nil
 		}
-		return nil
+		return nil, nil
 	}
 	mk := func(h egress.RequestHook) (*http.Client, func()) {
 		addr, ca, closeProxy := benchProxy(upAddr, pki.Pool, h)

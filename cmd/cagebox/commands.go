@@ -223,6 +223,7 @@ type createFlags struct {
 	policyFile                                  string
 	secrets, secretBody, secretEnv, secretSigV4 []string
 	secretHMAC                                  []string
+	secretHeader, secretQuery                   []string
 }
 
 func (f *createFlags) add(cmd *cobra.Command) {
@@ -239,6 +240,8 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.policyFile, "policy", "", "egress policy document, YAML or JSON (see docs/policy.md)")
 	cmd.Flags().StringArrayVar(&f.secrets, "secret", nil, "credential binding: NAME@HOST[,HOST] takes the value from this CLI's environment variable NAME (never argv); NAME=vault:KEY[@HOST,...] uses a stored secret. The guest's $NAME holds a placeholder (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretBody, "secret-in-body", nil, "also swap NAME's placeholder in request bodies (repeatable)")
+	cmd.Flags().StringArrayVar(&f.secretHeader, "secret-header", nil, "NAME:HEADER: also swap NAME's placeholder in request header HEADER, e.g. API_KEY:X-Api-Key (Authorization and the secret's --inject header always; repeatable)")
+	cmd.Flags().StringArrayVar(&f.secretQuery, "secret-query", nil, "NAME:PARAM: also swap NAME's placeholder in query parameter PARAM, e.g. TOKEN:access_token (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretSigV4, "secret-sigv4", nil, "NAME's value is ACCESS_KEY_ID:SECRET_ACCESS_KEY: the guest gets placeholder AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and the gateway re-signs its SigV4 requests with the real key (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretHMAC, "secret-hmac", nil, "NAME:header=H,sign=PART+PART...[,algorithm=sha256|sha1|sha512][,encoding=hex|base64|base64url][,prefix=P][,max-body=BYTES]: NAME is an HMAC signing key; the guest signs with a placeholder key and the gateway re-signs with the real one. PARTs: method, path, query, header:NAME, body (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretEnv, "secret-env", nil, "deliver NAME's REAL value into the guest's environment (weaker: for protocols the gateway cannot see; repeatable)")
@@ -266,6 +269,25 @@ func (f *createFlags) secretBindings() ([]api.SecretBinding, error) {
 		}
 		hmacs[name] = cfg
 	}
+	places := func(flag string, vals []string) (map[string][]string, error) {
+		m := map[string][]string{}
+		for _, v := range vals {
+			name, place, ok := strings.Cut(v, ":")
+			if !ok || name == "" || place == "" {
+				return nil, fmt.Errorf("%s %q: want NAME:%s", flag, v, map[string]string{"--secret-header": "HEADER (e.g. API_KEY:X-Api-Key)", "--secret-query": "PARAM (e.g. TOKEN:access_token)"}[flag])
+			}
+			m[name] = append(m[name], place)
+		}
+		return m, nil
+	}
+	headers, err := places("--secret-header", f.secretHeader)
+	if err != nil {
+		return nil, err
+	}
+	query, err := places("--secret-query", f.secretQuery)
+	if err != nil {
+		return nil, err
+	}
 	named := map[string]bool{}
 	var out []api.SecretBinding
 	for _, s := range f.secrets {
@@ -288,6 +310,7 @@ func (f *createFlags) secretBindings() ([]api.SecretBinding, error) {
 			return nil, fmt.Errorf("--secret %q: want NAME@HOST[,HOST] or NAME=vault:KEY", s)
 		}
 		b.Body = body[b.Name]
+		b.Headers, b.Query = headers[b.Name], query[b.Name]
 		if env[b.Name] {
 			b.Mode = "env"
 		}
@@ -310,6 +333,13 @@ func (f *createFlags) secretBindings() ([]api.SecretBinding, error) {
 	for n := range hmacs {
 		if !named[n] {
 			return nil, fmt.Errorf("--secret-hmac %s: no --secret binds %s", n, n)
+		}
+	}
+	for flag, m := range map[string]map[string][]string{"--secret-header": headers, "--secret-query": query} {
+		for n := range m {
+			if !named[n] {
+				return nil, fmt.Errorf("%s %s: no --secret binds %s", flag, n, n)
+			}
 		}
 	}
 	return out, nil

@@ -143,8 +143,9 @@ type Event struct {
 // answers 403 (or Refusal.Status) with that rule and reason. Reading the
 // body counts against the sandbox's in-flight bytes and body timeouts; a
 // read that fails with ErrInFlightLimit or ErrBodyTimeout is answered with
-// that limit whatever the hook returns.
-type RequestHook func(sb *Sandbox, r *http.Request) *Refusal
+// that limit whatever the hook returns. A non-nil ResponseFilter is applied
+// to the upstream's response to this request (see ResponseFilter).
+type RequestHook func(sb *Sandbox, r *http.Request) (*Refusal, ResponseFilter)
 
 // Refusal is a RequestHook's denial: 403 unless Status says otherwise (413
 // for a body too large to check, say).
@@ -317,11 +318,12 @@ func New(cfg Config) (*Proxy, error) {
 		served:     make(map[net.Conn]*connInfo),
 	}
 	p.rp = &httputil.ReverseProxy{
-		Rewrite:       rewrite,
-		Transport:     roundTripper(p.roundTrip),
-		FlushInterval: -1,
-		ErrorHandler:  p.upstreamError,
-		ErrorLog:      slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+		Rewrite:        rewrite,
+		ModifyResponse: modifyResponse,
+		Transport:      roundTripper(p.roundTrip),
+		FlushInterval:  -1,
+		ErrorHandler:   p.upstreamError,
+		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 	}
 	p.conns = newConnQueue()
 	p.srv = &http.Server{

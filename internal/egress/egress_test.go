@@ -512,14 +512,14 @@ func TestWebSocket(t *testing.T) {
 
 func TestHookRewritesAndRefuses(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
-		c.Hook = func(sb *Sandbox, r *http.Request) *Refusal {
+		c.Hook = func(sb *Sandbox, r *http.Request) (*Refusal, ResponseFilter) {
 			if r.URL.Path == "/forbidden-by-hook" {
-				return &Refusal{Rule: "vault", Reason: "credential revoked"}
+				return &Refusal{Rule: "vault", Reason: "credential revoked"}, nil
 			}
 			if r.Header.Get("Authorization") == "Bearer cbx_placeholder" {
 				r.Header.Set("Authorization", "Bearer real-secret")
 			}
-			return nil
+			return nil, nil
 		}
 	})
 	req := newReq(t, "GET", "https://api.example.test/x", nil)

@@ -42,8 +42,9 @@ type reqState struct {
 	scheme     string
 	name       string
 	ev         *Event
-	lim        *sbState   // the sandbox's pool and budgets
-	body       *guestBody // nil: no request body
+	lim        *sbState       // the sandbox's pool and budgets
+	body       *guestBody     // nil: no request body
+	filter     ResponseFilter // from the hook; nil: the response passes as is
 	// path is the canonical request path the policy decided on, sent
 	// upstream as is.
 	path, decodedPath string
@@ -185,8 +186,9 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		deny(VerdictDeny, ruleUpgrade, "WebSocket is supported over HTTP/1.1 only")
 		return
 	}
+	var filter ResponseFilter
 	if p.cfg.Hook != nil {
-		ref := p.cfg.Hook(info.sb, r)
+		ref, f := p.cfg.Hook(info.sb, r)
 		if body != nil {
 			// A hook that read ahead into a limit (in-flight bytes, a
 			// trickling body) is answered with that limit, whatever it
@@ -213,6 +215,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			deny(VerdictError, rulePath, "the gateway changed the request's path or method after the policy decided")
 			return
 		}
+		filter = f
 	}
 	if body != nil && r.Body != nil && r.Body != http.NoBody {
 		r.Body = forwardBody{ReadCloser: r.Body, g: body}
@@ -227,6 +230,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		ev:          ev,
 		lim:         info.lim,
 		body:        body,
+		filter:      filter,
 		path:        canon,
 		decodedPath: decoded,
 	}
@@ -337,6 +341,9 @@ func upstreamReason(err error) string {
 	var ci x509.CertificateInvalidError
 	var rh tls.RecordHeaderError
 	var ne net.Error
+	if reason, ok := filterReason(err); ok {
+		return reason
+	}
 	switch {
 	case errors.As(err, &re):
 		if re.Reason == "connection failed" && errors.As(re.Err, &ne) && ne.Timeout() {

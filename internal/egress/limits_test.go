@@ -46,23 +46,23 @@ func TestInFlightBytesShared(t *testing.T) {
 	holding, release := make(chan struct{}), make(chan struct{})
 	h := newHarness(t, func(c *Config) {
 		c.MaxInFlightBytesPerSandbox = 1 << 20
-		c.Hook = func(sb *Sandbox, r *http.Request) *Refusal {
+		c.Hook = func(sb *Sandbox, r *http.Request) (*Refusal, ResponseFilter) {
 			if r.Header.Get("X-Buffer") == "" {
-				return nil // stream
+				return nil, nil // stream
 			}
 			b, err := io.ReadAll(r.Body)
 			if err != nil {
 				if !errors.Is(err, ErrInFlightLimit) {
 					t.Errorf("hook read: %v, want ErrInFlightLimit", err)
 				}
-				return &Refusal{Rule: "hook", Reason: "could not read the body"}
+				return &Refusal{Rule: "hook", Reason: "could not read the body"}, nil
 			}
 			r.Body = io.NopCloser(bytes.NewReader(b))
 			if r.Header.Get("X-Hold") != "" {
 				holding <- struct{}{}
 				<-release
 			}
-			return nil
+			return nil, nil
 		}
 	})
 	c := h.client(true)

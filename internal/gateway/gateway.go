@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/internal/cleanup"
+	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/egress"
 	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/cagebox/cagebox/internal/link"
@@ -557,11 +558,15 @@ func (g *Gateway) replayNames(a *Attachment) {
 
 // substitute is the proxy's request hook: placeholders become real values
 // on requests to their bound hosts over intercepted TLS, and anything else
-// carrying a placeholder is refused (and raises an alert).
-func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusal {
+// carrying a placeholder is refused (and raises an alert). Every real value
+// put into the request (swapped, injected, or a re-signer's key id and
+// signatures) is recorded for the response filter it returns, which
+// scrubs those values out of the response (secret.reflected) and, after a
+// WebSocket upgrade, checks the guest's frames for placeholders.
+func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) (*egress.Refusal, egress.ResponseFilter) {
 	a, ok := g.Get(sb.ID)
 	if !ok {
-		return &egress.Refusal{Rule: "secret", Reason: "sandbox is detaching"}
+		return &egress.Refusal{Rule: "secret", Reason: "sandbox is detaching"}, nil
 	}
 	set := a.secretSet()
 	host := r.Host
@@ -570,40 +575,113 @@ func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) *egress.Refusa
 	}
 	// What can be refused from the headers alone is refused before any
 	// of the body is read.
-	if ref := g.resignSigV4(sb, a, r, host, true); ref != nil {
-		return ref
+	if ref := g.resignSigV4(sb, a, r, host, nil, true); ref != nil {
+		return ref, nil
 	}
 	// Credential-shaped strings that are not our placeholders: scanned on
 	// the request as the guest sent it, before any swap.
 	if ref := g.exfilScan(sb, a, r, host, set); ref != nil {
-		return ref
+		return ref, nil
 	}
-	if ref := g.resignSigV4(sb, a, r, host, false); ref != nil {
-		return ref
+	reals := &credentials.Reals{}
+	if ref := g.resignSigV4(sb, a, r, host, reals, false); ref != nil {
+		return ref, nil
 	}
-	if ref := g.resignHMAC(sb, a, r, host); ref != nil {
-		return ref
+	if ref := g.resignHMAC(sb, a, r, host, reals); ref != nil {
+		return ref, nil
 	}
-	if set == nil {
-		return nil
-	}
-	res, err := set.Apply(r, hostname.Canonical(host), r.TLS != nil)
-	if err != nil {
-		g.cfg.Emit(sb.Tenant, sb.ID, "secret.error", map[string]any{"host": host, "error": err.Error()})
-		return &egress.Refusal{Rule: "secret", Reason: err.Error()}
-	}
-	if res.Refusal != nil {
-		kind := "secret.refused"
-		if res.Alert {
-			kind = "secret.alert"
+	streaming := false
+	if set != nil {
+		res, err := set.ApplyReport(r, hostname.Canonical(host), r.TLS != nil, func(name, real, ph string) {
+			reals.Add(credentials.Swap{Name: name, Real: real, Placeholder: ph})
+		})
+		if err != nil {
+			g.cfg.Emit(sb.Tenant, sb.ID, "secret.error", map[string]any{"host": host, "error": err.Error()})
+			return &egress.Refusal{Rule: "secret", Reason: err.Error()}, nil
 		}
-		g.cfg.Emit(sb.Tenant, sb.ID, kind, map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": res.Refusal.Rule, "reason": res.Refusal.Reason})
-		return &egress.Refusal{Rule: res.Refusal.Rule, Reason: res.Refusal.Reason}
+		if res.Refusal != nil {
+			kind := "secret.refused"
+			if res.Alert {
+				kind = "secret.alert"
+			}
+			g.cfg.Emit(sb.Tenant, sb.ID, kind, map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": res.Refusal.Rule, "reason": res.Refusal.Reason})
+			return &egress.Refusal{Rule: res.Refusal.Rule, Reason: res.Refusal.Reason}, nil
+		}
+		if len(res.Replaced) > 0 {
+			g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": res.Replaced})
+		}
+		if res.Streaming {
+			reals.SetPending()
+			streaming = true
+		}
 	}
-	if len(res.Replaced) > 0 {
-		g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": res.Replaced})
+	if r.TLS == nil || (reals.Len() == 0 && !a.bound(host)) {
+		return nil, nil
 	}
-	return nil
+	// Frames must stay readable on a bound host; a response that may carry
+	// a real value must come in an encoding the scrub decodes.
+	r.Header.Del("Sec-WebSocket-Extensions")
+	if reals.Len() > 0 || streaming {
+		credentials.NarrowAcceptEncoding(r)
+	}
+	method, path := r.Method, r.URL.Path
+	scrub := &credentials.Scrub{
+		Reals:             reals,
+		Placeholder:       a.placeholderIn,
+		PlaceholderWindow: a.placeholderWindow(),
+		OnReflect: func(ref credentials.Reflection) {
+			g.cfg.Emit(sb.Tenant, sb.ID, "secret.reflected", map[string]any{"host": host, "method": method, "path": path, "name": ref.Name, "where": ref.Where, "encoding": ref.Encoding})
+		},
+		OnAlert: func(al credentials.Alert) {
+			g.cfg.Emit(sb.Tenant, sb.ID, "secret.alert", map[string]any{"host": host, "method": method, "path": path, "rule": "secret:" + al.Name, "reason": al.Reason})
+		},
+	}
+	return nil, scrub.Filter
+}
+
+// bound reports whether any of the sandbox's bindings is bound to host.
+func (a *Attachment) bound(host string) bool {
+	if set := a.secretSet(); set != nil && set.Bound(host) {
+		return true
+	}
+	for _, b := range a.sigV4() {
+		if hostname.MatchAny(b.Hosts, hostname.Canonical(host)) {
+			return true
+		}
+	}
+	for _, b := range a.hmacs() {
+		if hostname.MatchAny(b.Hosts, hostname.Canonical(host)) {
+			return true
+		}
+	}
+	return false
+}
+
+// placeholderIn reports the binding whose placeholder text carries, in any
+// form (the AWS key id placeholder literally).
+func (a *Attachment) placeholderIn(text string) (string, bool) {
+	if set := a.secretSet(); set != nil {
+		if name, ok := set.Contains(text); ok {
+			return name, true
+		}
+	}
+	for _, b := range a.sigV4() {
+		if strings.Contains(text, b.Placeholder.AccessKeyID) {
+			return b.Name, true
+		}
+	}
+	return "", false
+}
+
+func (a *Attachment) placeholderWindow() int {
+	w := 0
+	if set := a.secretSet(); set != nil {
+		w = set.Window()
+	}
+	for _, b := range a.sigV4() {
+		w = max(w, len(b.Placeholder.AccessKeyID))
+	}
+	return w
 }
 
 // exfilScan scans r for credential-shaped strings within the configured
@@ -688,7 +766,7 @@ func (g *Gateway) deniedAlert(sb *egress.Sandbox, r *http.Request, host string) 
 // over intercepted TLS; refused with an alert when such a signature heads
 // anywhere else; refused when it does not verify on a bound host. A
 // request without the binding's header passes untouched.
-func (g *Gateway) resignHMAC(sb *egress.Sandbox, a *Attachment, r *http.Request, host string) *egress.Refusal {
+func (g *Gateway) resignHMAC(sb *egress.Sandbox, a *Attachment, r *http.Request, host string, reals *credentials.Reals) *egress.Refusal {
 	for _, b := range a.hmacs() {
 		if r.Header.Get(b.Signer.Header) == "" {
 			continue
@@ -713,6 +791,7 @@ func (g *Gateway) resignHMAC(sb *egress.Sandbox, a *Attachment, r *http.Request,
 		}
 		s := *b.Signer
 		s.Real = real
+		s.Report = func(real, guest string) { reals.Add(credentials.Swap{Name: b.Name, Real: real, Placeholder: guest}) }
 		if err := s.Resign(r); err != nil {
 			ref := refuse("secret.refused", fmt.Sprintf("HMAC signature of %s: %v", b.Name, err))
 			if errors.Is(err, resign.ErrBodyTooLarge) {
@@ -731,8 +810,9 @@ func (g *Gateway) resignHMAC(sb *egress.Sandbox, a *Attachment, r *http.Request,
 // refused (with an alert) anywhere else or when the signature does not
 // verify. It runs before the generic swap, which must not touch them. With
 // headersOnly it only refuses what the headers show (the placeholder key
-// headed for a host it is not bound to) and reads no body.
-func (g *Gateway) resignSigV4(sb *egress.Sandbox, a *Attachment, r *http.Request, host string, headersOnly bool) *egress.Refusal {
+// headed for a host it is not bound to) and reads no body; otherwise every
+// real-key output it puts in is recorded in reals for the response scrub.
+func (g *Gateway) resignSigV4(sb *egress.Sandbox, a *Attachment, r *http.Request, host string, reals *credentials.Reals, headersOnly bool) *egress.Refusal {
 	bs := a.sigV4()
 	if len(bs) == 0 {
 		return nil
@@ -756,7 +836,9 @@ func (g *Gateway) resignSigV4(sb *egress.Sandbox, a *Attachment, r *http.Request
 		if err != nil {
 			return refuse("secret.refused", fmt.Sprintf("%s cannot be used: %v", b.Name, err))
 		}
-		s := &resign.SigV4{Placeholder: b.Placeholder, Real: real}
+		s := &resign.SigV4{Placeholder: b.Placeholder, Real: real, Report: func(real, guest string) {
+			reals.Add(credentials.Swap{Name: b.Name, Real: real, Placeholder: guest})
+		}}
 		if err := s.Resign(r); err != nil {
 			ref := refuse("secret.refused", fmt.Sprintf("AWS signature of %s: %v", b.Name, err))
 			if errors.Is(err, resign.ErrBodyTooLarge) {

@@ -33,7 +33,7 @@ func TestResignHostsAgree(t *testing.T) {
 		r, _ := http.NewRequest("GET", "https://example.com/", nil)
 		r.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential="+ph.AccessKeyID+"/20250101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00")
 		r.TLS = &tls.ConnectionState{}
-		ref := g.resignSigV4(&egress.Sandbox{ID: "sb"}, a, r, tc.Host, true)
+		ref := g.resignSigV4(&egress.Sandbox{ID: "sb"}, a, r, tc.Host, nil, true)
 		sentElsewhere := ref != nil && strings.Contains(ref.Reason, "sent to")
 		if sentElsewhere == tc.Want {
 			t.Errorf("%q ~ %q: refusal %+v; want bound=%v", tc.Pattern, tc.Host, ref, tc.Want)

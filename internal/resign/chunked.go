@@ -56,6 +56,7 @@ func (q *sigv4Req) streamBody(s *SigV4, guestKey, realKey, realSeed []byte) {
 		want:      want,
 		guestPrev: q.signature,
 		realPrev:  realSeed,
+		report:    s.Report,
 	}
 	q.r.GetBody = nil
 }
@@ -78,6 +79,7 @@ type chunkReader struct {
 	maxChunk            int64
 	want, got           int64
 	chunks              int
+	report              Reporter
 
 	data []byte
 	out  []byte
@@ -161,6 +163,7 @@ func (c *chunkReader) next() error {
 		return chunkErr("chunk %d does not match its signature", c.chunks)
 	}
 	realSig, _ := c.real.GetSignature(ctx, nil, data, c.t)
+	c.report.report(hex.EncodeToString(realSig), hex.EncodeToString(want))
 	c.guestPrev, c.realPrev = want, realSig
 	c.got += size
 
@@ -246,7 +249,9 @@ func (c *chunkReader) trailers() error {
 		}
 		// Rewrite only the hex, so the body keeps its length.
 		c.out = append(c.out, l[:sigOff]...)
-		c.out = hex.AppendEncode(c.out, hmacSHA256(c.realKey, sts(c.realPrev)))
+		realSig := hmacSHA256(c.realKey, sts(c.realPrev))
+		c.report.report(hex.EncodeToString(realSig), hex.EncodeToString(guestSig))
+		c.out = hex.AppendEncode(c.out, realSig)
 		c.out = append(c.out, l[sigOff+64:]...)
 	}
 	c.out = append(c.out, "\r\n"...)

@@ -32,6 +32,9 @@ type HMAC struct {
 	// MaxBody bounds the body read for a "body" part; 0 means
 	// DefaultMaxBody.
 	MaxBody int64
+	// Report, when set, hears the real signature Resign puts in (prefix
+	// and encoding included) with the guest's signature it replaced.
+	Report Reporter
 }
 
 // Validate checks the configuration (not the keys) and says what to fix.
@@ -87,7 +90,10 @@ func (h *HMAC) Resign(r *http.Request) error {
 	}
 	m := hmac.New(newHash, h.Real)
 	m.Write(signMsg)
-	r.Header.Set(h.Header, h.Prefix+h.encode(m.Sum(nil)))
+	guest := strings.TrimPrefix(strings.TrimSpace(r.Header.Get(h.Header)), h.Prefix)
+	sig := h.encode(m.Sum(nil))
+	h.Report.report(sig, guest)
+	r.Header.Set(h.Header, h.Prefix+sig)
 	return nil
 }
 

@@ -45,6 +45,18 @@ var (
 	ErrBodyTooLarge = errors.New("body too large to verify")
 )
 
+// Reporter hears a real-key output a re-signer put into a request and
+// what the guest had sent in its place (its own signature, its key id; ""
+// when the guest sent nothing there). It must keep the value in memory for
+// the request only and never log it.
+type Reporter func(real, guest string)
+
+func (r Reporter) report(real, guest string) {
+	if r != nil && real != "" {
+		r(real, guest)
+	}
+}
+
 // DefaultMaxBody bounds how much of a body is read into memory when
 // verifying a signature needs the whole body first: an HMAC over the body,
 // or a SigV4 request whose payload hash is not declared in

@@ -45,6 +45,11 @@ type SigV4 struct {
 	// MaxBody bounds the body read to check a payload hash; 0 means
 	// DefaultMaxBody.
 	MaxBody int64
+	// Report, when set, hears every real-key output Resign puts into the
+	// request (the real key id, session token, request, chunk and trailer
+	// signatures), each with what the guest sent in its place, so that the
+	// gateway can keep them out of the response. See Reporter.
+	Report Reporter
 
 	// mu guards keys, derived signing keys by secret and credential scope
 	// (deriving one costs four HMACs; a scope changes once a day).
@@ -130,14 +135,27 @@ func (s *SigV4) Resign(r *http.Request) error {
 		return fmt.Errorf("%w: the request does not match its signature (changed after signing, or signed with another secret)", ErrBadSignature)
 	}
 	rk := s.key(s.Real.SecretAccessKey, q)
+	guestToken := ""
+	if v := q.headers[securityTokenHeader]; len(v) > 0 {
+		guestToken = v[0]
+	}
+	for _, p := range q.query {
+		if p.ok && p.key == "X-Amz-Security-Token" {
+			guestToken = p.val
+		}
+	}
+	s.Report.report(s.Real.AccessKeyID, s.Placeholder.AccessKeyID)
+	s.Report.report(s.Real.SessionToken, guestToken)
 	if q.presigned {
-		q.resignQuery(s.Real, rk, uri, qmode)
+		sig := q.resignQuery(s.Real, rk, uri, qmode)
+		s.Report.report(sig, hex.EncodeToString(q.signature))
 		if q.checkHash != nil {
 			checkBody(r, q.checkHash)
 		}
 		return nil
 	}
 	sig := q.resignHeader(s.Real, rk, uri, qmode)
+	s.Report.report(hex.EncodeToString(sig), hex.EncodeToString(q.signature))
 	if q.payloadHash == streamingSigned || q.payloadHash == streamingSignedTrailer {
 		q.streamBody(s, pk, rk, sig)
 	}
@@ -462,8 +480,9 @@ func (q *sigv4Req) resignHeader(real AWSCreds, key []byte, uriForm, qmode int) [
 	return sig
 }
 
-// resignQuery signs a presigned URL again for real.
-func (q *sigv4Req) resignQuery(real AWSCreds, key []byte, uriForm, qmode int) {
+// resignQuery signs a presigned URL again for real and returns the new
+// signature (hex).
+func (q *sigv4Req) resignQuery(real AWSCreds, key []byte, uriForm, qmode int) string {
 	pairs := make([]queryPair, 0, len(q.query)+1)
 	set := func(k, v string) queryPair {
 		return queryPair{raw: uriEncode(k, false) + "=" + uriEncode(v, false), key: k, val: v, ok: true}
@@ -492,6 +511,7 @@ func (q *sigv4Req) resignQuery(real AWSCreds, key []byte, uriForm, qmode int) {
 	}
 	q.r.URL.RawQuery = joinQuery(pairs)
 	q.r.URL.ForceQuery = false
+	return sig
 }
 
 // deleteHeader removes every spelling of name (a request built by hand may

@@ -511,7 +511,7 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 		v.Policy, _ = json.Marshal(sr.Policy)
 	}
 	for _, b := range sr.Secrets {
-		v.Secrets = append(v.Secrets, api.BoundSecret{Name: b.Name, Secret: b.Secret, Hosts: b.Hosts, Mode: b.Mode, HMAC: b.HMAC})
+		v.Secrets = append(v.Secrets, api.BoundSecret{Name: b.Name, Secret: b.Secret, Hosts: b.Hosts, Mode: b.Mode, Headers: b.Headers, Query: b.Query, HMAC: b.HMAC})
 		if b.Mode == ModeEnv {
 			v.RealInGuest = append(v.RealInGuest, b.Name)
 		}

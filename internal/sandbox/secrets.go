@@ -37,6 +37,9 @@ type boundSecret struct {
 	// PlaceholderSecret is the sigv4 mode's placeholder secret access key.
 	PlaceholderSecret string `json:"placeholder_secret,omitempty"`
 	Inject            string `json:"inject,omitempty"`
+	// Headers and Query are the extra places the placeholder is swapped.
+	Headers []string `json:"headers,omitempty"`
+	Query   []string `json:"query,omitempty"`
 	// HMAC is the hmac mode's signing configuration.
 	HMAC *api.HMACSigning `json:"hmac,omitempty"`
 }
@@ -86,7 +89,14 @@ func (m *Manager) bindSecrets(ctx context.Context, tenant, id string, reqs []api
 				return nil, nil, undo, fmt.Errorf("%w: %s.hmac: %v", errdefs.ErrInvalid, field, err)
 			}
 		}
-		bs := boundSecret{Name: b.Name, Body: b.Body, Mode: mode, HMAC: b.HMAC}
+		if (len(b.Headers) > 0 || len(b.Query) > 0) && mode != ModeProxy {
+			return nil, nil, undo, fmt.Errorf("%w: %s: headers and query name places to swap a placeholder, which only mode proxy does", errdefs.ErrInvalid, field)
+		}
+		// Checked now, so a bad name is refused before anything is made.
+		if _, err := substitute.NewSet(&substitute.Binding{Name: b.Name, Placeholder: "cbx_check_placeholder", Real: func() ([]byte, error) { return nil, nil }, Headers: b.Headers, Query: b.Query}); err != nil {
+			return nil, nil, undo, fmt.Errorf("%w: %s: %v", errdefs.ErrInvalid, field, err)
+		}
+		bs := boundSecret{Name: b.Name, Body: b.Body, Mode: mode, HMAC: b.HMAC, Headers: b.Headers, Query: b.Query}
 		if b.Value != "" {
 			if b.Secret != "" {
 				return nil, nil, undo, fmt.Errorf("%w: %s: give a value or a stored secret, not both", errdefs.ErrInvalid, field)
@@ -196,6 +206,7 @@ func (m *Manager) secretSet(tenant string, bound []boundSecret) (*substitute.Set
 		name := b.Secret
 		bs = append(bs, &substitute.Binding{
 			Name: b.Name, Placeholder: b.Placeholder, Hosts: b.Hosts, Body: b.Body, Inject: b.Inject,
+			Headers: b.Headers, Query: b.Query,
 			Real: func() ([]byte, error) {
 				v, _, err := m.cfg.Vault.Value(context.Background(), tenant, name)
 				if err != nil {

@@ -24,7 +24,17 @@ type Result struct {
 	// Alert marks a refusal that looks like exfiltration: a placeholder
 	// heading to a host it is not bound to, or over plain HTTP.
 	Alert bool
+	// Streaming: the body is substituted as it is forwarded, so more real
+	// values may be reported after Apply returns.
+	Streaming bool
 }
+
+// Report hears each real value put into a request: the binding's name, the
+// real value and its placeholder, so that the gateway can scrub the value
+// out of the response. It is called during Apply and, for a streamed body,
+// from the body's Read. It must keep the value in memory for the request
+// only, and never log it or send it anywhere.
+type Report func(name, real, placeholder string)
 
 // Refusal says why a request is refused. Neither field ever holds a real
 // value or a placeholder.
@@ -50,10 +60,18 @@ func (e *RefusalError) Error() string {
 type occ struct {
 	header, headerName, query, path, body hit
 	headerKeys                            []string
+	// bad is the first place found that the binding does not allow.
+	bad *misplaced
 }
 
 func (o *occ) any() bool {
-	return o.header|o.headerName|o.query|o.path|o.body != 0
+	return o.header|o.headerName|o.query|o.path|o.body != 0 || o.bad != nil
+}
+
+func (o *occ) misplace(m misplaced) {
+	if o.bad == nil {
+		o.bad = &m
+	}
 }
 
 func (o *occ) where() string {
@@ -89,16 +107,21 @@ type sub struct {
 //   - in the URL path (or userinfo, or a header name): refused, without
 //     substitution — a credential in a path ends up in access logs and
 //     Referer headers, so it is never put there;
-//   - in a header value: replaced; in "Authorization: Basic" the
+//   - anywhere its binding does not allow (a header other than
+//     Authorization, Inject's header and Binding.Headers; a query parameter
+//     not in Binding.Query; a parameter name; a body without Body; a
+//     trailer not among the headers): refused, without an alert, the reason
+//     naming the allowed places and the flag that adds one;
+//   - in an allowed header value: replaced; in "Authorization: Basic" the
 //     user:password pair is decoded, replaced and re-encoded;
-//   - in the query: replaced in each key and value, raw or percent-decoded,
-//     and that component re-escaped; the rest of the query is left byte for
-//     byte;
+//   - in an allowed query parameter's value: replaced, raw or
+//     percent-decoded, and the value re-escaped; the rest of the query is
+//     left byte for byte;
 //   - in the body: replaced only if the binding opted in (Body), in bodies up
 //     to its BodyLimit — a larger body carrying the placeholder is refused.
-//     Without the opt-in the placeholder is forwarded unchanged. The real value
-//     is JSON-escaped in JSON bodies and query-escaped in form bodies.
-//     Encoded forms (base64, …) are not substituted, anywhere.
+//     The real value is JSON-escaped in JSON bodies and query-escaped in
+//     form bodies. Encoded forms (base64, …) in allowed places are
+//     forwarded unchanged (worthless upstream), never substituted.
 //
 // A binding with Inject sets its header on every request to a bound host over
 // intercepted TLS. Real is called once per binding a request needs; its
@@ -121,6 +144,12 @@ type sub struct {
 // Apply's error reports a failure to read the request (the proxy must
 // refuse it too); r.Body is restored as well as it can be.
 func (s *Set) Apply(r *http.Request, host string, tlsIntercepted bool) (*Result, error) {
+	return s.ApplyReport(r, host, tlsIntercepted, nil)
+}
+
+// ApplyReport is Apply, telling report (when not nil) each real value it
+// puts into r.
+func (s *Set) ApplyReport(r *http.Request, host string, tlsIntercepted bool, report Report) (*Result, error) {
 	list := s.snapshot()
 	res := &Result{}
 	if len(list) == 0 {
@@ -143,7 +172,7 @@ func (s *Set) Apply(r *http.Request, host string, tlsIntercepted bool) (*Result,
 	}
 
 	found := make([]occ, len(list))
-	scan := func(text string, mark func(o *occ, h hit)) bool {
+	scan := func(text string, mark func(e *entry, o *occ, h hit)) bool {
 		if text == "" {
 			return false
 		}
@@ -151,7 +180,7 @@ func (s *Set) Apply(r *http.Request, host string, tlsIntercepted bool) (*Result,
 		any := false
 		for i, e := range list {
 			if h := e.pat.match(&v); h != 0 {
-				mark(&found[i], h)
+				mark(e, &found[i], h)
 				any = true
 			}
 		}
@@ -159,23 +188,48 @@ func (s *Set) Apply(r *http.Request, host string, tlsIntercepted bool) (*Result,
 	}
 	for _, hdr := range []http.Header{r.Header, r.Trailer} {
 		for k, vs := range hdr {
-			dirty := scan(k, func(o *occ, h hit) { o.headerName |= h })
+			dirty := scan(k, func(_ *entry, o *occ, h hit) { o.headerName |= h })
 			for _, v := range vs {
-				scan(v, func(o *occ, h hit) {
+				scan(v, func(e *entry, o *occ, h hit) {
 					o.header |= h
 					if !dirty && len(o.headerKeys) < 5 {
 						o.headerKeys = appendOnce(o.headerKeys, k)
+					}
+					if !e.allowsHeader(k) {
+						if dirty {
+							o.misplace(misplaced{where: "a header", flag: "a placeholder is never swapped in a header name"})
+						} else {
+							o.misplace(headerPlace(e, k))
+						}
 					}
 				})
 			}
 		}
 	}
 	if u := r.URL; u != nil {
-		scan(u.RawQuery, func(o *occ, h hit) { o.query |= h })
-		scan(u.EscapedPath(), func(o *occ, h hit) { o.path |= h })
-		scan(u.Opaque, func(o *occ, h hit) { o.path |= h })
+		scan(u.RawQuery, func(_ *entry, o *occ, h hit) { o.query |= h })
+		for _, part := range strings.Split(u.RawQuery, "&") {
+			k, v, _ := strings.Cut(part, "=")
+			dirty := scan(k, func(_ *entry, o *occ, _ hit) { o.misplace(paramNamePlace) })
+			name := k
+			if d, err := url.QueryUnescape(k); err == nil {
+				name = d
+			}
+			scan(v, func(e *entry, o *occ, _ hit) {
+				if e.allowsQuery(name) {
+					return
+				}
+				if shown := safeName(name); shown != "" && !dirty {
+					o.misplace(queryPlace(e, shown))
+				} else {
+					o.misplace(misplaced{where: "a query parameter", flag: fmt.Sprintf("add the place with --secret-query %s:NAME", e.name)})
+				}
+			})
+		}
+		scan(u.EscapedPath(), func(_ *entry, o *occ, h hit) { o.path |= h })
+		scan(u.Opaque, func(_ *entry, o *occ, h hit) { o.path |= h })
 		if u.User != nil {
-			scan(u.User.String(), func(o *occ, h hit) { o.path |= h })
+			scan(u.User.String(), func(_ *entry, o *occ, h hit) { o.path |= h })
 		}
 	}
 
@@ -201,7 +255,12 @@ func (s *Set) Apply(r *http.Request, host string, tlsIntercepted bool) (*Result,
 			restore(r, head[:got], !complete || got < len(head))
 			return nil, fmt.Errorf("substitute: reading request body (%d of %d bytes): %w", got, r.ContentLength, err)
 		}
-		scan(string(head), func(o *occ, h hit) { o.body |= h })
+		scan(string(head), func(e *entry, o *occ, h hit) {
+			o.body |= h
+			if !e.body {
+				o.misplace(bodyPlace(e))
+			}
+		})
 	} else if hasBody {
 		complete = false
 	}
@@ -226,6 +285,8 @@ func (s *Set) Apply(r *http.Request, host string, tlsIntercepted bool) (*Result,
 			return refuse(e, fmt.Sprintf("placeholder for %s in the URL path or userinfo: credentials are never put in a path; send it in a header or the query", e.name), false)
 		case o.headerName != 0:
 			return refuse(e, fmt.Sprintf("placeholder for %s in a header name", e.name), false)
+		case o.bad != nil:
+			return refuse(e, o.bad.reason(e), false)
 		case e.body && o.body&hitLiteral != 0 && (!complete || int64(len(head)) > e.bodyLimit):
 			return refuse(e, fmt.Sprintf("placeholder for %s in a body of %d bytes, over its %d-byte substitution limit", e.name, r.ContentLength, e.bodyLimit), false)
 		}
@@ -267,8 +328,17 @@ func (s *Set) Apply(r *http.Request, host string, tlsIntercepted bool) (*Result,
 	// Headers.
 	if len(hdrSubs) > 0 {
 		for k, vs := range r.Header {
+			var here []*sub
+			for _, sb := range hdrSubs {
+				if sb.e.allowsHeader(k) {
+					here = append(here, sb)
+				}
+			}
+			if len(here) == 0 {
+				continue
+			}
 			for j, v := range vs {
-				vs[j] = rewriteHeader(k, v, hdrSubs)
+				vs[j] = rewriteHeader(k, v, here)
 			}
 		}
 	}
@@ -318,15 +388,24 @@ func (s *Set) Apply(r *http.Request, host string, tlsIntercepted bool) (*Result,
 			list:   list,
 			allow:  allowed,
 			onlyCk: known,
+			report: report,
 		}
 		st.look = tail(head, st.windowSize())
 		r.Body = st
 		r.GetBody = nil
+		for i, e := range list {
+			if allowed[i] && e.body && !known {
+				res.Streaming = true
+			}
+		}
 	}
 
 	for _, sb := range subs {
 		if sb != nil && sb.used {
 			res.Replaced = append(res.Replaced, sb.e.name)
+			if report != nil {
+				report(sb.e.name, sb.real, sb.e.ph)
+			}
 		}
 	}
 	return res, nil
@@ -360,21 +439,29 @@ func replaceAll(s string, subs []*sub, enc func(string) string) (string, bool) {
 	return s, changed
 }
 
-// rewriteQuery substitutes in each key and value of a raw query, raw or
-// percent-decoded, re-escaping only the components it changes.
+// rewriteQuery substitutes in the value of each parameter a sub's binding
+// allows, raw or percent-decoded, re-escaping only the values it changes.
 func rewriteQuery(raw string, subs []*sub) (string, bool) {
 	parts := strings.Split(raw, "&")
 	changed := false
 	for i, part := range parts {
 		k, v, eq := strings.Cut(part, "=")
-		nk, ck := rewriteQueryComponent(k, subs)
-		nv, cv := rewriteQueryComponent(v, subs)
-		if ck || cv {
-			changed = true
-			parts[i] = nk
-			if eq {
-				parts[i] += "=" + nv
+		name := k
+		if d, err := url.QueryUnescape(k); err == nil {
+			name = d
+		}
+		var here []*sub
+		for _, sb := range subs {
+			if sb.e.allowsQuery(name) {
+				here = append(here, sb)
 			}
+		}
+		if !eq || len(here) == 0 {
+			continue
+		}
+		if nv, cv := rewriteQueryComponent(v, here); cv {
+			changed = true
+			parts[i] = k + "=" + nv
 		}
 	}
 	return strings.Join(parts, "&"), changed

@@ -63,7 +63,9 @@ func noLeak(t *testing.T, s secret, texts ...string) {
 func TestSwapHeader(t *testing.T) {
 	gh := ghSecret(t)
 	up := newUpstream(t)
-	p := newProxy(t, mustSet(t, gh.binding(boundHost)), up, boundHost, true)
+	b := gh.binding(boundHost)
+	b.Headers = []string{"x-other"}
+	p := newProxy(t, mustSet(t, b), up, boundHost, true)
 	r, _ := http.NewRequest("GET", p.URL+"/user", nil)
 	r.Header.Set("Authorization", "Bearer "+gh.ph)
 	r.Header.Add("X-Other", "a "+gh.ph+" b")
@@ -113,7 +115,9 @@ func TestSwapQuery(t *testing.T) {
 	gh := newSecret(t, "KEY", "sk-"+randFrom(t, alnum, 48))
 	gh.real += "+/=" // a real value that needs escaping in a query
 	up := newUpstream(t)
-	p := newProxy(t, mustSet(t, gh.binding(boundHost)), up, boundHost, true)
+	b := gh.binding(boundHost)
+	b.Query = []string{"token", "x"}
+	p := newProxy(t, mustSet(t, b), up, boundHost, true)
 	enc := url.QueryEscape(gh.real)
 	for _, q := range []string{
 		"a=1&token=" + gh.ph + "&b=x%20y",
@@ -132,12 +136,33 @@ func TestSwapQuery(t *testing.T) {
 			t.Fatal("decoded token is not the real value")
 		}
 	}
-	// The placeholder as a key, and a value that merely contains it.
-	r, _ := http.NewRequest("GET", p.URL+"/v1?"+gh.ph+"&x=pre-"+gh.ph, nil)
+	// A value that merely contains it.
+	r, _ := http.NewRequest("GET", p.URL+"/v1?a&x=pre-"+gh.ph, nil)
 	do(t, r)
 	got := up.last(t)
-	if got.RawQuery != enc+"&x=pre-"+enc {
+	if got.RawQuery != "a&x=pre-"+enc {
 		t.Fatalf("raw query %q", got.RawQuery)
+	}
+	// The placeholder as a key, or in a parameter the binding does not
+	// name: refused, saying where it may go.
+	n := up.count()
+	for q, want := range map[string]string{
+		gh.ph + "&x=1":                 "parameter name",
+		"other=" + gh.ph:               "--secret-query KEY:other",
+		"other=" + pctAll(gh.ph, true): "--secret-query KEY:other",
+	} {
+		r, _ := http.NewRequest("GET", p.URL+"/v1?"+q, nil)
+		code, resp := do(t, r)
+		if code != http.StatusForbidden || !strings.Contains(resp, want) || !strings.Contains(resp, "token") {
+			t.Fatalf("%s: %d %s", q, code, resp)
+		}
+		if res := p.lastResult(t); res.Alert {
+			t.Fatalf("%s: a misplaced placeholder to its bound host is no alert", q)
+		}
+		noLeak(t, gh, resp)
+	}
+	if up.count() != n {
+		t.Fatal("a refused request reached the upstream")
 	}
 }
 
@@ -192,12 +217,19 @@ func TestBodyWithoutOptIn(t *testing.T) {
 	p := newProxy(t, mustSet(t, gh.binding(boundHost)), up, boundHost, true)
 	body := `{"token":"` + gh.ph + `"}`
 	r, _ := http.NewRequest("POST", p.URL+"/x", strings.NewReader(body))
-	if code, _ := do(t, r); code != http.StatusNoContent {
-		t.Fatalf("status %d", code)
+	// Without --secret-in-body a placeholder in a body is refused, saying
+	// how to opt in; known length and streamed alike.
+	code, resp := do(t, r)
+	if code != http.StatusForbidden || !strings.Contains(resp, "--secret-in-body GITHUB_TOKEN") {
+		t.Fatalf("status %d: %s", code, resp)
 	}
-	// Documented: the placeholder goes through unchanged (worthless upstream).
-	if got := up.last(t); string(got.Body) != body || got.CL != int64(len(body)) {
-		t.Fatalf("body %q CL %d", got.Body, got.CL)
+	code, resp = rawChunked(t, p.Listener.Addr().String(), "/x", http.Header{}, []string{`{"token":"` + gh.ph[:9], gh.ph[9:] + `"}`}, nil)
+	if code != http.StatusForbidden || !strings.Contains(resp, "--secret-in-body GITHUB_TOKEN") {
+		t.Fatalf("chunked: status %d: %s", code, resp)
+	}
+	noLeak(t, gh, resp)
+	if up.count() != 0 {
+		t.Fatal("a refused body reached the upstream")
 	}
 }
 
@@ -263,6 +295,7 @@ func TestChunkedSplit(t *testing.T) {
 	up := newUpstream(t)
 	b := gh.binding(boundHost)
 	b.Body = true
+	b.Headers = []string{"X-Sig"}
 	p := newProxy(t, mustSet(t, b), up, boundHost, true)
 	// Split the placeholder over three chunks.
 	pieces := []string{`{"a":"` + gh.ph[:3], gh.ph[3:17], gh.ph[17:] + `","b":"` + gh.ph[:20], gh.ph[20:] + `"}`}

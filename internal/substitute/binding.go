@@ -47,6 +47,14 @@ type Binding struct {
 	// Inject, e.g. "Authorization: Bearer {value}", sets that header on every
 	// request to a bound host over intercepted TLS, whatever the guest sent.
 	Inject string
+	// Headers names request headers, besides Authorization and Inject's
+	// header, whose values may carry the placeholder (e.g. X-Api-Key).
+	Headers []string
+	// Query names query parameters whose values may carry the placeholder
+	// (e.g. access_token). A placeholder anywhere else on a bound host —
+	// another header or parameter, a parameter name, a body without Body —
+	// is refused.
+	Query []string
 	// Guard marks a placeholder that is never swapped: the placeholder of a
 	// signing key (an HMAC or SigV4 secret) that a gateway re-signer uses
 	// and no request should ever carry. Wherever it appears the request is
@@ -65,6 +73,8 @@ type entry struct {
 	bodyLimit int64
 	injKey    string // canonical header name, "" without Inject
 	injTmpl   string
+	headers   []string // canonical names of the headers it may be swapped in
+	query     []string // query parameters it may be swapped in
 	pat       patterns
 	dead      bool // removed (or a guard): known only to be refused
 	guard     bool
@@ -239,6 +249,9 @@ func newEntry(b *Binding) (*entry, error) {
 			return nil, fmt.Errorf("%w: binding %s: inject %q: want \"Header: text with %s once\"", ErrInvalid, b.Name, b.Inject, ValueToken)
 		}
 		e.injKey, e.injTmpl = textproto.CanonicalMIMEHeaderKey(k), v
+	}
+	if err := e.setPlaces(b); err != nil {
+		return nil, err
 	}
 	e.pat = newPatterns(e.ph)
 	return e, nil

@@ -26,6 +26,7 @@ type stream struct {
 	list   []*entry
 	allow  []bool
 	onlyCk bool // a known-length body: check only, never substitute
+	report Report
 
 	reals     map[*entry]string
 	usedLimit int64 // smallest BodyLimit of a binding substituted so far; 0 for none
@@ -101,6 +102,9 @@ func (s *stream) real(e *entry) (string, bool) {
 		s.reals = map[*entry]string{}
 	}
 	s.reals[e] = string(real)
+	if s.report != nil {
+		s.report(e.name, string(real), e.ph)
+	}
 	return string(real), true
 }
 
@@ -115,6 +119,9 @@ func (s *stream) process(chunk []byte, eof bool) {
 			case h == 0:
 			case !s.allow[i]:
 				s.refuseFound(e, h, "body")
+				return
+			case !e.body:
+				s.fail(e, bodyPlace(e).reason(e), false)
 				return
 			case e.body && h&hitLiteral != 0 && s.onlyCk:
 				s.overLimit(e)
@@ -204,7 +211,7 @@ func partialSuffix(data []byte, repl []*entry) int {
 // trailers checks, and substitutes in, the trailer values that arrived with
 // the end of the body.
 func (s *stream) trailers() {
-	for _, vs := range s.req.Trailer {
+	for k, vs := range s.req.Trailer {
 		for j, val := range vs {
 			v := newViews(val)
 			for i, e := range s.list {
@@ -214,6 +221,14 @@ func (s *stream) trailers() {
 				}
 				if !s.allow[i] {
 					s.refuseFound(e, h, "a trailer")
+					return
+				}
+				if !e.allowsHeader(k) {
+					m := headerPlace(e, k)
+					if safeName(k) == "" {
+						m = misplaced{where: "a trailer", flag: fmt.Sprintf("add the place with --secret-header %s:NAME", e.name)}
+					}
+					s.fail(e, m.reason(e), false)
 					return
 				}
 				if h&hitLiteral == 0 {

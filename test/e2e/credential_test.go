@@ -33,7 +33,7 @@ func TestCredentialSwap(t *testing.T) {
 		t.Fatalf("secret add: %+v", r)
 	}
 	r := e.cli("", "create", "--allow", "api.example.test", "--allow", "other.example.test",
-		"--secret", "GITHUB_TOKEN@api.example.test", "--secret-in-body", "GITHUB_TOKEN",
+		"--secret", "GITHUB_TOKEN@api.example.test", "--secret-in-body", "GITHUB_TOKEN", "--secret-query", "GITHUB_TOKEN:access_token",
 		"--secret", "STRIPE_KEY=vault:STRIPE_KEY")
 	if r.code != 0 {
 		t.Fatalf("create: %+v", r)

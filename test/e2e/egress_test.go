@@ -31,6 +31,9 @@ type upstream struct {
 
 	// validate, when set, must accept a request (else 403).
 	validate func(*http.Request) error
+	// reflect: the answer also echoes the credentials the request carried
+	// (Authorization, X-Signature, query), as debug endpoints do.
+	reflect bool
 
 	// mu guards seen.
 	mu   sync.Mutex
@@ -53,7 +56,7 @@ func newUpstream(t *testing.T, names ...string) *upstream {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.mu.Lock()
 		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-		u.seen = append(u.seen, fmt.Sprintf("%s %s %s %s auth=%s q=%s body=%s", r.Method, r.Host, r.URL.Path, r.Proto, r.Header.Get("Authorization"), r.URL.RawQuery, body))
+		u.seen = append(u.seen, fmt.Sprintf("%s %s %s %s auth=%s q=%s body=%s sig=%s", r.Method, r.Host, r.URL.Path, r.Proto, r.Header.Get("Authorization"), r.URL.RawQuery, body, r.Header.Get("X-Signature")))
 		u.mu.Unlock()
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		if u.validate != nil {
@@ -67,6 +70,9 @@ func newUpstream(t *testing.T, names ...string) *upstream {
 			return
 		}
 		fmt.Fprintf(w, "hello from upstream %s %s\n", r.Host, r.URL.Path)
+		if u.reflect {
+			fmt.Fprintf(w, "auth=%s\nx-signature=%s\nquery=%s\n", r.Header.Get("Authorization"), r.Header.Get("X-Signature"), r.URL.RawQuery)
+		}
 	}))
 	srv.EnableHTTP2 = true
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pki.Leaf}}

@@ -59,6 +59,7 @@ func TestHMACResign(t *testing.T) {
 	const real = "whsec_REALsigningKEY_0123456789abcdefABCDEF"
 	up := newUpstream(t, "hooks.example.test", "other.example.test")
 	up.validate = validateHMAC(real)
+	up.reflect = true // the answer echoes the X-Signature it got
 	e.startDaemon(up.daemonArgs("hooks.example.test", "other.example.test")...)
 	os.Setenv("CBX_HOOK", real)
 	defer os.Unsetenv("CBX_HOOK")
@@ -94,6 +95,12 @@ func TestHMACResign(t *testing.T) {
 	r = sh("", `"https://hooks.example.test/hooks/a%20b" '{"event":"push"}'`)
 	if !strings.Contains(r.stdout, "hello from upstream") {
 		t.Fatalf("re-signed webhook: %+v", r)
+	}
+	// The upstream echoed the real-key signature: the guest sees its own.
+	seen := up.requests()
+	_, realSig, _ := strings.Cut(seen[len(seen)-1], " sig=sha256=")
+	if len(realSig) != 64 || strings.Contains(r.stdout, realSig) || !strings.Contains(r.stdout, "x-signature=sha256=") {
+		t.Errorf("the guest got the real-key signature back: %q (upstream saw %q)", r.stdout, realSig)
 	}
 	n := len(up.requests())
 	r = sh(`SEND_BODY='{"event":"delete-everything"}'`, `https://hooks.example.test/hooks/x '{"event":"push"}'`)

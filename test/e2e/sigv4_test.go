@@ -72,6 +72,7 @@ func TestSigV4Resign(t *testing.T) {
 	const realID, realSecret = "AKIAREALKEY000000001", "realSecretAccessKey/0000000000000000000001"
 	up := newUpstream(t, "s3.example.test", "other.example.test")
 	up.validate = validateSigV4(realID, realSecret)
+	up.reflect = true // the answer echoes the Authorization it got
 	e.startDaemon(up.daemonArgs("s3.example.test", "other.example.test")...)
 	os.Setenv("CBX_AWS", realID+":"+realSecret)
 	defer os.Unsetenv("CBX_AWS")
@@ -96,6 +97,21 @@ func TestSigV4Resign(t *testing.T) {
 	r = sh(sign + `"https://s3.example.test/bucket?list-type=2&prefix=photos"`)
 	if !strings.Contains(r.stdout, "hello from upstream") {
 		t.Fatalf("re-signed S3 GET with a query: %+v", r)
+	}
+	// The upstream echoed the re-signed Authorization: the guest sees its
+	// own key id and signature, never the real key id or the real-key
+	// signature, in any form.
+	guestAuth := regexp.MustCompile(`auth=(.*)`).FindStringSubmatch(r.stdout)
+	seen := up.requests()
+	realSig := sigRE.FindStringSubmatch(seen[len(seen)-1])
+	if guestAuth == nil || realSig == nil {
+		t.Fatalf("reflected Authorization %q, upstream saw %q", r.stdout, seen[len(seen)-1])
+	}
+	if f := realForms(r.stdout, realID); len(f) > 0 || strings.Contains(r.stdout, realSig[3]) || !strings.Contains(guestAuth[1], "Credential=AKIA") {
+		t.Errorf("the guest got the real key id (%v) or the real signature: %q", f, r.stdout)
+	}
+	if ev := e.cli("", "events", "--json", id).stdout; !strings.Contains(ev, `"secret.reflected"`) {
+		t.Error("no secret.reflected event for the reflected signature")
 	}
 	n := len(up.requests())
 	r = sh(`curl -sS --aws-sigv4 aws:amz:us-east-1:s3 --user "$AWS_ACCESS_KEY_ID:not-the-placeholder-secret" https://s3.example.test/bucket/x`)
