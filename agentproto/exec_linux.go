@@ -375,15 +375,57 @@ func pump(wg *sync.WaitGroup, r *os.File, fw *frameWriter, t frameType) {
 	buf, put := getChunk()
 	broken := false
 	defer func() { put(broken) }()
-	for {
-		n, err := r.Read(buf[headerSize:])
+	send := func(n int) {
 		if n > 0 && !broken {
 			if fw.writeBuf(t, buf[:headerSize+n]) != nil {
 				broken = true
 				buf = make([]byte, headerSize+chunkSize) // the old one may still be queued
 			}
 		}
+	}
+	for {
+		n, err := r.Read(buf[headerSize:])
+		send(n)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The process has exited and the drain grace is over (a
+			// background child holds the pipe open). What the process
+			// wrote before it exited is still in the pipe — a pump
+			// scheduled late (a loaded guest) must not lose it: read
+			// what is there, without waiting for more.
+			drainAvailable(r, buf, send)
+			return
+		}
 		if err != nil {
+			return
+		}
+	}
+}
+
+// maxFinalDrain bounds the output read after the drain grace, in case a
+// background child keeps writing.
+const maxFinalDrain = 4 << 20
+
+// drainAvailable reads what the pipe r holds right now (FIONREAD), never
+// blocking, at most maxFinalDrain bytes.
+func drainAvailable(r *os.File, buf []byte, send func(int)) {
+	if err := r.SetReadDeadline(time.Time{}); err != nil {
+		return
+	}
+	rc, err := r.SyscallConn()
+	if err != nil {
+		return
+	}
+	for total := 0; total < maxFinalDrain; {
+		avail := 0
+		if cerr := rc.Control(func(fd uintptr) {
+			avail, err = unix.IoctlGetInt(int(fd), unix.TIOCINQ) // FIONREAD: bytes in the pipe
+		}); cerr != nil || err != nil || avail <= 0 {
+			return
+		}
+		n, rerr := r.Read(buf[headerSize : headerSize+min(avail, len(buf)-headerSize)])
+		send(n)
+		total += n
+		if rerr != nil || n == 0 {
 			return
 		}
 	}
