@@ -19,7 +19,7 @@ func TestPumpKeepsOutputWrittenBeforeExit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	defer w.Close() // the "background child" keeps it open throughout
+	defer w.Close()                                     // the "background child" keeps it open throughout
 	want := bytes.Repeat([]byte("198.18.0.2\n"), 10000) // more than one chunk
 	go func() { w.Write(want) }()
 	time.Sleep(50 * time.Millisecond) // the pipe holds what fits (64 KiB)

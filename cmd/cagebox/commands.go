@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"log/slog"
+	"math"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/client"
+	"github.com/cagebox/cagebox/internal/audit"
 	"github.com/cagebox/cagebox/internal/daemon"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/policy"
@@ -92,6 +94,9 @@ func daemonCmd(g *globals) *cobra.Command {
 	var proxyPort, dnsPort uint16
 	var netCfgTable, netCfgPrefix, masterKey, exfil string
 	var lim limitFlags
+	var eventRetention string
+	var eventRate float64
+	var eventBurst int
 	cmd := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the cagebox daemon",
@@ -146,10 +151,14 @@ func daemonCmd(g *globals) *cobra.Command {
 				}
 				netCfg.HostPublicAddrs = append(netCfg.HostPublicAddrs, p)
 			}
+			events, err := eventConfig(eventRetention, eventRate, eventBurst)
+			if err != nil {
+				return err
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{
 				Home: g.home, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, InsecureListen: insecureListen, AgentPath: agent, MinIsolation: floor, DefaultRuntime: defRuntime,
-				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey,
+				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey, Events: events,
 			})
 		},
 	}
@@ -173,7 +182,51 @@ func daemonCmd(g *globals) *cobra.Command {
 	lim.register(cmd)
 	cmd.Flags().StringVar(&masterKey, "master-key-file", "", "vault master key file, created 0600 at first start (default $CAGEBOX_HOME/master.key; CAGEBOX_MASTER_KEY overrides)")
 	cmd.Flags().Uint16Var(&dnsPort, "dns-port", 0, "port of the synthetic DNS resolver on each gateway address (default 15053)")
+	cmd.Flags().StringVar(&eventRetention, "event-retention", "7d", "how long audit events are kept, e.g. 7d, 36h; 0 keeps them forever")
+	cmd.Flags().Float64Var(&eventRate, "event-rate", audit.DefaultRate, "events a second each sandbox may emit (egress and DNS; lifecycle and secret events have a budget of their own); over it events are dropped and counted in events.dropped; 0 = no limit")
+	cmd.Flags().IntVar(&eventBurst, "event-burst", audit.DefaultBurst, "events a sandbox may emit at once above --event-rate")
 	return cmd
+}
+
+// eventConfig checks the daemon's event flags.
+func eventConfig(retention string, rate float64, burst int) (daemon.EventConfig, error) {
+	var c daemon.EventConfig
+	keep, err := parseRetention(retention)
+	if err != nil {
+		return c, err
+	}
+	c.Retention = keep
+	switch {
+	case rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0):
+		return c, fmt.Errorf("--event-rate: %v is not a number of events a second (0 turns the limit off)", rate)
+	case rate == 0:
+		c.Rate = -1
+	default:
+		c.Rate = rate
+	}
+	if burst < 1 {
+		return c, fmt.Errorf("--event-burst: %d: want at least 1", burst)
+	}
+	c.Burst = burst
+	return c, nil
+}
+
+// parseRetention parses a duration such as 36h, or whole days such as 7d
+// (time.ParseDuration has no days); 0 means forever.
+func parseRetention(s string) (time.Duration, error) {
+	bad := fmt.Errorf("--event-retention: %q is not a duration such as 7d or 36h (0 keeps events forever)", s)
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n < 0 || n > 100*365 {
+			return 0, bad
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, bad
+	}
+	return d, nil
 }
 
 // prepareVM makes the microVM artifacts of img (see package vmimage):

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cagebox/cagebox/internal/audit"
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/cagebox/cagebox/internal/image"
@@ -65,6 +66,19 @@ type Config struct {
 	// start); default $CAGEBOX_HOME/master.key. CAGEBOX_MASTER_KEY (hex or
 	// base64) takes precedence and is removed from the environment.
 	MasterKeyFile string
+	// Events bounds the event path: per-sandbox rate, retention.
+	Events EventConfig
+}
+
+// EventConfig configures audit events (package audit).
+type EventConfig struct {
+	// Rate is each sandbox's sustained events a second per class (bulk:
+	// egress and DNS; priority: lifecycle and secrets); 0 = audit's
+	// default, negative = no limit. Burst: 0 = audit's default.
+	Rate  float64
+	Burst int
+	// Retention is how long events are kept; 0 keeps them forever.
+	Retention time.Duration
 }
 
 // NetworkConfig configures sandbox networking.
@@ -235,10 +249,18 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 	images := &image.Cache{Dir: filepath.Join(cfg.Home, "images")}
-	// The gateway reports events through the manager, which is built after
-	// it; emit is set before any sandbox exists.
-	var emit func(tenant, sandbox, kind string, data any)
-	gw, err := newGateway(cfg, func(t, s, k string, d any) { emit(t, s, k, d) }, log)
+	// One event path for the gateway (proxy, resolver), the manager and
+	// the API. Closed last (deferred first): events of sandboxes' last
+	// requests, emitted while the gateway closes, are stored too.
+	events := audit.New(audit.Config{Store: st, Logger: log, Rate: cfg.Events.Rate, Burst: cfg.Events.Burst})
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := events.Close(ctx); err != nil {
+			log.Error("store queued events", "err", err)
+		}
+	}()
+	gw, err := newGateway(cfg, func(t, s, k string, d any) { events.Emit(t, s, audit.Kind(k), d) }, log)
 	if err != nil {
 		return err
 	}
@@ -252,11 +274,11 @@ func Run(ctx context.Context, cfg Config) error {
 		Store: st, Images: images, StateDir: filepath.Join(cfg.Home, "sandboxes"),
 		AgentPath: cfg.AgentPath, Logger: log, MinIsolation: cfg.MinIsolation,
 		DefaultTimeout: cfg.DefaultTimeout, DefaultRuntime: cfg.DefaultRuntime,
+		Events: events,
 	})
 	if err := os.MkdirAll(filepath.Join(cfg.Home, "sandboxes"), 0o700); err != nil {
 		return err
 	}
-	emit = mgr.Emit
 	keep, ours, err := keepSandbox(ctx, st)
 	if err != nil {
 		return err
@@ -304,6 +326,7 @@ func Run(ctx context.Context, cfg Config) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go mgr.RunReaper(rctx, time.Second)
+	go audit.Retain(rctx, audit.RetainConfig{Store: st, Keep: cfg.Events.Retention, Logger: log})
 	log.Info("cagebox daemon ready", "socket", sock, "home", cfg.Home, "sandboxes", mgr.Count())
 	if cfg.Ready != nil {
 		cfg.Ready()

@@ -23,6 +23,7 @@ import (
 
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/audit"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/image"
@@ -76,6 +77,9 @@ type Config struct {
 	Gateway *gateway.Gateway
 	// Vault holds credentials for secret bindings; nil = no bindings.
 	Vault *vault.Vault
+	// Events is the event path (the daemon's, shared with the gateway);
+	// nil = one of the manager's own with the defaults, closed by Close.
+	Events *audit.Log
 }
 
 // Manager runs sandboxes for every tenant.
@@ -87,12 +91,9 @@ type Manager struct {
 	mu   sync.Mutex
 	live map[string]*entry
 
-	events *Broker
-	// evq feeds the event writer: events are stored off the request path
-	// (one fsync each), in order.
-	evq      chan *store.Event
-	evDone   chan struct{}
-	closeOne sync.Once
+	events    *audit.Log
+	ownEvents bool // made by New: Close closes it
+	closeOne  sync.Once
 }
 
 // entry is a sandbox the daemon is attached to.
@@ -126,44 +127,13 @@ func New(cfg Config) *Manager {
 	if cfg.MinIsolation == 0 {
 		cfg.MinIsolation = isolation.Namespaces
 	}
-	m := &Manager{cfg: cfg, log: cfg.Logger, live: map[string]*entry{}, events: NewBroker(),
-		evq: make(chan *store.Event, 4096), evDone: make(chan struct{})}
-	go m.writeEvents()
+	m := &Manager{cfg: cfg, log: cfg.Logger, live: map[string]*entry{}, events: cfg.Events}
+	if m.events == nil {
+		m.events = audit.New(audit.Config{Store: cfg.Store, Logger: cfg.Logger, Now: cfg.Now})
+		m.ownEvents = true
+	}
 	return m
 }
-
-// writeEvents stores queued events in batches: whatever is queued when the
-// writer comes round goes in one transaction (one fsync), so a burst of
-// egress decisions costs one sync, not one each.
-func (m *Manager) writeEvents() {
-	defer close(m.evDone)
-	batch := make([]*store.Event, 0, 512)
-	for ev := range m.evq {
-		batch = append(batch[:0], ev)
-	drain:
-		for len(batch) < cap(batch) {
-			select {
-			case more, ok := <-m.evq:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, more)
-			default:
-				break drain
-			}
-		}
-		if err := m.cfg.Store.AppendEvents(context.Background(), batch); err != nil {
-			m.log.Error("append events", "count", len(batch), "err", err)
-			continue
-		}
-		for _, e := range batch {
-			m.events.Publish(e)
-		}
-	}
-}
-
-// Events is the broker live event subscribers attach to.
-func (m *Manager) Events() *Broker { return m.events }
 
 // specRecord is what is stored as store.Sandbox.Spec: the request as
 // applied (never secrets) plus the agent token, which lets the daemon
@@ -1153,8 +1123,13 @@ func (m *Manager) RunReaper(ctx context.Context, interval time.Duration) {
 // sandboxes keep running and are re-attached by the next daemon.
 func (m *Manager) Close() {
 	m.closeOne.Do(func() {
-		close(m.evq)
-		<-m.evDone
+		if m.ownEvents {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := m.events.Close(ctx); err != nil {
+				m.log.Error("close events", "err", err)
+			}
+			cancel()
+		}
 		m.flushActivity(context.Background())
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -1169,25 +1144,6 @@ func (m *Manager) Count() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.live)
-}
-
-// Emit records an audit event (the gateway reports through it).
-func (m *Manager) Emit(tenant, sandbox, kind string, data any) { m.emit(tenant, sandbox, kind, data) }
-
-func (m *Manager) emit(tenant, sandbox, kind string, data any) {
-	var raw json.RawMessage
-	if data != nil {
-		raw, _ = json.Marshal(data)
-	}
-	ev := &store.Event{TenantID: tenant, SandboxID: sandbox, Kind: kind, Data: raw, Time: m.cfg.Now().UTC()}
-	defer func() {
-		// emit after Close (a request finishing during shutdown) is dropped
-		// with a log line rather than a panic.
-		if recover() != nil {
-			m.log.Warn("event after shutdown dropped", "kind", kind, "sandbox", sandbox)
-		}
-	}()
-	m.evq <- ev // blocks only when 4096 events are pending: back-pressure, never loss
 }
 
 // Floor is the isolation floor for tenant: the daemon's, raised by the

@@ -152,6 +152,12 @@ type Store interface {
 	// limit of them (limit <= 0: no limit). tenantID and sandboxID filter
 	// when not "".
 	ListEvents(ctx context.Context, tenantID, sandboxID string, afterSeq int64, limit int) ([]*Event, error)
+	// DeleteEventsBefore deletes the oldest events whose Time is before
+	// before, of every tenant, at most limit of them (limit <= 0: no
+	// limit), in one transaction, and returns how many it deleted.
+	// Retention calls it in small batches so that no call holds the
+	// store's write lock for long.
+	DeleteEventsBefore(ctx context.Context, before time.Time, limit int) (int64, error)
 
 	// Close releases the store. It does not cancel anything the daemon
 	// runs.

@@ -68,6 +68,9 @@ CREATE INDEX events_sandbox ON events (sandbox_id, seq);
 	{version: 2, name: "untrusted tenants", sql: `
 ALTER TABLE tenants ADD COLUMN untrusted INTEGER NOT NULL DEFAULT 0;
 `},
+	{version: 3, name: "event retention", sql: `
+CREATE INDEX events_time ON events (time);
+`},
 }
 
 const createMigrationsTable = `CREATE TABLE IF NOT EXISTS schema_migrations (

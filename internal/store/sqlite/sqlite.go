@@ -517,6 +517,26 @@ func (s *Store) ListEvents(ctx context.Context, tenantID, sandboxID string, afte
 	return out, nil
 }
 
+// DeleteEventsBefore implements store.Store: the oldest first, by the
+// events_time index, one transaction per call.
+func (s *Store) DeleteEventsBefore(ctx context.Context, before time.Time, limit int) (int64, error) {
+	q := `DELETE FROM events WHERE time < ?`
+	args := []any{toNanos(before)}
+	if limit > 0 {
+		q = `DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE time < ? ORDER BY time, seq LIMIT ?)`
+		args = append(args, limit)
+	}
+	res, err := s.w.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, fmt.Errorf("delete events before %s: %w", before.UTC().Format(time.RFC3339), err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("delete events before %s: %w", before.UTC().Format(time.RFC3339), err)
+	}
+	return n, nil
+}
+
 // ---- helpers ----
 
 func clone(v url.Values) url.Values {

@@ -345,3 +345,30 @@ func TestConflictKeepsCause(t *testing.T) {
 		t.Errorf("CreateTenant(admin) = %v, want a conflict naming the tenant", err)
 	}
 }
+
+// TestDeleteEventsBeforeUsesIndex: retention finds old events by the
+// events_time index, so a batch costs its own size, not a scan of the log.
+func TestDeleteEventsBeforeUsesIndex(t *testing.T) {
+	s := mustOpen(t, filepath.Join(t.TempDir(), "cagebox.db"), migrations)
+	defer s.Close()
+	rows, err := s.r.QueryContext(t.Context(), `EXPLAIN QUERY PLAN SELECT seq FROM events WHERE time < ? ORDER BY time, seq LIMIT ?`, 1, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, notused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, detail)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(plan, "; "); !strings.Contains(got, "INDEX events_time") || strings.Contains(got, "SCAN events") {
+		t.Fatalf("query plan %q: want a search of events_time", got)
+	}
+}

@@ -45,6 +45,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"EventPaging", testEventPaging},
 		{"EventBatch", testEventBatch},
 		{"EventTenantIsolation", testEventTenantIsolation},
+		{"DeleteEventsBefore", testDeleteEventsBefore},
 		{"ConcurrentWrites", testConcurrentWrites},
 		{"ConcurrentReadWrite", testConcurrentReadWrite},
 		{"CanceledContext", testCanceledContext},
@@ -923,5 +924,93 @@ func testEventBatch(t *testing.T, s store.Store) {
 	}
 	if got, _ := s.ListEvents(ctx(t), "t1", "", 0, 0); len(got) != 301 {
 		t.Fatalf("failed batch left %d events, want 301", len(got))
+	}
+}
+
+func testDeleteEventsBefore(t *testing.T, s store.Store) {
+	// 10 old events (base + i minutes) of two tenants, interleaved in seq
+	// order with 5 new ones, and one exactly at the cut.
+	cut := store.NormTime(base.Add(time.Hour)) // stored times are normalised: "at the cut" is exact
+	var old, keep []*store.Event
+	for i := range 10 {
+		tenant := []string{"t1", "t2"}[i%2]
+		o := &store.Event{Time: base.Add(time.Duration(i) * time.Minute), TenantID: tenant, SandboxID: "sb", Kind: "old"}
+		old = append(old, o)
+		if err := s.AppendEvent(ctx(t), o); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			n := &store.Event{Time: cut.Add(time.Duration(i) * time.Second), TenantID: tenant, Kind: "new"}
+			keep = append(keep, n)
+			if err := s.AppendEvent(ctx(t), n); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	at := &store.Event{Time: cut, TenantID: "t1", Kind: "at-cut"}
+	if err := s.AppendEvent(ctx(t), at); err != nil {
+		t.Fatal(err)
+	}
+	keep = append(keep, at)
+
+	// Batches of 4: the oldest first, never more than the limit.
+	var deleted []int64
+	for _, want := range []int64{4, 4, 2, 0} {
+		before, err := s.ListEvents(ctx(t), "", "", 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := s.DeleteEventsBefore(ctx(t), cut, 4)
+		if err != nil {
+			t.Fatalf("DeleteEventsBefore: %v", err)
+		}
+		if n != want {
+			t.Fatalf("DeleteEventsBefore deleted %d, want %d", n, want)
+		}
+		after, err := s.ListEvents(ctx(t), "", "", 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int64(len(before)-len(after)) != n {
+			t.Fatalf("%d events before, %d after, but %d reported deleted", len(before), len(after), n)
+		}
+		present := map[int64]bool{}
+		for _, e := range after {
+			present[e.Seq] = true
+		}
+		for _, e := range before {
+			if !present[e.Seq] {
+				deleted = append(deleted, e.Seq)
+			}
+		}
+	}
+	if len(deleted) != len(old) {
+		t.Fatalf("deleted %v, want the %d old events", deleted, len(old))
+	}
+	for i, o := range old {
+		if deleted[i] != o.Seq {
+			t.Fatalf("deletion order %v, want oldest first (%d at %d)", deleted, o.Seq, i)
+		}
+	}
+	rest, err := s.ListEvents(ctx(t), "", "", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rest) != len(keep) {
+		t.Fatalf("%d events left, want %d (the new ones and the one at the cut)", len(rest), len(keep))
+	}
+	for _, e := range rest {
+		if e.Time.Before(cut) {
+			t.Errorf("event %d at %v survived a cut at %v", e.Seq, e.Time, cut)
+		}
+	}
+
+	// limit <= 0 deletes everything before the cut at once.
+	n, err := s.DeleteEventsBefore(ctx(t), cut.Add(time.Minute), 0)
+	if err != nil || n != int64(len(keep)) {
+		t.Fatalf("DeleteEventsBefore(no limit) = %d, %v; want %d", n, err, len(keep))
+	}
+	if rest, _ := s.ListEvents(ctx(t), "", "", 0, 0); len(rest) != 0 {
+		t.Fatalf("%d events left after deleting all", len(rest))
 	}
 }
