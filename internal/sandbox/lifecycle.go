@@ -13,6 +13,7 @@ import (
 
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/store"
@@ -31,7 +32,7 @@ const (
 )
 
 // Create creates and starts a sandbox for tenant.
-func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (*api.Sandbox, error) {
+func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (_ *api.Sandbox, err error) {
 	if req.MemoryBytes != 0 && req.MemoryBytes < MinMemory {
 		return nil, invalid("memory: %d bytes is below the minimum of %d MiB", req.MemoryBytes, MinMemory>>20)
 	}
@@ -82,14 +83,28 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	}
 
 	id := newID()
+	// Every step that makes something registers its undo; a failure at any
+	// point runs them, last made first, on a context of their own (a setup
+	// that ran out of time is still undone).
+	var (
+		undo cleanup.Stack
+		uctx context.Context
+	)
+	defer func() {
+		if err != nil {
+			var cancel context.CancelFunc
+			uctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			undo.Run()
+		}
+	}()
 	bound, secretEnv, undoSecrets, err := m.bindSecrets(ctx, tenant.ID, id, req.Secrets)
+	undo.Add(undoSecrets)
 	if err != nil {
-		undoSecrets()
 		return nil, err
 	}
 	secrets, err := m.secretSet(tenant.ID, bound)
 	if err != nil {
-		undoSecrets()
 		return nil, fmt.Errorf("%w: secrets: %v", errdefs.ErrInvalid, err)
 	}
 	tok := make([]byte, 32)
@@ -125,28 +140,28 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	// The record exists before anything is made on the host, so a crash at
 	// any later point is found and cleaned up by Recover.
 	if err := m.cfg.Store.CreateSandbox(ctx, rec); err != nil {
-		undoSecrets()
 		return nil, fmt.Errorf("record sandbox: %w", err)
 	}
+	// The record of a failed create stays, marked failed and saying why;
+	// it is marked once everything made after it is undone.
+	undo.Add(func() {
+		log.Error("create failed", "err", err)
+		rec.Status, rec.Error = StatusFailed, err.Error()
+		rec.UpdatedAt = m.cfg.Now().UTC()
+		_ = m.cfg.Store.UpdateSandbox(uctx, rec)
+		m.emit(tenant.ID, id, "sandbox.failed", map[string]any{"error": err.Error()})
+	})
 	// Setup is bounded by the daemon, not by the caller's connection: a
 	// client that hangs up mid-create must not leave a half-made sandbox.
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	fail := func(err error) (*api.Sandbox, error) {
-		undoSecrets()
-		log.Error("create failed", "err", err)
-		rec.Status, rec.Error = StatusFailed, err.Error()
-		rec.UpdatedAt = m.cfg.Now().UTC()
-		_ = m.cfg.Store.UpdateSandbox(sctx, rec)
-		m.emit(tenant.ID, id, "sandbox.failed", map[string]any{"error": err.Error()})
-		return nil, err
-	}
 	t0 := time.Now()
 	if gw := m.cfg.Gateway; gw != nil {
 		att, err := gw.Attach(sctx, id, tenant.ID, pol, false)
 		if err != nil {
-			return fail(fmt.Errorf("attach network: %w", err))
+			return nil, fmt.Errorf("attach network: %w", err)
 		}
+		undo.Add(func() { m.detach(id) })
 		att.SetSecrets(secrets)
 		att.SetSigV4(m.sigV4Bindings(tenant.ID, bound))
 		att.SetHMAC(m.hmacBindings(tenant.ID, bound))
@@ -159,15 +174,13 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	sb, err := rt.Create(sctx, spec)
 	tCreate := time.Since(t0)
 	if err != nil {
-		m.detach(id)
-		return fail(fmt.Errorf("create %s sandbox: %w", rt.Name(), err))
+		return nil, fmt.Errorf("create %s sandbox: %w", rt.Name(), err)
 	}
+	undo.Add(func() { _ = sb.Destroy(uctx) })
 	st := sb.State()
 	rec.State, _ = json.Marshal(st)
 	if err := m.cfg.Store.UpdateSandbox(sctx, rec); err != nil {
-		_ = sb.Destroy(sctx)
-		m.detach(id)
-		return fail(fmt.Errorf("record sandbox state: %w", err))
+		return nil, fmt.Errorf("record sandbox state: %w", err)
 	}
 	// The agent's socket exists before Start (the runtime made it), so the
 	// handshake is started alongside the runtime: it completes the moment
@@ -177,7 +190,9 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	actx, acancel := context.WithCancel(sctx)
 	defer acancel()
 	agentErr := make(chan error, 1)
+	agentDone := make(chan struct{})
 	go func() {
+		defer close(agentDone)
 		c, err := e.agent(actx)
 		if err == nil {
 			// The agent found that the processes it would start keep
@@ -186,15 +201,15 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		}
 		agentErr <- err
 	}()
+	undo.Add(func() {
+		acancel()
+		<-agentDone
+		e.dropAll()
+	})
 	err = sb.Start(sctx)
 	close(e.started)
 	if err != nil {
-		acancel()
-		<-agentErr
-		e.dropAll()
-		_ = sb.Destroy(sctx)
-		m.detach(id)
-		return fail(fmt.Errorf("start %s sandbox: %w", rt.Name(), err))
+		return nil, fmt.Errorf("start %s sandbox: %w", rt.Name(), err)
 	}
 	tStart := time.Since(t1)
 	var aerr error
@@ -208,21 +223,17 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		aerr = fmt.Errorf("no answer within %s", agentStartTimeout)
 	}
 	if aerr != nil {
-		e.dropAll()
-		_ = sb.Destroy(sctx)
-		m.detach(id)
 		if errors.Is(aerr, agentproto.ErrRefused) {
-			return fail(fmt.Errorf("the sandbox's %w", aerr))
+			return nil, fmt.Errorf("the sandbox's %w", aerr)
 		}
-		return fail(fmt.Errorf("sandbox started but its agent does not answer: %w", aerr))
+		return nil, fmt.Errorf("sandbox started but its agent does not answer: %w", aerr)
 	}
 	rec.Status = StatusRunning
 	rec.UpdatedAt = m.cfg.Now().UTC()
 	if err := m.cfg.Store.UpdateSandbox(sctx, rec); err != nil {
-		_ = sb.Destroy(sctx)
-		m.detach(id)
-		return fail(fmt.Errorf("record sandbox: %w", err))
+		return nil, fmt.Errorf("record sandbox: %w", err)
 	}
+	undo.Release()
 	m.mu.Lock()
 	m.live[id] = e
 	m.mu.Unlock()
