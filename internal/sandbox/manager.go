@@ -319,8 +319,6 @@ func (m *Manager) Count() int {
 	return len(m.live)
 }
 
-// Floor is the isolation floor for tenant: the daemon's, raised by the
-// tenant's own.
 // PickRuntime chooses the runtime for a request naming name ("" = the
 // daemon's default; "auto" = the strongest available meeting the tenant's
 // floor). A default that is below the tenant's floor or unavailable here
@@ -338,6 +336,8 @@ func (m *Manager) PickRuntime(name string, tenant *store.Tenant) (isolation.Runt
 	return isolation.Pick(name, floor)
 }
 
+// Floor is the isolation floor for tenant: the daemon's, raised by the
+// tenant's own.
 func (m *Manager) Floor(tenant *store.Tenant) isolation.Class {
 	floor := m.cfg.MinIsolation
 	if tenant != nil && tenant.Untrusted && floor < isolation.Hypervisor {
