@@ -49,13 +49,40 @@ func ParseClass(s string) (Class, error) {
 }
 
 // Resources are the limits a sandbox is created with. Zero means the
-// runtime's default.
+// default (WithDefaults).
 type Resources struct {
 	MemoryBytes int64   `json:"memory_bytes,omitempty"`
 	CPUs        float64 `json:"cpus,omitempty"`
 	PIDs        int64   `json:"pids,omitempty"`
 	// DiskBytes bounds the per-sandbox writable layer.
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// The limits of a sandbox whose request leaves them at zero, the same for
+// every runtime.
+const (
+	DefaultMemoryBytes = 512 << 20
+	DefaultCPUs        = 1.0
+	DefaultPIDs        = 512
+	DefaultDiskBytes   = 1 << 30
+)
+
+// WithDefaults returns r with every limit at zero (or below) set to its
+// default.
+func (r Resources) WithDefaults() Resources {
+	if r.MemoryBytes <= 0 {
+		r.MemoryBytes = DefaultMemoryBytes
+	}
+	if r.CPUs <= 0 {
+		r.CPUs = DefaultCPUs
+	}
+	if r.PIDs <= 0 {
+		r.PIDs = DefaultPIDs
+	}
+	if r.DiskBytes <= 0 {
+		r.DiskBytes = DefaultDiskBytes
+	}
+	return r
 }
 
 // Spec is what a runtime needs to create a sandbox.

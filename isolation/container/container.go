@@ -25,9 +25,6 @@ import (
 // Name is the runtime's registry name.
 const Name = "container"
 
-// DefaultDiskBytes bounds the writable layer when the spec does not.
-const DefaultDiskBytes = oci.DefaultDiskBytes
-
 // CgroupParent is the cgroup (relative to each hierarchy's root) that holds
 // every sandbox's cgroup.
 const CgroupParent = oci.CgroupParent

@@ -42,7 +42,6 @@ import (
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/isolation"
-	"github.com/cagebox/cagebox/isolation/oci"
 )
 
 // Name is the runtime's registry name.
@@ -264,7 +263,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	if !jailID.MatchString(spec.ID) {
 		return nil, fmt.Errorf("firecracker: sandbox id %q is not a jailer id (letters, digits and '-', at most 64)", spec.ID)
 	}
-	res := withDefaults(spec.Resources)
+	res := spec.Resources.WithDefaults()
 	vcpus, memMiB, err := machineSize(res)
 	if err != nil {
 		return nil, fmt.Errorf("firecracker: %w", err)
@@ -347,21 +346,6 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 		CgroupV2: cgroups.Detect() == cgroups.V2, MemoryBytes: memMiB<<20 + vmmOverhead, CPUs: res.CPUs,
 	})
 	return s, nil
-}
-
-// withDefaults fills the zero resources with the defaults every runtime
-// uses.
-func withDefaults(res isolation.Resources) isolation.Resources {
-	if res.MemoryBytes <= 0 {
-		res.MemoryBytes = oci.DefaultMemoryBytes
-	}
-	if res.PIDs <= 0 {
-		res.PIDs = oci.DefaultPIDs
-	}
-	if res.CPUs <= 0 {
-		res.CPUs = oci.DefaultCPUs
-	}
-	return res
 }
 
 // linkOrCopy puts src into the jail: a hard link where it can (same

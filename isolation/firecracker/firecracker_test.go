@@ -106,7 +106,7 @@ func TestMachineSize(t *testing.T) {
 		vcpus, mem int64
 		wantErr    string
 	}{
-		{withDefaults(isolation.Resources{}), 1, 512, ""},
+		{isolation.Resources{}.WithDefaults(), 1, 512, ""},
 		{isolation.Resources{MemoryBytes: 256 << 20, CPUs: 1.5}, 2, 256, ""},
 		{isolation.Resources{MemoryBytes: 256<<20 + 1, CPUs: 0.25}, 1, 257, ""},
 		{isolation.Resources{MemoryBytes: 64 << 20, CPUs: 1}, 0, 0, "at least 128 MiB"},

@@ -14,9 +14,6 @@ import (
 	"github.com/cagebox/cagebox/isolation"
 )
 
-// DefaultDiskBytes bounds the writable layer when the spec does not.
-const DefaultDiskBytes = 1 << 30
-
 // CgroupParent is the cgroup (relative to each hierarchy's root) that holds
 // every sandbox's cgroup, whichever OCI runtime made it.
 const CgroupParent = "cagebox"
@@ -36,7 +33,7 @@ func PrepareRoot(spec *isolation.Spec, runDir string, undo *cleanup.Stack) (stri
 		return "", fmt.Errorf("create state dir: %w", err)
 	}
 	undo.Add(func() { _ = os.RemoveAll(spec.StateDir) })
-	root, err := MountRoot(spec.StateDir, spec.RootFS, spec.Resources.DiskBytes)
+	root, err := MountRoot(spec.StateDir, spec.RootFS, spec.Resources.WithDefaults().DiskBytes)
 	if err != nil {
 		return "", err
 	}
@@ -51,12 +48,12 @@ func PrepareRoot(spec *isolation.Spec, runDir string, undo *cleanup.Stack) (stri
 }
 
 // MountRoot makes the writable root of a guest below dir: a tmpfs of
-// diskBytes (DefaultDiskBytes when <= 0) at dir/rw holding the upper layer,
+// diskBytes at dir/rw holding the upper layer,
 // and an overlay of image (never written) under it at dir/rootfs, whose path
 // it returns. On error nothing stays mounted; UnmountRoot undoes it.
 func MountRoot(dir, image string, diskBytes int64) (_ string, err error) {
 	if diskBytes <= 0 {
-		diskBytes = DefaultDiskBytes
+		return "", fmt.Errorf("writable layer of %d bytes: want a positive size", diskBytes)
 	}
 	var undo cleanup.Stack
 	defer func() {

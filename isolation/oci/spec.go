@@ -26,13 +26,6 @@ const (
 	GuestListenFD = 3
 )
 
-// Defaults applied when a create request leaves a limit at zero.
-const (
-	DefaultMemoryBytes = 512 << 20
-	DefaultPIDs        = 512
-	DefaultCPUs        = 1.0
-)
-
 // agentCaps are the only capabilities the agent starts with. It uses them to
 // lock securebits (so no process it starts ever regains a capability), to
 // empty the bounding set, and to run commands as other users; everything it
@@ -57,18 +50,8 @@ type BundleOptions struct {
 
 // Spec returns the OCI runtime spec of a sandbox.
 func Spec(s *isolation.Spec, o BundleOptions) *specs.Spec {
-	mem := s.Resources.MemoryBytes
-	if mem <= 0 {
-		mem = DefaultMemoryBytes
-	}
-	pids := s.Resources.PIDs
-	if pids <= 0 {
-		pids = DefaultPIDs
-	}
-	cpus := s.Resources.CPUs
-	if cpus <= 0 {
-		cpus = DefaultCPUs
-	}
+	res := s.Resources.WithDefaults()
+	mem, pids, cpus := res.MemoryBytes, res.PIDs, res.CPUs
 	period := uint64(100000)
 	quota := int64(cpus * float64(period))
 	swappiness := uint64(0)

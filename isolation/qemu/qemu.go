@@ -41,7 +41,6 @@ import (
 	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/internal/vmproc"
 	"github.com/cagebox/cagebox/isolation"
-	"github.com/cagebox/cagebox/isolation/oci"
 )
 
 // Name is the runtime's registry name.
@@ -288,16 +287,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	s.sd.UID = uid
 	undo.Add(func() { rt.releaseUID(uid) })
 
-	res := spec.Resources
-	if res.MemoryBytes <= 0 {
-		res.MemoryBytes = oci.DefaultMemoryBytes
-	}
-	if res.PIDs <= 0 {
-		res.PIDs = oci.DefaultPIDs
-	}
-	if res.CPUs <= 0 {
-		res.CPUs = oci.DefaultCPUs
-	}
+	res := spec.Resources.WithDefaults()
 	memMiB := (res.MemoryBytes + (1<<20 - 1)) >> 20
 	if memMiB < 128 {
 		return nil, fmt.Errorf("qemu: %d MiB of memory is too little for a VM guest: give it at least 128 MiB", memMiB)
