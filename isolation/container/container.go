@@ -19,6 +19,7 @@ import (
 	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/isolation"
+	"github.com/cagebox/cagebox/isolation/internal/runlog"
 	"github.com/cagebox/cagebox/isolation/oci"
 )
 
@@ -199,7 +200,7 @@ func (s *Sandbox) Start(ctx context.Context) error {
 		return fmt.Errorf("agent listener fd: %w", err)
 	}
 	defer lf.Close()
-	logf, err := os.OpenFile(s.sd.path("agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logf, err := runlog.Open(s.sd.path("agent.log"))
 	if err != nil {
 		return fmt.Errorf("open agent log: %w", err)
 	}
@@ -215,7 +216,7 @@ func (s *Sandbox) Start(ctx context.Context) error {
 	cmd.Stderr = logf
 	cmd.ExtraFiles = []*os.File{lf}
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s run: %w: %s", filepath.Base(s.sd.Binary), err, oci.Tail(s.sd.path("agent.log"), 512))
+		return fmt.Errorf("%s run: %w: %s", filepath.Base(s.sd.Binary), err, runlog.Tail(s.sd.path("agent.log"), 512))
 	}
 	return nil
 }

@@ -42,6 +42,7 @@ import (
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/isolation"
+	"github.com/cagebox/cagebox/isolation/internal/runlog"
 )
 
 // Name is the runtime's registry name.
@@ -405,7 +406,7 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 		return errors.New("firecracker: sandbox already started")
 	}
 	s.started = true
-	logf, err := os.OpenFile(s.sd.logFile(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logf, err := runlog.Open(s.sd.logFile())
 	if err != nil {
 		return fmt.Errorf("firecracker: open vmm log: %w", err)
 	}
@@ -432,11 +433,11 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 	go func() { jailerDone <- cmd.Wait() }()
 	pid, err := waitJailPID(ctx, s.sd.PIDFile, jailerDone)
 	if err != nil {
-		return fmt.Errorf("firecracker: %w (log: %s)", err, tailFile(s.sd.logFile(), 512))
+		return fmt.Errorf("firecracker: %w (log: %s)", err, runlog.Tail(s.sd.logFile(), 512))
 	}
 	p, err := waitIdentify(ctx, pid, s.sd.ID, s.sd.UID)
 	if err != nil {
-		return fmt.Errorf("firecracker: %w (log: %s)", err, tailFile(s.sd.logFile(), 512))
+		return fmt.Errorf("firecracker: %w (log: %s)", err, runlog.Tail(s.sd.logFile(), 512))
 	}
 	undo.Add(func() { _ = p.Kill() })
 	if err := vmproc.WriteFile(s.sd.vmmFile(), p); err != nil {
@@ -448,7 +449,7 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if err := configure(ctx, c, s.cfg); err != nil {
-		return fmt.Errorf("firecracker: configure VM (%s): %w (log: %s)", s.cfg, err, tailFile(s.sd.logFile(), 512))
+		return fmt.Errorf("firecracker: configure VM (%s): %w (log: %s)", s.cfg, err, runlog.Tail(s.sd.logFile(), 512))
 	}
 	s.log.Debug("firecracker started", "pid", p.PID, "uid", s.sd.UID, "vm", s.cfg.String())
 	s.cfg, s.jailArgs = nil, nil
@@ -466,28 +467,13 @@ func (s *Sandbox) waitAPI(ctx context.Context, p *vmm) error {
 			return nil
 		}
 		if !p.Alive() {
-			return fmt.Errorf("firecracker exited before serving its API (log: %s)", tailFile(s.sd.logFile(), 512))
+			return fmt.Errorf("firecracker exited before serving its API (log: %s)", runlog.Tail(s.sd.logFile(), 512))
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			return fmt.Errorf("firecracker: no API socket at %s: %w", api, err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// tailFile is the last n bytes of a log, for error messages.
-func tailFile(p string, n int64) string {
-	f, err := os.Open(p)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > n {
-		f.Seek(fi.Size()-n, 0)
-	}
-	b := make([]byte, n)
-	k, _ := io.ReadFull(f, b)
-	return strings.TrimSpace(string(b[:k]))
 }
 
 // DialAgent implements isolation.Sandbox over Firecracker's hybrid vsock.

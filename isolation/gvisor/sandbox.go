@@ -22,6 +22,7 @@ import (
 	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/isolation"
+	"github.com/cagebox/cagebox/isolation/internal/runlog"
 	"github.com/cagebox/cagebox/isolation/oci"
 )
 
@@ -196,7 +197,7 @@ func (s *Sandbox) Start(ctx context.Context) error {
 	if started {
 		return errors.New("gvisor: sandbox already started")
 	}
-	logf, err := os.OpenFile(s.sd.path("agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logf, err := runlog.Open(s.sd.path("agent.log"))
 	if err != nil {
 		return fmt.Errorf("open agent log: %w", err)
 	}
@@ -215,7 +216,7 @@ func (s *Sandbox) Start(ctx context.Context) error {
 		err = cmd.Run()
 	}
 	if err != nil {
-		return fmt.Errorf("runsc run: %w: %s", err, oci.Tail(s.sd.path("agent.log"), 512))
+		return fmt.Errorf("runsc run: %w: %s", err, runlog.Tail(s.sd.path("agent.log"), 512))
 	}
 	t1 := time.Now()
 	err = s.adoptAgentSocket(ctx, token)
@@ -232,7 +233,7 @@ func (s *Sandbox) adoptAgentSocket(ctx context.Context, token string) error {
 	defer cancel()
 	guest, host := s.sd.path("run", guestSockName), s.sd.path(hostSockName)
 	fail := func(what string, err error) error {
-		return fmt.Errorf("gvisor: %s: %w (agent log: %s)", what, err, oci.Tail(s.sd.path("agent.log"), 512))
+		return fmt.Errorf("gvisor: %s: %w (agent log: %s)", what, err, runlog.Tail(s.sd.path("agent.log"), 512))
 	}
 	for i := 0; ; i++ {
 		fi, err := os.Lstat(guest)

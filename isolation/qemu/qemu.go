@@ -41,6 +41,7 @@ import (
 	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/internal/vmproc"
 	"github.com/cagebox/cagebox/isolation"
+	"github.com/cagebox/cagebox/isolation/internal/runlog"
 )
 
 // Name is the runtime's registry name.
@@ -383,7 +384,7 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 		return errors.New("qemu: sandbox already started")
 	}
 	defer p.close() // our copies; QEMU holds its own
-	console, err := os.OpenFile(s.sd.path("console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	console, err := runlog.Open(s.sd.path("console.log"))
 	if err != nil {
 		return fmt.Errorf("qemu: console log: %w", err)
 	}
@@ -422,7 +423,7 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 		}
 	}()
 	if proc.StartTime, err = vmproc.StartTime(proc.PID); err != nil {
-		return fmt.Errorf("qemu: %w: %s", err, tail(s.sd.path("console.log"), 1024))
+		return fmt.Errorf("qemu: %w: %s", err, runlog.Tail(s.sd.path("console.log"), 1024))
 	}
 	// QEMU joins its cgroup before the guest runs a single instruction
 	// (QMP, below, answers only after machine setup; the RAM it has
@@ -442,10 +443,10 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 	if err := s.qmp(qctx, "query-status", nil, &st); err != nil {
 		select {
 		case <-exited:
-			return fmt.Errorf("qemu exited at start: %s", tail(s.sd.path("console.log"), 2048))
+			return fmt.Errorf("qemu exited at start: %s", runlog.Tail(s.sd.path("console.log"), 2048))
 		default:
 		}
-		return fmt.Errorf("qemu: %w: %s", err, tail(s.sd.path("console.log"), 1024))
+		return fmt.Errorf("qemu: %w: %s", err, runlog.Tail(s.sd.path("console.log"), 1024))
 	}
 	s.log.Debug("qemu started", "pid", proc.PID, "uid", s.sd.UID, "status", st.Status, "kvm", p.kvm)
 	return nil
@@ -707,15 +708,4 @@ func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.S
 	}
 	_ = s.Destroy(ctx)
 	return nil, fmt.Errorf("qemu vm %s: %w", st.ID, isolation.ErrGone)
-}
-
-func tail(path string, n int64) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	if int64(len(b)) > n {
-		b = b[int64(len(b))-n:]
-	}
-	return strings.TrimSpace(string(b))
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/isolation"
+	"github.com/cagebox/cagebox/isolation/internal/runlog"
 	"github.com/cagebox/cagebox/isolation/isolationtest"
 )
 
@@ -275,7 +276,7 @@ func startGuest(t *testing.T, rt *Runtime, mod func(*isolation.Spec)) (*Sandbox,
 			c.Close()
 		}
 		if t.Failed() {
-			t.Logf("guest console:\n%s", tail(s.sd.path("console.log"), 4000))
+			t.Logf("guest console:\n%s", runlog.Tail(s.sd.path("console.log"), 4000))
 		}
 		dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer dcancel()
@@ -437,7 +438,7 @@ func TestRecoverAndStop(t *testing.T) {
 	}
 	console, _ := os.ReadFile(s.sd.path("console.log"))
 	if !strings.Contains(string(console), "power button") || !strings.Contains(string(console), "powering off") {
-		t.Errorf("the guest did not shut down through its init:\n%s", tail(s.sd.path("console.log"), 2000))
+		t.Errorf("the guest did not shut down through its init:\n%s", runlog.Tail(s.sd.path("console.log"), 2000))
 	}
 	if _, err := rt2.Recover(ctx, st); !errors.Is(err, isolation.ErrGone) {
 		t.Fatalf("recover of a stopped vm: %v, want ErrGone", err)
