@@ -76,7 +76,7 @@ type Options struct {
 	// and the runtime as unavailable.
 	Probe func() kvm.Verdict
 	// UIDBase and UIDCount: the range of VMM uids (0 = defaults).
-	UIDBase, UIDCount int
+	UIDBase, UIDCount uint32
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -84,17 +84,12 @@ type Options struct {
 // Runtime starts Firecracker microVMs.
 type Runtime struct {
 	fc, jailer, chrootBase, kvm string
-	uidBase, uidCount           int
 	cache                       *vmimage.Cache
 	log                         *slog.Logger
 	probe                       func() kvm.Verdict
-
-	// mu guards uids.
-	mu sync.Mutex
 	// uids are the VMM uids of the sandboxes this process created or
-	// recovered and has not destroyed (a jail made but not started has no
-	// process that would show its uid as taken).
-	uids map[int]bool
+	// recovered and has not destroyed.
+	uids *vmproc.UIDPool
 }
 
 var _ isolation.Runtime = (*Runtime)(nil)
@@ -115,22 +110,20 @@ func New(o Options) *Runtime {
 		jailer:     pick(o.Jailer, "CAGEBOX_JAILER_BIN", "jailer"),
 		chrootBase: o.ChrootBase,
 		kvm:        pick(o.KVM, "", "/dev/kvm"),
-		uidBase:    o.UIDBase,
-		uidCount:   o.UIDCount,
 		cache:      &vmimage.Cache{Dir: o.Dir},
 		log:        o.Logger,
-		uids:       map[int]bool{},
 		probe:      o.Probe,
 	}
 	if rt.chrootBase == "" {
 		rt.chrootBase = "/srv/cagebox-jail"
 	}
-	if rt.uidBase <= 0 {
-		rt.uidBase = DefaultUIDBase
+	if o.UIDBase == 0 {
+		o.UIDBase = DefaultUIDBase
 	}
-	if rt.uidCount <= 0 {
-		rt.uidCount = DefaultUIDCount
+	if o.UIDCount == 0 {
+		o.UIDCount = DefaultUIDCount
 	}
+	rt.uids = vmproc.NewUIDPool(o.UIDBase, o.UIDCount)
 	if rt.log == nil {
 		rt.log = slog.Default()
 	}
@@ -200,18 +193,6 @@ func (rt *Runtime) Detail() string {
 	return d
 }
 
-func (rt *Runtime) reserveUID(uid int) {
-	rt.mu.Lock()
-	rt.uids[uid] = true
-	rt.mu.Unlock()
-}
-
-func (rt *Runtime) releaseUID(uid int) {
-	rt.mu.Lock()
-	delete(rt.uids, uid)
-	rt.mu.Unlock()
-}
-
 // stateData is what Recover and Destroy need.
 type stateData struct {
 	ID       string      `json:"id"`
@@ -219,7 +200,7 @@ type stateData struct {
 	JailDir  string      `json:"jail_dir"`  // <base>/<exec file name>/<id>
 	JailRoot string      `json:"jail_root"` // JailDir/root
 	PIDFile  string      `json:"pid_file"`  // the jailer's pid file, in the jail
-	UID      int         `json:"uid"`
+	UID      uint32      `json:"uid"`
 	Cgroup   string      `json:"cgroup"` // the jailer's cgroup, relative to each hierarchy
 	Net      *vmnet.Link `json:"net,omitempty"`
 }
@@ -288,12 +269,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	// Destroy undoes every step below, in order, from whatever was made.
 	undo.Add(func() { _ = s.Destroy(context.Background()) })
 
-	rt.mu.Lock()
-	uid, err := vmproc.PickUID(spec.ID, rt.uidBase, rt.uidCount, rt.uids)
-	if err == nil {
-		rt.uids[uid] = true
-	}
-	rt.mu.Unlock()
+	uid, err := rt.uids.Pick(spec.ID)
 	if err != nil {
 		return nil, fmt.Errorf("firecracker: %w", err)
 	}
@@ -329,12 +305,12 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	if err := vmimage.WriteSandboxInitrd(initrd, arts.Initrd, vc); err != nil {
 		return nil, fmt.Errorf("firecracker: %w", err)
 	}
-	if err := os.Chown(initrd, uid, uid); err != nil {
+	if err := os.Chown(initrd, int(uid), int(uid)); err != nil {
 		return nil, fmt.Errorf("firecracker: initramfs owner: %w", err)
 	}
 	mac := ""
 	if spec.NetNS != "" {
-		ln, tap, err := vmnet.Setup(spec, uid)
+		ln, tap, err := vmnet.Setup(spec, int(uid))
 		if err != nil {
 			return nil, fmt.Errorf("firecracker: network: %w", err)
 		}
@@ -608,7 +584,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.proc = nil
 	s.mu.Unlock()
 	if len(errs) == 0 && s.sd.UID != 0 {
-		s.rt.releaseUID(s.sd.UID)
+		s.rt.uids.Release(s.sd.UID)
 	}
 	return errors.Join(errs...)
 }
@@ -650,7 +626,7 @@ func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.S
 		s.sd.PIDFile = filepath.Join(s.sd.JailRoot, filepath.Base(rt.fc)+".pid")
 	}
 	if s.sd.UID != 0 {
-		rt.reserveUID(s.sd.UID)
+		rt.uids.Reserve(s.sd.UID)
 	}
 	if p := s.vmmProc(); p != nil {
 		s.proc = p

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/cagebox/cagebox/internal/kvm"
-	"github.com/cagebox/cagebox/internal/vmproc"
 	"net"
 	"net/http"
 	"net/netip"
@@ -89,24 +88,6 @@ func TestKernelCmdline(t *testing.T) {
 	}
 	if withNet[agentproto.VMParamAddr] != "10.253.1.2/30" || withNet[agentproto.VMParamGateway] != "10.253.1.1" {
 		t.Fatalf("network parameters %v", withNet)
-	}
-}
-
-func TestPickUID(t *testing.T) {
-	a, err := vmproc.PickUID[uint32]("sandbox-a", 1<<30, 4, nil)
-	if err != nil || a < 1<<30 || a >= 1<<30+4 {
-		t.Fatalf("uid %d %v", a, err)
-	}
-	b, err := vmproc.PickUID("sandbox-a", 1<<30, 4, map[uint32]bool{a: true})
-	if err != nil || b == a {
-		t.Fatalf("reserved uid handed out again: %d %v", b, err)
-	}
-	all := map[uint32]bool{}
-	for i := uint32(0); i < 4; i++ {
-		all[1<<30+i] = true
-	}
-	if _, err := vmproc.PickUID("x", 1<<30, 4, all); err == nil {
-		t.Fatal("no error with every uid taken")
 	}
 }
 
