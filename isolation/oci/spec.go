@@ -2,7 +2,10 @@
 // share: the OCI runtime bundle (namespaces, capabilities, seccomp, masked
 // paths, cgroup limits and the mounts that put cagebox-agent in the guest as
 // PID 1), the guest's writable overlay root and the files written into it,
-// and the OCI runtime command line (state, stop, delete).
+// the OCI runtime command line (state, stop, delete), and Sandbox: one
+// container's state, pause, resume, stop, agent socket, OOM count, destroy,
+// leftovers and recovery, which each runtime embeds, adding its Start and
+// small hooks for what it does differently.
 package oci
 
 import (
