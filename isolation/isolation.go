@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cagebox/cagebox/internal/rootfs"
 )
 
 // Class is the strength of the isolation boundary a runtime offers.
@@ -122,13 +124,13 @@ type Spec struct {
 	TrustedCAPEM []byte
 }
 
-// Guest paths of the trusted CA files (runtimes write them; the daemon
-// points SSL_CERT_FILE and friends at them).
+// Guest paths of the trusted CA files (every runtime writes them as
+// rootfs.Guest describes; the daemon points SSL_CERT_FILE and friends at
+// them).
 const (
-	GuestCAPath       = "/etc/cagebox/ca.crt"
-	GuestCABundlePath = "/etc/cagebox/ca-bundle.crt"
-	// guestSystemBundle is Debian's system bundle path.
-	GuestSystemBundle = "/etc/ssl/certs/ca-certificates.crt"
+	GuestCAPath       = rootfs.CAPath
+	GuestCABundlePath = rootfs.CABundlePath
+	GuestSystemBundle = rootfs.SystemBundle
 )
 
 // CAEnv is the environment that makes common clients (OpenSSL, curl,

@@ -113,39 +113,7 @@ func MountsBelow(dir string) []string {
 }
 
 // WriteGuestFiles writes the files every guest expects to find about itself
-// into its root: hostname, hosts, resolv.conf (when spec.Nameserver is set)
-// and the trusted CA files (when spec.TrustedCAPEM is set). Paths resolve
-// inside root, so links in the image cannot point the writes at the host.
+// (rootfs.Guest) into its root.
 func WriteGuestFiles(root string, spec *isolation.Spec) error {
-	host := spec.Hostname
-	if host == "" {
-		host = "sandbox"
-	}
-	files := map[string]string{
-		"etc/hostname": host + "\n",
-		"etc/hosts":    "127.0.0.1\tlocalhost " + host + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-	}
-	if spec.Nameserver != "" {
-		files["etc/resolv.conf"] = "nameserver " + spec.Nameserver + "\noptions ndots:0 attempts:2 timeout:2\n"
-	}
-	if len(spec.TrustedCAPEM) > 0 {
-		// The image's bundle plus the sandbox CA, both as the system bundle
-		// (copied up into the writable layer; the image is untouched) and
-		// as cagebox's own files.
-		system, _ := rootfs.ReadFile(root, isolation.GuestSystemBundle, 8<<20)
-		bundle := string(system)
-		if bundle != "" && !strings.HasSuffix(bundle, "\n") {
-			bundle += "\n"
-		}
-		bundle += string(spec.TrustedCAPEM)
-		files[strings.TrimPrefix(isolation.GuestCAPath, "/")] = string(spec.TrustedCAPEM)
-		files[strings.TrimPrefix(isolation.GuestCABundlePath, "/")] = bundle
-		files[strings.TrimPrefix(isolation.GuestSystemBundle, "/")] = bundle
-	}
-	for name, content := range files {
-		if err := rootfs.WriteFile(root, name, []byte(content), 0o644); err != nil {
-			return fmt.Errorf("write guest files: %w", err)
-		}
-	}
-	return nil
+	return rootfs.WriteGuest(root, rootfs.Guest{Hostname: spec.Hostname, Nameserver: spec.Nameserver, TrustedCAPEM: spec.TrustedCAPEM})
 }
