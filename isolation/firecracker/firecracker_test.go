@@ -38,14 +38,14 @@ import (
 // jailer binaries exist (see docs/operator.md); here it skips saying why.
 func TestConformance(t *testing.T) {
 	q := qemu.New(qemu.Options{Dir: vmimage.TestCacheDir()})
-	rt := New(Options{Dir: vmimage.TestCacheDir(), ChrootBase: filepath.Join(os.TempDir(), "cbx-jail"), Probe: q.KVM})
-	if err := rt.Available(); err != nil {
-		t.Skipf("firecracker runtime not available here: %v", err)
-	}
+	o := Options{Dir: vmimage.TestCacheDir(), ChrootBase: filepath.Join(os.TempDir(), "cbx-jail"), Probe: q.KVM}
+	rt := New(o)
+	isolationtest.CheckAvailable(t, rt)
 	isolationtest.Run(t, rt, isolationtest.Options{
 		RootFS:       isolationtest.BusyboxRoot(t),
 		AgentPath:    isolationtest.BuildAgent(t),
 		StartTimeout: 60 * time.Second,
+		Restarted:    func() isolation.Runtime { return New(o) },
 	})
 }
 

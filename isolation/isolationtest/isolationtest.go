@@ -1,6 +1,13 @@
 // Package isolationtest is the conformance suite every runtime must pass:
 // the same assertions, through the same agent protocol, for containers,
-// gVisor and microVMs.
+// gVisor and microVMs: exec, files, limits, confinement, the guest's
+// files, a routed network link, pause, stop, recovery after a daemon
+// restart, and nothing left behind.
+//
+// A runtime that cannot run on a host skips the suite saying why, unless
+// CAGEBOX_REQUIRE_RUNTIMES (a comma list of runtime names) lists it: then
+// the suite fails with the reason, so that CI on a host that must have the
+// runtime notices it is missing.
 package isolationtest
 
 import (
@@ -33,6 +40,42 @@ type Options struct {
 	// StartTimeout bounds create+start+first agent answer (VMs under TCG
 	// need seconds).
 	StartTimeout time.Duration
+	// Restarted returns a new runtime over the same host state, as a
+	// restarted daemon makes, to recover sandboxes with (nil: the same
+	// runtime).
+	Restarted func() isolation.Runtime
+}
+
+// RequireEnv names the environment variable listing the runtimes that must
+// be available (comma-separated, e.g. "container,gvisor,qemu").
+const RequireEnv = "CAGEBOX_REQUIRE_RUNTIMES"
+
+// Required reports whether RequireEnv lists the runtime name.
+func Required(name string) bool {
+	for _, r := range strings.Split(os.Getenv(RequireEnv), ",") {
+		if strings.TrimSpace(r) == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Unavailable ends a test of runtime name, which cannot run here (why): it
+// fails when RequireEnv lists the runtime, and skips otherwise.
+func Unavailable(t testing.TB, name string, why any) {
+	t.Helper()
+	if Required(name) {
+		t.Fatalf("runtime %s is required here (%s) but not available: %v", name, RequireEnv, why)
+	}
+	t.Skipf("runtime %s not available here: %v", name, why)
+}
+
+// CheckAvailable ends the test (Unavailable) unless rt can run here.
+func CheckAvailable(t testing.TB, rt isolation.Runtime) {
+	t.Helper()
+	if err := rt.Available(); err != nil {
+		Unavailable(t, rt.Name(), err)
+	}
 }
 
 // Guest is a started sandbox with a connected agent client.
@@ -59,6 +102,14 @@ func (g *Guest) Exec(t testing.TB, argv ...string) (string, string, *agentproto.
 // destroys it and checks that nothing is left.
 func Start(t testing.TB, rt isolation.Runtime, o Options, res isolation.Resources, env ...string) *Guest {
 	t.Helper()
+	return StartSpec(t, rt, o, func(s *isolation.Spec) {
+		s.Resources, s.Env = res, env
+	})
+}
+
+// StartSpec is Start with the spec's fields changed by mod.
+func StartSpec(t testing.TB, rt isolation.Runtime, o Options, mod func(*isolation.Spec)) *Guest {
+	t.Helper()
 	timeout := o.StartTimeout
 	if timeout == 0 {
 		timeout = 30 * time.Second
@@ -76,9 +127,10 @@ func Start(t testing.TB, rt isolation.Runtime, o Options, res isolation.Resource
 		RootFS:     o.RootFS,
 		AgentPath:  o.AgentPath,
 		AgentToken: hex.EncodeToString(tok),
-		Env:        env,
 		Hostname:   "conformance",
-		Resources:  res,
+	}
+	if mod != nil {
+		mod(spec)
 	}
 	sb, err := rt.Create(ctx, spec)
 	if err != nil {
@@ -145,12 +197,18 @@ func stateRoot(t testing.TB) string {
 
 // Run runs the whole suite against rt.
 func Run(t *testing.T, rt isolation.Runtime, o Options) {
-	if err := rt.Available(); err != nil {
-		t.Skipf("runtime %s not available here: %v", rt.Name(), err)
-	}
+	CheckAvailable(t, rt)
 	t.Run("FailedStartLeavesNothing", func(t *testing.T) { failedStart(t, rt, o) })
 	limits := isolation.Resources{MemoryBytes: 256 << 20, PIDs: 64, CPUs: 1}
-	g := Start(t, rt, o, limits, "CBX_BASE=base-value")
+	caPEM := testCA(t)
+	g := StartSpec(t, rt, o, func(s *isolation.Spec) {
+		s.Resources, s.Env = limits, []string{"CBX_BASE=base-value"}
+		s.Nameserver, s.TrustedCAPEM = guestFilesNameserver, caPEM
+	})
+
+	t.Run("GuestFiles", func(t *testing.T) { guestFiles(t, g, o, caPEM) })
+	t.Run("Network", func(t *testing.T) { network(t, rt, o) })
+	t.Run("Recover", func(t *testing.T) { recoverSandbox(t, rt, o) })
 
 	t.Run("ExecEcho", func(t *testing.T) {
 		out, _, res := g.Exec(t, "echo", "hello", "world")
