@@ -90,8 +90,8 @@ func NewLink(t testing.TB, runtime string) *Link {
 	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	// Third octets 0 and 1 are left to tests that use fixed links.
-	base := netip.AddrFrom4([4]byte{10, 253, 2 + b[0]%250, b[1] % 64 * 4})
+	// Third octets 0 to 2 are left to tests that use fixed links.
+	base := netip.AddrFrom4([4]byte{10, 253, 3 + b[0]%250, b[1] % 64 * 4})
 	name := "cbn" + hex.EncodeToString(b[2:])
 	l := &Link{
 		NSName: name, NSPath: "/run/netns/" + name, HostIf: name,
