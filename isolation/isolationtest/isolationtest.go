@@ -710,81 +710,68 @@ func failedStart(t *testing.T, rt isolation.Runtime, o Options) {
 	}
 }
 
-var (
-	dudOnce sync.Once
-	dudPath string
-	dudErr  error
-)
+// buildDud builds a static binary that exits 3 at once (once per test
+// binary).
+var buildDudOnce = sync.OnceValues(func() (string, error) {
+	src, err := os.MkdirTemp("", "cbxdud")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(src)
+	os.WriteFile(filepath.Join(src, "go.mod"), []byte("module dud\n\ngo 1.21\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "main.go"), []byte("package main\n\nimport \"os\"\n\nfunc main() { os.Exit(3) }\n"), 0o644)
+	return buildStatic("dud-agent", src, ".", "GOFLAGS=", "GOWORK=off")
+})
 
-// buildDud builds a static binary that exits 3 at once.
 func buildDud(t testing.TB) string {
 	t.Helper()
-	dudOnce.Do(func() {
-		dir := filepath.Join(os.TempDir(), "cagebox-test-bin")
-		if dudErr = os.MkdirAll(dir, 0o755); dudErr != nil {
-			return
-		}
-		src, err := os.MkdirTemp("", "cbxdud")
-		if err != nil {
-			dudErr = err
-			return
-		}
-		defer os.RemoveAll(src)
-		os.WriteFile(filepath.Join(src, "go.mod"), []byte("module dud\n\ngo 1.21\n"), 0o644)
-		os.WriteFile(filepath.Join(src, "main.go"), []byte("package main\n\nimport \"os\"\n\nfunc main() { os.Exit(3) }\n"), 0o644)
-		tmp := filepath.Join(dir, fmt.Sprintf(".dud-%d", os.Getpid()))
-		cmd := exec.Command("go", "build", "-trimpath", "-o", tmp, ".")
-		cmd.Dir = src
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=", "GOWORK=off")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			dudErr = fmt.Errorf("build dud agent: %v: %s", err, out)
-			return
-		}
-		dudPath = filepath.Join(dir, "dud-agent")
-		dudErr = os.Rename(tmp, dudPath)
-	})
-	if dudErr != nil {
-		t.Fatal(dudErr)
+	p, err := buildDudOnce()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return dudPath
+	return p
 }
 
-var (
-	agentOnce sync.Once
-	agentPath string
-	agentErr  error
-)
+var buildAgentOnce = sync.OnceValues(func() (string, error) {
+	return buildStatic("cagebox-agent", "", "github.com/cagebox/cagebox/cmd/cagebox-agent")
+})
 
 // BuildAgent builds a static cagebox-agent once per test binary.
 func BuildAgent(t testing.TB) string {
 	t.Helper()
-	agentOnce.Do(func() {
-		// One fixed path, replaced atomically: test binaries of several
-		// packages may build it at once, and nothing is left per run.
-		dir := filepath.Join(os.TempDir(), "cagebox-test-bin")
-		if agentErr = os.MkdirAll(dir, 0o755); agentErr != nil {
-			return
-		}
-		tmp, err := os.CreateTemp(dir, ".agent-*")
-		if err != nil {
-			agentErr = err
-			return
-		}
-		tmp.Close()
-		cmd := exec.Command("go", "build", "-trimpath", "-o", tmp.Name(), "github.com/cagebox/cagebox/cmd/cagebox-agent")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			os.Remove(tmp.Name())
-			agentErr = fmt.Errorf("build agent: %v: %s", err, out)
-			return
-		}
-		agentPath = filepath.Join(dir, "cagebox-agent")
-		agentErr = os.Rename(tmp.Name(), agentPath)
-	})
-	if agentErr != nil {
-		t.Fatal(agentErr)
+	p, err := buildAgentOnce()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return agentPath
+	return p
+}
+
+// buildStatic builds pkg (in dir; "" = here) with CGO_ENABLED=0 and env
+// to one fixed path per name, replaced atomically: test binaries of
+// several packages may build it at once, and nothing is left per run.
+func buildStatic(name, dir, pkg string, env ...string) (string, error) {
+	bin := filepath.Join(os.TempDir(), "cagebox-test-bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(bin, "."+name+"-*")
+	if err != nil {
+		return "", err
+	}
+	tmp.Close()
+	cmd := exec.Command("go", "build", "-trimpath", "-o", tmp.Name(), pkg)
+	cmd.Dir = dir
+	cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0"), env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("build %s: %v: %s", name, err, out)
+	}
+	p := filepath.Join(bin, name)
+	if err := os.Rename(tmp.Name(), p); err != nil {
+		os.Remove(tmp.Name())
+		return "", err
+	}
+	return p, nil
 }
 
 var (
