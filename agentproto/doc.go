@@ -20,4 +20,25 @@
 // The host treats everything the agent sends as untrusted: sizes are bounded,
 // reads are bounded by contexts, and malformed input yields an error (often
 // wrapping [ErrProtocol]), never a panic.
+//
+// # Where the guest side lives
+//
+// The files are by side: the host's in client.go; the guest's in server.go
+// (handshake, the registry of running processes, file operations, Shutdown),
+// exec_linux.go (starting a process: user lookup through passwd.go, working
+// directory, stdio pumps, timeouts, exit status), reaper_linux.go ([Reaper]:
+// PID 1's reaping of orphans, which hands exec'd children's statuses back to
+// exec); frame.go and proto.go (frames and messages) are both sides'.
+// cmd/cagebox-agent is the process around the [Server]: PID 1 duties, the
+// listeners, capability dropping, the self-check.
+//
+// The guest side stays in this package rather than beside the agent
+// because it shares the frame reader and writer and the message types,
+// unexported, with the client: moving it out would make the framing public
+// API (or split it into a third package) only to move code, and the tests
+// here drive both sides against each other, including malformed frames
+// written below the public API. Nothing is gained in what binaries link:
+// the daemon links no guest code (it never references [Server]), and the
+// agent's dependency guard (cmd/cagebox-agent/main_test.go) admits this
+// package as it is.
 package agentproto

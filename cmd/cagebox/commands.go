@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -705,12 +704,6 @@ func execCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func printJSON(v any) error {
-	enc := json.NewEncoder(os.Stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
 func lsCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -722,12 +715,7 @@ func lsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(l)
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tTENANT\tRUNTIME\tIMAGE\tSTATUS\tCREATED\tEXPIRES")
-			for _, s := range l {
+			return printList(asJSON, l, []string{"ID", "TENANT", "RUNTIME", "IMAGE", "STATUS", "CREATED", "EXPIRES"}, func(s api.Sandbox) []string {
 				exp := "-"
 				if s.ExpiresAt != nil {
 					exp = time.Until(*s.ExpiresAt).Round(time.Second).String()
@@ -736,9 +724,8 @@ func lsCmd(g *globals) *cobra.Command {
 				if s.Error != "" {
 					status += " (" + s.Error + ")"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.Tenant, s.Runtime, s.Image, status, s.CreatedAt.Local().Format(time.DateTime), exp)
-			}
-			return tw.Flush()
+				return []string{s.ID, s.Tenant, s.Runtime, s.Image, status, s.CreatedAt.Local().Format(time.DateTime), exp}
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -829,12 +816,7 @@ func runtimesCmd(g *globals) *cobra.Command {
 				def, _ := isolation.Pick("auto", isolation.Namespaces)
 				l = daemon.RuntimeList(isolation.Namespaces, def)
 			}
-			if asJSON {
-				return printJSON(l)
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tCLASS\tAVAILABLE\tDETAIL")
-			for _, r := range l {
+			return printList(asJSON, l, []string{"NAME", "CLASS", "AVAILABLE", "DETAIL"}, func(r api.Runtime) []string {
 				avail := "yes"
 				if !r.Available {
 					avail = "no"
@@ -846,9 +828,8 @@ func runtimesCmd(g *globals) *cobra.Command {
 				if r.Reason != "" {
 					detail = r.Reason
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name, r.Class, avail, detail)
-			}
-			return tw.Flush()
+				return []string{r.Name, r.Class, avail, detail}
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -900,16 +881,13 @@ func imageCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tCREATED\tDIGEST")
-			for _, i := range l {
+			return printList(false, l, []string{"NAME", "SIZE", "CREATED", "DIGEST"}, func(i *image.Image) []string {
 				d := i.Digest
 				if len(d) > 19 {
 					d = d[:19]
 				}
-				fmt.Fprintf(tw, "%s\t%dMiB\t%s\t%s\n", i.Name, i.SizeBytes>>20, i.CreatedAt.Local().Format(time.DateTime), d)
-			}
-			return tw.Flush()
+				return []string{i.Name, fmt.Sprintf("%dMiB", i.SizeBytes>>20), i.CreatedAt.Local().Format(time.DateTime), d}
+			})
 		},
 	}
 	cmd.AddCommand(build, ls)
@@ -995,12 +973,9 @@ func tenantCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tFLOOR\tUNTRUSTED\tCREATED")
-			for _, t := range l {
-				fmt.Fprintf(tw, "%s\t%s\t%v\t%s\n", t.Name, t.Floor, t.Untrusted, t.CreatedAt.Local().Format(time.DateTime))
-			}
-			return tw.Flush()
+			return printList(false, l, []string{"NAME", "FLOOR", "UNTRUSTED", "CREATED"}, func(t api.Tenant) []string {
+				return []string{t.Name, t.Floor, fmt.Sprint(t.Untrusted), t.CreatedAt.Local().Format(time.DateTime)}
+			})
 		},
 	}
 	cmd.AddCommand(create, key, ls)

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -122,12 +122,7 @@ func secretCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(l)
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tPREVIEW\tHOSTS\tENV\tVERSION\tUPDATED\tSTATUS")
-			for _, s := range l {
+			return printList(asJSON, l, []string{"NAME", "PREVIEW", "HOSTS", "ENV", "VERSION", "UPDATED", "STATUS"}, func(s api.Secret) []string {
 				status := "active"
 				if s.RevokedAt != nil {
 					status = "revoked " + s.RevokedAt.Local().Format(time.DateTime)
@@ -136,9 +131,8 @@ func secretCmd(g *globals) *cobra.Command {
 				if s.AllowEnv {
 					env = "allowed"
 				}
-				fmt.Fprintf(tw, "%s\t…%s\t%s\t%s\t%d\t%s\t%s\n", s.Name, s.Preview, strings.Join(s.Hosts, ","), env, s.Version, s.UpdatedAt.Local().Format(time.DateTime), status)
-			}
-			return tw.Flush()
+				return []string{s.Name, "…" + s.Preview, strings.Join(s.Hosts, ","), env, strconv.FormatInt(s.Version, 10), s.UpdatedAt.Local().Format(time.DateTime), status}
+			})
 		},
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")

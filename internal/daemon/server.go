@@ -162,30 +162,12 @@ func scope(t *store.Tenant) string {
 	return t.ID
 }
 
-func kindOf(err error) string {
-	switch errdefs.HTTPStatus(err) {
-	case http.StatusNotFound:
-		return "not_found"
-	case http.StatusBadRequest:
-		return "invalid"
-	case http.StatusUnauthorized:
-		return "unauthorized"
-	case http.StatusForbidden:
-		return "denied"
-	case http.StatusConflict:
-		return "conflict"
-	case http.StatusServiceUnavailable:
-		return "unavailable"
-	}
-	return "internal"
-}
-
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	code := errdefs.HTTPStatus(err)
+	code, kind := httpError(err)
 	if code >= 500 {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
-	writeJSON(w, code, api.Error{Error: err.Error(), Kind: kindOf(err)})
+	writeJSON(w, code, api.Error{Error: err.Error(), Kind: kind})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -1,16 +1,11 @@
-// Package errdefs holds the error kinds the daemon maps to HTTP status codes
-// in one place. Wrap them: fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound).
+// Package errdefs holds the kinds of error the daemon's packages return.
+// Wrap them: fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound). It is a
+// leaf: it imports nothing of cagebox's and knows nothing of HTTP; the
+// daemon maps each kind (and the sentinels of the store, vault and
+// isolation packages) to a status code, in one place (internal/daemon).
 package errdefs
 
-import (
-	"context"
-	"errors"
-	"net/http"
-
-	"github.com/cagebox/cagebox/internal/store"
-	"github.com/cagebox/cagebox/internal/vault"
-	"github.com/cagebox/cagebox/isolation"
-)
+import "errors"
 
 // Kinds of error.
 var (
@@ -21,28 +16,3 @@ var (
 	ErrUnavailable  = errors.New("unavailable")
 	ErrUnauthorized = errors.New("unauthorized")
 )
-
-// HTTPStatus maps an error to the status code the API answers with.
-func HTTPStatus(err error) int {
-	switch {
-	case err == nil:
-		return http.StatusOK
-	case errors.Is(err, ErrNotFound), errors.Is(err, store.ErrNotFound), errors.Is(err, vault.ErrNotFound):
-		return http.StatusNotFound
-	case errors.Is(err, vault.ErrRevoked):
-		return http.StatusConflict
-	case errors.Is(err, ErrInvalid), errors.Is(err, vault.ErrInvalid):
-		return http.StatusBadRequest
-	case errors.Is(err, ErrUnauthorized):
-		return http.StatusUnauthorized
-	case errors.Is(err, ErrDenied):
-		return http.StatusForbidden
-	case errors.Is(err, ErrConflict), errors.Is(err, store.ErrConflict):
-		return http.StatusConflict
-	case errors.Is(err, ErrUnavailable), errors.Is(err, isolation.ErrUnavailable):
-		return http.StatusServiceUnavailable
-	case errors.Is(err, context.DeadlineExceeded):
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusInternalServerError
-}

@@ -1,20 +1,11 @@
 // Package sqlite is the single-host implementation of store.Store, on
 // SQLite through modernc.org/sqlite (pure Go, no cgo).
 //
-// Durability: the database runs in WAL mode with synchronous=FULL, so every
-// committed transaction has been fsynced to the WAL before the call returns.
-// (synchronous=NORMAL in WAL mode cannot corrupt the file, but the last
-// commits may roll back after a power loss; the daemon acts on what it
-// wrote — a VM started, a key handed out — so a commit it was told about
-// must survive. The cost is one fsync per write, which the control plane's
-// write rate easily affords.)
-//
-// Concurrency: all writes go through one connection (a pool of size one)
-// whose transactions BEGIN IMMEDIATE, so writers queue in Go instead of
-// racing for the SQLite write lock and failing with SQLITE_BUSY. Reads use a
-// separate pool of query-only connections, which WAL lets run alongside the
-// writer. busy_timeout covers the remaining waits (another process, WAL
-// checkpoints).
+// The database is opened as internal/sqlitedb opens every cagebox
+// database: WAL with synchronous=FULL (a commit the daemon was told about
+// survives a power loss), one writer connection whose transactions BEGIN
+// IMMEDIATE, and a pool of query-only readers. The schema's steps are
+// recorded in the schema_migrations table.
 package sqlite
 
 import (
@@ -23,30 +14,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
-	"os"
-	"runtime"
-	"strings"
 	"sync"
 	"time"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
+	"github.com/cagebox/cagebox/internal/sqlitedb"
 	"github.com/cagebox/cagebox/internal/store"
 )
 
 var _ store.Store = (*Store)(nil)
 
-// busyTimeout is how long a connection waits for a lock held by another
-// connection (or process) before giving up with SQLITE_BUSY.
-const busyTimeout = 10 * time.Second
-
 // Store is a store.Store in one SQLite database file.
 type Store struct {
 	path string
-	w    *sql.DB // the single writer connection
-	r    *sql.DB // query-only readers
+	db   *sqlitedb.DB
+	w    *sql.DB // the single writer connection (db.W)
+	r    *sql.DB // query-only readers (db.R)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -61,61 +46,17 @@ func Open(path string) (*Store, error) {
 }
 
 func openWith(ctx context.Context, path string, migs []migration) (_ *Store, err error) {
-	if path == "" || path == ":memory:" || strings.HasPrefix(path, "file:") || strings.ContainsRune(path, '?') {
-		return nil, fmt.Errorf("open store: invalid database path %q: want a plain file path without '?'", path)
-	}
-	// SQLite would create the file with the umask's mode; create it first
-	// so that it (and the -wal/-shm files, which SQLite gives the main
-	// file's mode) is private to the daemon.
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	db, err := sqlitedb.Open(ctx, path)
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
-	if err := f.Close(); err != nil {
-		return nil, fmt.Errorf("open store: %w", err)
-	}
-
-	s := &Store{path: path}
+	s := &Store{path: path, db: db, w: db.W, r: db.R}
 	defer func() {
 		if err != nil {
 			_ = s.Close()
 		}
 	}()
-
-	common := url.Values{}
-	common.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
-	common.Add("_pragma", "foreign_keys(1)")
-	common.Add("_pragma", "synchronous(FULL)")
-
-	wq := clone(common)
-	wq.Add("_pragma", "journal_mode(WAL)")
-	wq.Set("_txlock", "immediate")
-	if s.w, err = sql.Open("sqlite", path+"?"+wq.Encode()); err != nil {
-		return nil, fmt.Errorf("open store %s: %w", path, err)
-	}
-	s.w.SetMaxOpenConns(1)
-	s.w.SetMaxIdleConns(1)
-	s.w.SetConnMaxLifetime(0)
-	s.w.SetConnMaxIdleTime(0)
-
-	var mode string
-	if err := s.w.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
-		return nil, fmt.Errorf("open store %s: %w", path, err)
-	}
-	if !strings.EqualFold(mode, "wal") {
-		return nil, fmt.Errorf("open store %s: journal mode is %q, want wal (is the file on a filesystem without shared memory?)", path, mode)
-	}
-
-	rq := clone(common)
-	rq.Add("_pragma", "query_only(1)")
-	if s.r, err = sql.Open("sqlite", path+"?"+rq.Encode()); err != nil {
-		return nil, fmt.Errorf("open store %s: %w", path, err)
-	}
-	n := max(4, runtime.GOMAXPROCS(0))
-	s.r.SetMaxOpenConns(n)
-	s.r.SetMaxIdleConns(n)
-
-	if err := migrate(ctx, s.w, path, migs); err != nil {
+	if err := sqlitedb.Migrate(ctx, s.w, "database "+path, migs, sqlitedb.MigrationsTable); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	if _, err := s.w.ExecContext(ctx,
@@ -129,14 +70,7 @@ func openWith(ctx context.Context, path string, migs []migration) (_ *Store, err
 // Close closes the database. It is safe to call more than once.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		var errs []error
-		if s.r != nil {
-			errs = append(errs, s.r.Close())
-		}
-		if s.w != nil {
-			errs = append(errs, s.w.Close())
-		}
-		if err := errors.Join(errs...); err != nil {
+		if err := s.db.Close(); err != nil {
 			s.closeErr = fmt.Errorf("close store %s: %w", s.path, err)
 		}
 	})
@@ -538,14 +472,6 @@ func (s *Store) DeleteEventsBefore(ctx context.Context, before time.Time, limit 
 }
 
 // ---- helpers ----
-
-func clone(v url.Values) url.Values {
-	out := url.Values{}
-	for k, vs := range v {
-		out[k] = append([]string(nil), vs...)
-	}
-	return out
-}
 
 type scanner interface{ Scan(dest ...any) error }
 

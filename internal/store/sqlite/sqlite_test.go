@@ -220,7 +220,7 @@ func TestReopenWhileOpenElsewhere(t *testing.T) {
 
 // extra is a migration a later cagebox might add. Its CREATE TABLE has no
 // IF NOT EXISTS, so running it twice would fail.
-var extra = migration{version: len(migrations) + 1, name: "add widgets", sql: `
+var extra = migration{Version: len(migrations) + 1, Name: "add widgets", SQL: `
 CREATE TABLE widgets (id TEXT PRIMARY KEY);
 INSERT INTO widgets (id) VALUES ('w1');
 `}
@@ -262,7 +262,7 @@ func TestMigrationFromNewerVersionRefused(t *testing.T) {
 	if err == nil {
 		t.Fatal("opening a database from a newer version succeeded")
 	}
-	for _, want := range []string{fmt.Sprintf("schema version %d", extra.version), fmt.Sprintf("knows versions up to %d", len(migrations)), "newer cagebox"} {
+	for _, want := range []string{fmt.Sprintf("schema version %d", extra.Version), fmt.Sprintf("knows versions up to %d", len(migrations)), "newer cagebox"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -273,12 +273,12 @@ func TestFailedMigrationRollsBack(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "cagebox.db")
 	mustOpen(t, path, migrations).Close()
 
-	broken := migration{version: len(migrations) + 1, name: "broken", sql: `
+	broken := migration{Version: len(migrations) + 1, Name: "broken", SQL: `
 CREATE TABLE half (id TEXT);
 INSERT INTO no_such_table VALUES (1);
 `}
 	_, err := openWith(t.Context(), path, append(append([]migration(nil), migrations...), broken))
-	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("migration %d (broken)", broken.version)) {
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("migration %d (broken)", broken.Version)) {
 		t.Fatalf("open with a broken migration: %v, want an error naming it", err)
 	}
 	s := mustOpen(t, path, migrations)
@@ -322,7 +322,7 @@ func TestUpgradeFromFirstSchema(t *testing.T) {
 }
 
 func TestMigrationsOutOfOrderRefused(t *testing.T) {
-	bad := []migration{migrations[0], {version: 3, name: "skips 2", sql: `SELECT 1`}}
+	bad := []migration{migrations[0], {Version: 3, Name: "skips 2", SQL: `SELECT 1`}}
 	_, err := openWith(t.Context(), filepath.Join(t.TempDir(), "db"), bad)
 	if err == nil {
 		t.Fatal("out-of-order migrations accepted")
@@ -331,7 +331,7 @@ func TestMigrationsOutOfOrderRefused(t *testing.T) {
 
 func TestMigrationsWellFormed(t *testing.T) {
 	for i, m := range migrations {
-		if m.version != i+1 || m.name == "" || strings.TrimSpace(m.sql) == "" {
+		if m.Version != i+1 || m.Name == "" || strings.TrimSpace(m.SQL) == "" {
 			t.Errorf("migration %d: %+v", i, m)
 		}
 	}

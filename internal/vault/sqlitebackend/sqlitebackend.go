@@ -3,10 +3,11 @@
 //
 // It creates and migrates its own table (Migrate, idempotent) so that it
 // can stand alone; a caller that owns the database may run Migrate itself
-// and hand its connections to New. Like the daemon's store it
-// writes through a single connection whose transactions BEGIN IMMEDIATE
-// (writers queue in Go instead of failing with SQLITE_BUSY) and reads
-// through a separate pool, in WAL mode with synchronous=FULL.
+// and hand its connections to New. Open opens the file as
+// internal/sqlitedb opens every cagebox database, like the daemon's store:
+// one writer connection whose transactions BEGIN IMMEDIATE (writers queue
+// in Go instead of failing with SQLITE_BUSY), a pool of query-only
+// readers, WAL mode with synchronous=FULL.
 //
 // Only sealed values reach the database: the nonce and ciphertext as
 // BLOBs, the hosts as a JSON array, times as INTEGER unix nanoseconds UTC.
@@ -18,15 +19,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
-	"os"
-	"runtime"
-	"strings"
 	"sync"
 	"time"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
-
+	"github.com/cagebox/cagebox/internal/sqlitedb"
 	"github.com/cagebox/cagebox/internal/vault"
 )
 
@@ -37,10 +33,10 @@ var _ vault.Backend = (*Backend)(nil)
 // only followed by a new one. The CHECK constraints repeat
 // vault.Record.Validate so that a bad row cannot be written by another
 // path either.
-var migrations = []string{
+var migrations = []sqlitedb.Step{
 	// 1: the table. IF NOT EXISTS: databases made before steps were
 	// counted have it at user_version 0.
-	`CREATE TABLE IF NOT EXISTS vault_secrets (
+	{Version: 1, Name: "vault_secrets", SQL: `CREATE TABLE IF NOT EXISTS vault_secrets (
 	tenant_id  TEXT NOT NULL CHECK (tenant_id <> ''),
 	name       TEXT NOT NULL CHECK (name <> ''),
 	hosts      TEXT NOT NULL,
@@ -54,10 +50,10 @@ var migrations = []string{
 	updated_at INTEGER NOT NULL,
 	revoked_at INTEGER,
 	PRIMARY KEY (tenant_id, name)
-) WITHOUT ROWID`,
+) WITHOUT ROWID`},
 	// 2: whether a secret may be delivered into a guest (env mode);
 	// existing secrets may not.
-	`ALTER TABLE vault_secrets ADD COLUMN allow_env INTEGER NOT NULL DEFAULT 0 CHECK (allow_env IN (0, 1))`,
+	{Version: 2, Name: "allow_env", SQL: `ALTER TABLE vault_secrets ADD COLUMN allow_env INTEGER NOT NULL DEFAULT 0 CHECK (allow_env IN (0, 1))`},
 }
 
 // Migrate brings the vault_secrets table of the database on w (a single
@@ -65,60 +61,14 @@ var migrations = []string{
 // its own transaction with the version it sets. A database at a version
 // this code does not know was written by a newer cagebox and is refused.
 func Migrate(ctx context.Context, w *sql.DB) error {
-	var have int
-	if err := w.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&have); err != nil {
-		return fmt.Errorf("migrate vault database: read version: %w", err)
-	}
-	if have > len(migrations) {
-		return fmt.Errorf("vault database has schema version %d but this cagebox knows versions up to %d: it was written by a newer cagebox; run that version or restore a matching backup", have, len(migrations))
-	}
-	for v := have + 1; v <= len(migrations); v++ {
-		if err := migrateStep(ctx, w, v); err != nil {
-			return err
-		}
-	}
-	return nil
+	return sqlitedb.Migrate(ctx, w, "vault database", migrations, sqlitedb.UserVersion)
 }
-
-func migrateStep(ctx context.Context, w *sql.DB, v int) (err error) {
-	tx, err := w.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("migrate vault database to version %d: begin: %w", v, err)
-	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback()
-		}
-	}()
-	// Another process may have migrated since we looked; from here on
-	// (BEGIN IMMEDIATE) nobody else can.
-	var have int
-	if err := tx.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&have); err != nil {
-		return fmt.Errorf("migrate vault database to version %d: %w", v, err)
-	}
-	if have >= v {
-		return tx.Commit()
-	}
-	if _, err := tx.ExecContext(ctx, migrations[v-1]); err != nil {
-		return fmt.Errorf("migrate vault database to version %d: %w", v, err)
-	}
-	// PRAGMA takes no parameters; v is a small integer of ours.
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, v)); err != nil {
-		return fmt.Errorf("migrate vault database to version %d: %w", v, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("migrate vault database to version %d: commit: %w", v, err)
-	}
-	return nil
-}
-
-const busyTimeout = 10 * time.Second
 
 // Backend is a vault.Backend in a SQLite database.
 type Backend struct {
-	w    *sql.DB // the single writer connection; transactions BEGIN IMMEDIATE
-	r    *sql.DB // readers
-	owns bool    // Close closes w and r
+	w  *sql.DB      // the single writer connection; transactions BEGIN IMMEDIATE
+	r  *sql.DB      // readers
+	db *sqlitedb.DB // set by Open: Close closes it
 
 	closeOnce sync.Once
 	closeErr  error
@@ -127,47 +77,13 @@ type Backend struct {
 // Open opens (creating it, mode 0600, if missing) the database at path and
 // creates the table. Close the Backend when done.
 func Open(path string) (_ *Backend, err error) {
-	if path == "" || path == ":memory:" || strings.HasPrefix(path, "file:") || strings.ContainsRune(path, '?') {
-		return nil, fmt.Errorf("open vault database: invalid path %q: want a plain file path without '?'", path)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	db, err := sqlitedb.Open(context.Background(), path)
 	if err != nil {
 		return nil, fmt.Errorf("open vault database: %w", err)
 	}
-	if err := f.Close(); err != nil {
-		return nil, fmt.Errorf("open vault database: %w", err)
-	}
-	b := &Backend{owns: true}
-	defer func() {
-		if err != nil {
-			_ = b.Close()
-		}
-	}()
-	pragmas := func(extra ...string) url.Values {
-		q := url.Values{}
-		q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
-		q.Add("_pragma", "synchronous(FULL)")
-		for _, p := range extra {
-			q.Add("_pragma", p)
-		}
-		return q
-	}
-	wq := pragmas("journal_mode(WAL)")
-	wq.Set("_txlock", "immediate")
-	if b.w, err = sql.Open("sqlite", path+"?"+wq.Encode()); err != nil {
-		return nil, fmt.Errorf("open vault database %s: %w", path, err)
-	}
-	b.w.SetMaxOpenConns(1)
-	b.w.SetMaxIdleConns(1)
-	b.w.SetConnMaxLifetime(0)
-	b.w.SetConnMaxIdleTime(0)
-	if b.r, err = sql.Open("sqlite", path+"?"+pragmas("query_only(1)").Encode()); err != nil {
-		return nil, fmt.Errorf("open vault database %s: %w", path, err)
-	}
-	n := max(4, runtime.GOMAXPROCS(0))
-	b.r.SetMaxOpenConns(n)
-	b.r.SetMaxIdleConns(n)
+	b := &Backend{db: db, w: db.W, r: db.R}
 	if err := Migrate(context.Background(), b.w); err != nil {
+		_ = b.Close()
 		return nil, fmt.Errorf("open vault database %s: %w", path, err)
 	}
 	return b, nil
@@ -182,18 +98,11 @@ func New(w, r *sql.DB) *Backend { return &Backend{w: w, r: r} }
 // Close closes the database if Open opened it. It is safe to call more
 // than once.
 func (b *Backend) Close() error {
-	if !b.owns {
+	if b.db == nil {
 		return nil
 	}
 	b.closeOnce.Do(func() {
-		var errs []error
-		if b.r != nil {
-			errs = append(errs, b.r.Close())
-		}
-		if b.w != nil {
-			errs = append(errs, b.w.Close())
-		}
-		if err := errors.Join(errs...); err != nil {
+		if err := b.db.Close(); err != nil {
 			b.closeErr = fmt.Errorf("close vault database: %w", err)
 		}
 	})

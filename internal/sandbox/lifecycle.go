@@ -1,0 +1,372 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cagebox/cagebox/agentproto"
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/cleanup"
+	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/store"
+	"github.com/cagebox/cagebox/isolation"
+)
+
+// agentStartTimeout bounds the wait for a started sandbox's agent to answer
+// (VMs under TCG boot in seconds; a container's agent answers in ms).
+const agentStartTimeout = 60 * time.Second
+
+// Limits on create requests.
+const (
+	MinMemory   = 32 << 20
+	MaxEnvBytes = 256 << 10
+)
+
+// Create creates and starts a sandbox for tenant.
+func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (_ *api.Sandbox, err error) {
+	if req.MemoryBytes != 0 && req.MemoryBytes < MinMemory {
+		return nil, invalid("memory: %d bytes is below the minimum of %d MiB", req.MemoryBytes, MinMemory>>20)
+	}
+	if req.CPUs < 0 || req.CPUs > 64 {
+		return nil, invalid("cpus: %v is out of range (0 < cpus <= 64)", req.CPUs)
+	}
+	if req.PIDs < 0 || req.DiskBytes < 0 || req.MemoryBytes < 0 {
+		return nil, invalid("limits must not be negative")
+	}
+	if req.PIDs != 0 && req.PIDs < 8 {
+		return nil, invalid("pids: %d is too few for the agent and a shell (at least 8)", req.PIDs)
+	}
+	timeout, err := parseDuration("timeout", req.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	idle, err := parseDuration("idle_timeout", req.IdleTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if err := ValidateEnv("env", req.Env); err != nil {
+		return nil, err
+	}
+	doc, pol, err := PolicyOf(req.Policy, req.Allow)
+	if err != nil {
+		return nil, err
+	}
+	rt, err := m.PickRuntime(req.Runtime, tenant)
+	if err != nil {
+		if errors.Is(err, isolation.ErrUnavailable) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: runtime: %v", errdefs.ErrInvalid, err)
+	}
+	imgName := req.Image
+	if imgName == "" {
+		imgName = "default"
+	}
+	img, err := m.cfg.Images.Get(imgName)
+	if err != nil {
+		if errors.Is(err, image.ErrNotFound) {
+			return nil, fmt.Errorf("%w: %v", errdefs.ErrNotFound, err)
+		}
+		if errors.Is(err, image.ErrInvalid) {
+			return nil, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
+		}
+		return nil, fmt.Errorf("image %s: %w", imgName, err)
+	}
+
+	id := newID()
+	// Every step that makes something registers its undo; a failure at any
+	// point runs them, last made first, on a context of their own (a setup
+	// that ran out of time is still undone).
+	var (
+		undo cleanup.Stack
+		uctx context.Context
+	)
+	defer func() {
+		if err != nil {
+			var cancel context.CancelFunc
+			uctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			undo.Run()
+		}
+	}()
+	bound, secretEnv, undoSecrets, err := m.bindSecrets(ctx, tenant.ID, id, req.Secrets)
+	undo.Add(undoSecrets)
+	if err != nil {
+		return nil, err
+	}
+	secrets, err := m.secretSet(tenant.ID, bound)
+	if err != nil {
+		return nil, fmt.Errorf("%w: secrets: %v", errdefs.ErrInvalid, err)
+	}
+	tok := make([]byte, 32)
+	_, _ = rand.Read(tok)
+	res := isolation.Resources{MemoryBytes: req.MemoryBytes, CPUs: req.CPUs, PIDs: req.PIDs, DiskBytes: req.DiskBytes}
+	res = res.WithDefaults()
+	spec := &isolation.Spec{
+		ID:         id,
+		StateDir:   filepath.Join(m.cfg.StateDir, id),
+		RootFS:     img.Path,
+		AgentPath:  m.cfg.AgentPath,
+		AgentToken: hex.EncodeToString(tok),
+		Env:        append(append([]string(nil), req.Env...), secretEnv...),
+		Hostname:   "sandbox",
+		Resources:  res,
+	}
+	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, Policy: doc, Secrets: bound}
+	specJSON, _ := json.Marshal(sr)
+	now := m.cfg.Now().UTC()
+	if timeout == 0 {
+		timeout = m.cfg.DefaultTimeout
+	}
+	rec := &store.Sandbox{
+		ID: id, TenantID: tenant.ID, Runtime: rt.Name(), Image: img.Name,
+		Status: StatusCreating, Spec: specJSON, CreatedAt: now, UpdatedAt: now,
+		IdleTimeout: idle, LastActive: now,
+	}
+	if timeout > 0 {
+		exp := now.Add(timeout)
+		rec.ExpiresAt = &exp
+	}
+	log := m.log.With("sandbox", id, "tenant", tenant.ID, "runtime", rt.Name())
+	// The record exists before anything is made on the host, so a crash at
+	// any later point is found and cleaned up by Recover.
+	if err := m.cfg.Store.CreateSandbox(ctx, rec); err != nil {
+		return nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	// The record of a failed create stays, marked failed and saying why;
+	// it is marked once everything made after it is undone.
+	undo.Add(func() {
+		log.Error("create failed", "err", err)
+		rec.Status, rec.Error = StatusFailed, err.Error()
+		rec.UpdatedAt = m.cfg.Now().UTC()
+		_ = m.cfg.Store.UpdateSandbox(uctx, rec)
+		m.emit(tenant.ID, id, "sandbox.failed", map[string]any{"error": err.Error()})
+	})
+	// Setup is bounded by the daemon, not by the caller's connection: a
+	// client that hangs up mid-create must not leave a half-made sandbox.
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	if gw := m.cfg.Gateway; gw != nil {
+		att, err := gw.Attach(sctx, id, tenant.ID, pol, false)
+		if err != nil {
+			return nil, fmt.Errorf("attach network: %w", err)
+		}
+		undo.Add(func() { m.detach(id) })
+		att.SetSecrets(secrets)
+		att.SetSigV4(m.sigV4Bindings(tenant.ID, bound))
+		att.SetHMAC(m.hmacBindings(tenant.ID, bound))
+		spec.NetNS = att.Link.NetNSPath
+		spec.GuestIf, spec.GuestAddr, spec.Gateway, spec.Prefix = att.Link.GuestIf, att.Link.GuestAddr, att.Link.HostAddr, att.Link.Prefix
+		spec.Nameserver = att.Link.HostAddr.String()
+		spec.TrustedCAPEM = att.CA.CertPEM()
+		spec.Env = append(isolation.CAEnv(), spec.Env...)
+	}
+	sb, err := rt.Create(sctx, spec)
+	tCreate := time.Since(t0)
+	if err != nil {
+		return nil, fmt.Errorf("create %s sandbox: %w", rt.Name(), err)
+	}
+	undo.Add(func() { _ = sb.Destroy(uctx) })
+	st := sb.State()
+	rec.State, _ = json.Marshal(st)
+	if err := m.cfg.Store.UpdateSandbox(sctx, rec); err != nil {
+		return nil, fmt.Errorf("record sandbox state: %w", err)
+	}
+	// The agent's socket exists before Start (the runtime made it), so the
+	// handshake is started alongside the runtime: it completes the moment
+	// the agent runs, overlapping the runtime's own exit.
+	t1 := time.Now()
+	e := &entry{id: id, tenant: tenant.ID, sb: sb, token: spec.AgentToken, active: now, persisted: now, started: make(chan struct{})}
+	actx, acancel := context.WithCancel(sctx)
+	defer acancel()
+	agentErr := make(chan error, 1)
+	agentDone := make(chan struct{})
+	go func() {
+		defer close(agentDone)
+		c, err := e.agent(actx)
+		if err == nil {
+			// The agent found that the processes it would start keep
+			// capabilities: it runs nothing, and the sandbox is not made.
+			err = c.Refused()
+		}
+		agentErr <- err
+	}()
+	undo.Add(func() {
+		acancel()
+		<-agentDone
+		e.dropAll()
+	})
+	err = sb.Start(sctx)
+	close(e.started)
+	if err != nil {
+		return nil, fmt.Errorf("start %s sandbox: %w", rt.Name(), err)
+	}
+	tStart := time.Since(t1)
+	var aerr error
+	select {
+	case aerr = <-agentErr:
+	case <-time.After(agentStartTimeout):
+		// An agent that died at start never answers: do not hold the
+		// caller for the whole setup budget.
+		acancel()
+		<-agentErr
+		aerr = fmt.Errorf("no answer within %s", agentStartTimeout)
+	}
+	if aerr != nil {
+		if errors.Is(aerr, agentproto.ErrRefused) {
+			return nil, fmt.Errorf("the sandbox's %w", aerr)
+		}
+		return nil, fmt.Errorf("sandbox started but its agent does not answer: %w", aerr)
+	}
+	rec.Status = StatusRunning
+	rec.UpdatedAt = m.cfg.Now().UTC()
+	if err := m.cfg.Store.UpdateSandbox(sctx, rec); err != nil {
+		return nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	undo.Release()
+	m.mu.Lock()
+	m.live[id] = e
+	m.mu.Unlock()
+	var envMode []string
+	for _, b := range bound {
+		if b.Mode == ModeEnv {
+			envMode = append(envMode, b.Name)
+		}
+	}
+	if len(envMode) > 0 {
+		m.emit(tenant.ID, id, "secret.env_delivered", map[string]any{"names": envMode, "warning": "real values are inside the guest"})
+	}
+	log.Info("sandbox running", "image", img.Name, "setup", tCreate, "start", tStart, "agent_ready", time.Since(t1))
+	m.emit(tenant.ID, id, "sandbox.created", map[string]any{"runtime": rt.Name(), "image": img.Name})
+	return m.view(rec), nil
+}
+
+// Pause freezes a running sandbox.
+func (m *Manager) Pause(ctx context.Context, tenant, id string) (*api.Sandbox, error) {
+	return m.transition(ctx, tenant, id, StatusRunning, StatusPaused, "sandbox.paused", func(ctx context.Context, e *entry) error {
+		return e.sb.Pause(ctx)
+	})
+}
+
+// Resume thaws a paused sandbox.
+func (m *Manager) Resume(ctx context.Context, tenant, id string) (*api.Sandbox, error) {
+	return m.transition(ctx, tenant, id, StatusPaused, StatusRunning, "sandbox.resumed", func(ctx context.Context, e *entry) error {
+		return e.sb.Resume(ctx)
+	})
+}
+
+func (m *Manager) transition(ctx context.Context, tenant, id, from, to, kind string, fn func(context.Context, *entry) error) (*api.Sandbox, error) {
+	r, e, err := m.attached(ctx, tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	if r.Status != from {
+		return nil, fmt.Errorf("%w: sandbox %s is %s, not %s", errdefs.ErrConflict, id, r.Status, from)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := fn(sctx, e); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", strings.TrimPrefix(kind, "sandbox."), id, err)
+	}
+	e.mu.Lock()
+	e.paused = to == StatusPaused
+	e.mu.Unlock()
+	r.Status = to
+	r.UpdatedAt = m.cfg.Now().UTC()
+	if err := m.cfg.Store.UpdateSandbox(sctx, r); err != nil {
+		return nil, err
+	}
+	m.emit(r.TenantID, id, kind, nil)
+	return m.view(r), nil
+}
+
+// Stop stops a sandbox's processes; its record and writable layer stay
+// until Remove.
+func (m *Manager) Stop(ctx context.Context, tenant, id string, grace time.Duration) (*api.Sandbox, error) {
+	r, err := m.cfg.Store.GetSandbox(ctx, tenant, id)
+	if err != nil {
+		return nil, notFound(id, err)
+	}
+	m.mu.Lock()
+	e := m.live[id]
+	delete(m.live, id)
+	m.mu.Unlock()
+	if e == nil {
+		return m.view(r), nil
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace+30*time.Second)
+	defer cancel()
+	e.dropAll()
+	if err := e.sb.Stop(sctx, grace); err != nil {
+		m.log.Warn("stop", "sandbox", id, "err", err)
+	}
+	r.Status = StatusStopped
+	r.UpdatedAt = m.cfg.Now().UTC()
+	if err := m.cfg.Store.UpdateSandbox(sctx, r); err != nil {
+		return nil, err
+	}
+	m.emit(r.TenantID, id, "sandbox.stopped", nil)
+	return m.view(r), nil
+}
+
+// Remove destroys a sandbox and deletes its record.
+func (m *Manager) Remove(ctx context.Context, tenant, id string) error {
+	r, err := m.cfg.Store.GetSandbox(ctx, tenant, id)
+	if err != nil {
+		return notFound(id, err)
+	}
+	if err := m.destroy(r, "removed"); err != nil {
+		return err
+	}
+	return m.cfg.Store.DeleteSandbox(context.Background(), id)
+}
+
+// destroy tears a sandbox down on the host and marks its record.
+func (m *Manager) destroy(r *store.Sandbox, reason string) error {
+	m.mu.Lock()
+	e := m.live[r.ID]
+	delete(m.live, r.ID)
+	m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var sb isolation.Sandbox
+	if e != nil {
+		e.dropAll()
+		sb = e.sb
+	} else {
+		sb = m.sandboxFromRecord(ctx, r)
+	}
+	if sb != nil {
+		if err := sb.Destroy(ctx); err != nil {
+			m.log.Error("destroy", "sandbox", r.ID, "err", err)
+			return fmt.Errorf("destroy %s: %w", r.ID, err)
+		}
+	} else {
+		m.cleanupOrphanDir(r)
+	}
+	m.detach(r.ID)
+	var sr specRecord
+	if json.Unmarshal(r.Spec, &sr) == nil {
+		m.dropInline(r.TenantID, sr.Secrets)
+	}
+	r.Status = StatusDestroyed
+	if reason != "removed" {
+		r.Error = reason
+	}
+	r.UpdatedAt = m.cfg.Now().UTC()
+	if err := m.cfg.Store.UpdateSandbox(ctx, r); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	m.emit(r.TenantID, r.ID, "sandbox.destroyed", map[string]any{"reason": reason})
+	m.log.Info("sandbox destroyed", "sandbox", r.ID, "reason", reason)
+	return nil
+}
