@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cagebox/cagebox/internal/rootfs"
 )
 
 // Class is the strength of the isolation boundary a runtime offers.
@@ -49,13 +51,40 @@ func ParseClass(s string) (Class, error) {
 }
 
 // Resources are the limits a sandbox is created with. Zero means the
-// runtime's default.
+// default (WithDefaults).
 type Resources struct {
 	MemoryBytes int64   `json:"memory_bytes,omitempty"`
 	CPUs        float64 `json:"cpus,omitempty"`
 	PIDs        int64   `json:"pids,omitempty"`
 	// DiskBytes bounds the per-sandbox writable layer.
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// The limits of a sandbox whose request leaves them at zero, the same for
+// every runtime.
+const (
+	DefaultMemoryBytes = 512 << 20
+	DefaultCPUs        = 1.0
+	DefaultPIDs        = 512
+	DefaultDiskBytes   = 1 << 30
+)
+
+// WithDefaults returns r with every limit at zero (or below) set to its
+// default.
+func (r Resources) WithDefaults() Resources {
+	if r.MemoryBytes <= 0 {
+		r.MemoryBytes = DefaultMemoryBytes
+	}
+	if r.CPUs <= 0 {
+		r.CPUs = DefaultCPUs
+	}
+	if r.PIDs <= 0 {
+		r.PIDs = DefaultPIDs
+	}
+	if r.DiskBytes <= 0 {
+		r.DiskBytes = DefaultDiskBytes
+	}
+	return r
 }
 
 // Spec is what a runtime needs to create a sandbox.
@@ -95,13 +124,13 @@ type Spec struct {
 	TrustedCAPEM []byte
 }
 
-// Guest paths of the trusted CA files (runtimes write them; the daemon
-// points SSL_CERT_FILE and friends at them).
+// Guest paths of the trusted CA files (every runtime writes them as
+// rootfs.Guest describes; the daemon points SSL_CERT_FILE and friends at
+// them).
 const (
-	GuestCAPath       = "/etc/cagebox/ca.crt"
-	GuestCABundlePath = "/etc/cagebox/ca-bundle.crt"
-	// guestSystemBundle is Debian's system bundle path.
-	GuestSystemBundle = "/etc/ssl/certs/ca-certificates.crt"
+	GuestCAPath       = rootfs.CAPath
+	GuestCABundlePath = rootfs.CABundlePath
+	GuestSystemBundle = rootfs.SystemBundle
 )
 
 // CAEnv is the environment that makes common clients (OpenSSL, curl,

@@ -77,3 +77,17 @@ func TestParseClass(t *testing.T) {
 		t.Error("ParseClass accepted vm")
 	}
 }
+
+func TestResourcesWithDefaults(t *testing.T) {
+	def := Resources{MemoryBytes: DefaultMemoryBytes, CPUs: DefaultCPUs, PIDs: DefaultPIDs, DiskBytes: DefaultDiskBytes}
+	for _, tc := range []struct{ in, want Resources }{
+		{Resources{}, def},
+		{Resources{MemoryBytes: -1, CPUs: -1, PIDs: -1, DiskBytes: -1}, def},
+		{Resources{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64, DiskBytes: 8 << 20}, Resources{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64, DiskBytes: 8 << 20}},
+		{Resources{PIDs: 7}, Resources{MemoryBytes: DefaultMemoryBytes, CPUs: DefaultCPUs, PIDs: 7, DiskBytes: DefaultDiskBytes}},
+	} {
+		if got := tc.in.WithDefaults(); got != tc.want {
+			t.Errorf("%+v.WithDefaults() = %+v, want %+v", tc.in, got, tc.want)
+		}
+	}
+}

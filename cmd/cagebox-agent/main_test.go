@@ -22,7 +22,7 @@ import (
 )
 
 // TestDependencies guards what the agent links: the standard library,
-// golang.org/x/sys, yamux and agentproto, and nothing of the daemon.
+// golang.org/x/sys, yamux, agentproto and rootfs, and nothing of the daemon.
 func TestDependencies(t *testing.T) {
 	cmd := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}", ".")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as it is built
@@ -34,6 +34,9 @@ func TestDependencies(t *testing.T) {
 		"golang.org/x/sys/",
 		"github.com/hashicorp/yamux",
 		"github.com/cagebox/cagebox/agentproto",
+		// The description of the guest's files, shared with the host
+		// (itself only the standard library and golang.org/x/sys).
+		"github.com/cagebox/cagebox/internal/rootfs",
 		"github.com/cagebox/cagebox/cmd/cagebox-agent",
 	}
 	forbiddenStd := []string{"database/sql", "net/http", "os/user", "plugin", "runtime/cgo", "crypto/tls"}

@@ -30,7 +30,6 @@ package main
 // /proc/sys and /sys.
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -42,7 +41,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -54,17 +52,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cagebox/cagebox/agentproto"
+	"github.com/cagebox/cagebox/internal/rootfs"
 )
 
 // vmAgentArg, as the first argument, tells the agent that the VM init
 // started it as PID 1 of a fresh PID and mount namespace.
 const vmAgentArg = "--vm-agent-stage"
 
-// Paths inside the guest.
+// Paths inside the guest (the files cagebox writes in every guest are
+// rootfs.Guest's).
 const (
-	vmRunDir      = "/.cagebox/run"
-	vmTokenFile   = vmRunDir + "/token"
-	vmEnvFile     = vmRunDir + "/env"
 	vmModuleDir   = "/lib/modules"
 	vmRootDisk    = "/dev/vda"
 	vmDefaultPIDs = 512
@@ -155,9 +152,7 @@ func vmBoot(log *slog.Logger, params map[string]string) (int, error) {
 	}
 	token := cfg.Token
 	cfg.Token = ""
-	if cfg.Hostname == "" {
-		cfg.Hostname = "sandbox"
-	}
+	cfg.Hostname = rootfs.Hostname(cfg.Hostname)
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return 0, fmt.Errorf("set hostname: %w", err)
 	}
@@ -197,7 +192,7 @@ func vmBoot(log *slog.Logger, params map[string]string) (int, error) {
 		return 0, err
 	}
 	cmd := exec.Command("/proc/self/exe", vmAgentArg,
-		"--listen", listen, "--token-file", vmTokenFile, "--env-file", vmEnvFile)
+		"--listen", listen, "--token-file", rootfs.TokenFile, "--env-file", rootfs.EnvFile)
 	cmd.Args[0] = "cagebox-agent"
 	if _, ok := params[agentproto.VMParamDebug]; ok {
 		cmd.Args = append(cmd.Args, "--log-level", "debug")
@@ -340,128 +335,15 @@ func mountRoot(cfg *agentproto.VMConfig) error {
 	return nil
 }
 
-type guestFile struct {
-	name, data string
-	mode       uint32
-}
-
 // writeVMGuestFiles writes what every guest expects to find about itself
-// (as the container runtime does on the host), and the agent's token and
-// environment files. Paths resolve inside root, whatever symlinks the image
-// holds.
+// (rootfs.Guest, as the container runtimes do from the host), and the
+// agent's token and environment files. Paths resolve inside root, whatever
+// symlinks the image holds.
 func writeVMGuestFiles(root string, cfg *agentproto.VMConfig, token string) error {
-	rf, err := os.OpenFile(root, unix.O_PATH|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return err
-	}
-	defer rf.Close()
-	files := []guestFile{
-		{"etc/hostname", cfg.Hostname + "\n", 0o644},
-		{"etc/hosts", "127.0.0.1\tlocalhost " + cfg.Hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n", 0o644},
-	}
-	if cfg.Nameserver != "" {
-		files = append(files, guestFile{"etc/resolv.conf", "nameserver " + cfg.Nameserver + "\noptions ndots:0 attempts:2 timeout:2\n", 0o644})
-	}
-	if cfg.TrustedCAPEM != "" {
-		system, _ := readInRoot(rf, "etc/ssl/certs/ca-certificates.crt", 8<<20)
-		bundle := string(system)
-		if bundle != "" && !strings.HasSuffix(bundle, "\n") {
-			bundle += "\n"
-		}
-		bundle += cfg.TrustedCAPEM
-		files = append(files,
-			guestFile{"etc/cagebox/ca.crt", cfg.TrustedCAPEM, 0o644},
-			guestFile{"etc/cagebox/ca-bundle.crt", bundle, 0o644},
-			guestFile{"etc/ssl/certs/ca-certificates.crt", bundle, 0o644})
-	}
-	var env strings.Builder
-	for _, kv := range cfg.Env {
-		env.WriteString(kv)
-		env.WriteByte('\n')
-	}
-	files = append(files,
-		guestFile{vmEnvFile[1:], env.String(), 0o400},
-		guestFile{vmTokenFile[1:], token, 0o400})
-	for _, f := range files {
-		if err := writeInRoot(rf, f.name, []byte(f.data), f.mode); err != nil {
-			return fmt.Errorf("write guest file /%s: %w", f.name, err)
-		}
-	}
-	return nil
-}
-
-func openInRoot(root *os.File, rel string, flags int, mode uint32) (*os.File, error) {
-	fd, err := unix.Openat2(int(root.Fd()), rel, &unix.OpenHow{
-		Flags:   uint64(flags | unix.O_CLOEXEC),
-		Mode:    uint64(mode),
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
-	})
-	if err != nil {
-		return nil, &fs.PathError{Op: "openat2", Path: rel, Err: err}
-	}
-	return os.NewFile(uintptr(fd), rel), nil
-}
-
-func readInRoot(root *os.File, rel string, max int64) ([]byte, error) {
-	f, err := openInRoot(root, rel, unix.O_RDONLY, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var buf bytes.Buffer
-	_, err = buf.ReadFrom(&limitedReader{f: f, n: max})
-	return buf.Bytes(), err
-}
-
-type limitedReader struct {
-	f *os.File
-	n int64
-}
-
-func (l *limitedReader) Read(p []byte) (int, error) {
-	if l.n <= 0 {
-		return 0, errors.New("file too large")
-	}
-	if int64(len(p)) > l.n {
-		p = p[:l.n]
-	}
-	n, err := l.f.Read(p)
-	l.n -= int64(n)
-	return n, err
-}
-
-func writeInRoot(root *os.File, rel string, data []byte, mode uint32) error {
-	cur := "."
-	for _, c := range strings.Split(path.Dir(rel), "/") {
-		if c == "." || c == "" {
-			continue
-		}
-		d, err := openInRoot(root, cur, unix.O_PATH|unix.O_DIRECTORY, 0)
-		if err != nil {
-			return err
-		}
-		err = unix.Mkdirat(int(d.Fd()), c, 0o755)
-		d.Close()
-		if err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("mkdir %s: %w", path.Join(cur, c), err)
-		}
-		cur = path.Join(cur, c)
-	}
-	// Replace, never write through, whatever is there (a symlink, a
-	// read-only file from the image).
-	if d, err := openInRoot(root, path.Dir(rel), unix.O_PATH|unix.O_DIRECTORY, 0); err == nil {
-		_ = unix.Unlinkat(int(d.Fd()), path.Base(rel), 0)
-		d.Close()
-	}
-	f, err := openInRoot(root, rel, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	g := rootfs.Guest{Hostname: cfg.Hostname, Nameserver: cfg.Nameserver, TrustedCAPEM: []byte(cfg.TrustedCAPEM)}
+	return rootfs.WriteGuest(root, g,
+		rootfs.File{Path: rootfs.EnvFile, Data: rootfs.EnvData(cfg.Env), Mode: 0o400},
+		rootfs.File{Path: rootfs.TokenFile, Data: []byte(token), Mode: 0o400})
 }
 
 // agentTransport returns the agent's --listen value and, for a

@@ -1,7 +1,13 @@
-// Package rootfs reads and writes files inside a guest root filesystem from
-// the host without following the guest's symlinks out of it: every path is
+// Package rootfs is the one description of the files cagebox writes into
+// every guest (Guest: hostname, hosts, resolv.conf, the trusted CA files,
+// the agent's run dir), used by the host for containers and by the VM init
+// inside microVMs, and the way they are read and written inside a guest
+// root without following the guest's symlinks out of it: every path is
 // resolved with openat2(RESOLVE_IN_ROOT), so a link such as
 // /etc/resolv.conf -> /etc/shadow in an image stays inside the image.
+//
+// cagebox-agent links this package: it must stay small, with nothing but
+// the standard library and golang.org/x/sys.
 package rootfs
 
 import (

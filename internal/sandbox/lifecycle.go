@@ -18,7 +18,6 @@ import (
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/isolation"
-	"github.com/cagebox/cagebox/isolation/oci"
 )
 
 // agentStartTimeout bounds the wait for a started sandbox's agent to answer
@@ -110,7 +109,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	tok := make([]byte, 32)
 	_, _ = rand.Read(tok)
 	res := isolation.Resources{MemoryBytes: req.MemoryBytes, CPUs: req.CPUs, PIDs: req.PIDs, DiskBytes: req.DiskBytes}
-	applyDefaults(&res)
+	res = res.WithDefaults()
 	spec := &isolation.Spec{
 		ID:         id,
 		StateDir:   filepath.Join(m.cfg.StateDir, id),
@@ -249,21 +248,6 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	log.Info("sandbox running", "image", img.Name, "setup", tCreate, "start", tStart, "agent_ready", time.Since(t1))
 	m.emit(tenant.ID, id, "sandbox.created", map[string]any{"runtime": rt.Name(), "image": img.Name})
 	return m.view(rec), nil
-}
-
-func applyDefaults(r *isolation.Resources) {
-	if r.MemoryBytes == 0 {
-		r.MemoryBytes = oci.DefaultMemoryBytes
-	}
-	if r.CPUs == 0 {
-		r.CPUs = oci.DefaultCPUs
-	}
-	if r.PIDs == 0 {
-		r.PIDs = oci.DefaultPIDs
-	}
-	if r.DiskBytes == 0 {
-		r.DiskBytes = 1 << 30
-	}
 }
 
 // Pause freezes a running sandbox.

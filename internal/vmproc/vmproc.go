@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -149,20 +150,62 @@ func UIDsInUse() map[uint32]bool {
 	return out
 }
 
-// PickUID chooses the uid of a sandbox's VMM from [base, base+count): one
-// derived from the id, or the next one that no process and no other
-// sandbox of the runtime (reserved) uses. A VMM that a guest took over then
-// shares its uid with nothing it could signal, ptrace or read.
-func PickUID[U ~int | ~uint32](id string, base, count U, reserved map[U]bool) (U, error) {
+// UIDPool hands out the uids VMM processes run as, one per sandbox, from
+// [base, base+count) (a range no user owns). A uid is one derived from the
+// sandbox's id, or the next one that no process and no other sandbox of
+// the pool uses. A VMM that a guest took over then shares its uid with
+// nothing it could signal, ptrace or read.
+type UIDPool struct {
+	base, count uint32
+
+	// mu guards reserved.
+	mu sync.Mutex
+	// reserved are the uids of sandboxes created or recovered and not yet
+	// destroyed (a VM made but not started has no process that would show
+	// its uid as taken).
+	reserved map[uint32]bool
+}
+
+// NewUIDPool returns the pool of count uids from base.
+func NewUIDPool(base, count uint32) *UIDPool {
+	return &UIDPool{base: base, count: count, reserved: map[uint32]bool{}}
+}
+
+// Pick chooses and reserves the uid of sandbox id.
+func (p *UIDPool) Pick(id string) (uint32, error) {
 	h := fnv.New32a()
 	h.Write([]byte(id))
-	start := U(h.Sum32() % uint32(count))
+	start := h.Sum32() % p.count
 	used := UIDsInUse()
-	for i := U(0); i < count; i++ {
-		uid := base + (start+i)%count
-		if !used[uint32(uid)] && !reserved[uid] {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := uint32(0); i < p.count; i++ {
+		uid := p.base + (start+i)%p.count
+		if !used[uid] && !p.reserved[uid] {
+			p.reserved[uid] = true
 			return uid, nil
 		}
 	}
-	return 0, fmt.Errorf("all %d VMM uids from %d are in use: destroy some sandboxes", count, base)
+	return 0, fmt.Errorf("all %d VMM uids from %d are in use: destroy some sandboxes", p.count, p.base)
+}
+
+// Reserve marks uid as taken (a recovered sandbox's).
+func (p *UIDPool) Reserve(uid uint32) {
+	p.mu.Lock()
+	p.reserved[uid] = true
+	p.mu.Unlock()
+}
+
+// Release gives uid back once its sandbox is destroyed.
+func (p *UIDPool) Release(uid uint32) {
+	p.mu.Lock()
+	delete(p.reserved, uid)
+	p.mu.Unlock()
+}
+
+// Reserved reports whether uid is taken by a sandbox of the pool.
+func (p *UIDPool) Reserved(uid uint32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reserved[uid]
 }

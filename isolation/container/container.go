@@ -6,7 +6,6 @@ package container
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -14,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"time"
 
 	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
@@ -24,9 +22,6 @@ import (
 
 // Name is the runtime's registry name.
 const Name = "container"
-
-// DefaultDiskBytes bounds the writable layer when the spec does not.
-const DefaultDiskBytes = oci.DefaultDiskBytes
 
 // CgroupParent is the cgroup (relative to each hierarchy's root) that holds
 // every sandbox's cgroup.
@@ -107,18 +102,10 @@ func (rt *Runtime) Available() error {
 	return nil
 }
 
-// stateData is what Recover needs; stored as isolation.State.Data.
-type stateData struct {
-	Binary      string `json:"binary"`
-	StateRoot   string `json:"state_root"`
-	Dir         string `json:"dir"`
-	CgroupsPath string `json:"cgroups_path"`
-}
-
-// Sandbox is one container.
+// Sandbox is one container: an oci.Sandbox whose agent listens on a
+// socket the host made.
 type Sandbox struct {
-	id string
-	sd stateData
+	*oci.Sandbox
 
 	// mu guards listener.
 	mu sync.Mutex
@@ -128,15 +115,10 @@ type Sandbox struct {
 }
 
 var (
-	_ isolation.Sandbox    = (*Sandbox)(nil)
-	_ isolation.OOMCounter = (*Sandbox)(nil)
+	_ isolation.Sandbox     = (*Sandbox)(nil)
+	_ isolation.OOMCounter  = (*Sandbox)(nil)
+	_ isolation.LeakChecker = (*Sandbox)(nil)
 )
-
-func (sd *stateData) path(elem ...string) string {
-	return filepath.Join(append([]string{sd.Dir}, elem...)...)
-}
-
-func (sd *stateData) cli() oci.CLI { return oci.CLI{Binary: sd.Binary, Root: sd.StateRoot} }
 
 // Create implements isolation.Runtime.
 func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolation.Sandbox, err error) {
@@ -146,43 +128,23 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	if spec.ID == "" || spec.StateDir == "" || spec.RootFS == "" || spec.AgentPath == "" {
 		return nil, errors.New("container: spec needs ID, StateDir, RootFS and AgentPath")
 	}
-	s := &Sandbox{id: spec.ID, sd: stateData{
-		Binary:      rt.binary,
-		StateRoot:   rt.stateRoot,
-		Dir:         spec.StateDir,
-		CgroupsPath: "/" + CgroupParent + "/" + spec.ID,
-	}}
 	var undo cleanup.Stack
 	defer func() {
 		if err != nil {
 			undo.Run()
 		}
 	}()
-	rootfs, err := oci.PrepareRoot(spec, s.sd.path("run"), &undo)
+	base, err := oci.Create(Name, spec, oci.NewState(spec, rt.binary, rt.stateRoot, nil), oci.BundleOptions{}, nil, oci.Hooks{}, &undo)
 	if err != nil {
 		return nil, err
 	}
-	sp := oci.Spec(spec, oci.BundleOptions{RootFS: rootfs, RunDir: s.sd.path("run"), CgroupsPath: s.sd.CgroupsPath})
-	if err := oci.WriteBundle(s.sd.path("bundle"), sp); err != nil {
-		return nil, err
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: s.sd.path("agent.sock"), Net: "unix"})
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: base.Path(oci.AgentSocket), Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("listen for agent: %w", err)
 	}
 	ln.SetUnlinkOnClose(false)
-	s.listener = ln
 	undo.Add(func() { ln.Close() })
-	return s, nil
-}
-
-// ID implements isolation.Sandbox.
-func (s *Sandbox) ID() string { return s.id }
-
-// State implements isolation.Sandbox.
-func (s *Sandbox) State() isolation.State {
-	b, _ := json.Marshal(s.sd)
-	return isolation.State{ID: s.id, Runtime: Name, Data: b}
+	return &Sandbox{Sandbox: base, listener: ln}, nil
 }
 
 // Start implements isolation.Sandbox: the agent runs as PID 1 and its
@@ -202,62 +164,11 @@ func (s *Sandbox) Start(ctx context.Context) error {
 		return fmt.Errorf("agent listener fd: %w", err)
 	}
 	defer lf.Close()
-	logf, err := os.OpenFile(s.sd.path("agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("open agent log: %w", err)
-	}
-	defer logf.Close()
-	devnull, err := os.Open(os.DevNull)
-	if err != nil {
-		return err
-	}
-	defer devnull.Close()
-	cmd := s.sd.cli().Command(ctx, "run", "--detach", "--preserve-fds", "1", "--bundle", s.sd.path("bundle"), s.id)
-	cmd.Stdin = devnull
-	cmd.Stdout = logf
-	cmd.Stderr = logf
-	cmd.ExtraFiles = []*os.File{lf}
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s run: %w: %s", filepath.Base(s.sd.Binary), err, oci.Tail(s.sd.path("agent.log"), 512))
-	}
-	return nil
+	return s.Run(ctx, []string{"--preserve-fds", "1"}, []*os.File{lf}, nil)
 }
 
-// Pause implements isolation.Sandbox (cgroup freezer).
-func (s *Sandbox) Pause(ctx context.Context) error {
-	_, err := s.sd.cli().Run(ctx, "pause", s.id)
-	return err
-}
-
-// Resume implements isolation.Sandbox.
-func (s *Sandbox) Resume(ctx context.Context) error {
-	_, err := s.sd.cli().Run(ctx, "resume", s.id)
-	return err
-}
-
-// Stop implements isolation.Sandbox: SIGTERM to the agent (which forwards
-// it), then SIGKILL to everything after grace.
-func (s *Sandbox) Stop(ctx context.Context, grace time.Duration) error {
-	return s.sd.cli().Stop(ctx, s.id, grace)
-}
-
-// DialAgent implements isolation.Sandbox.
-func (s *Sandbox) DialAgent(ctx context.Context) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", s.sd.path("agent.sock"))
-	if err != nil {
-		return nil, fmt.Errorf("dial agent: %w", err)
-	}
-	return c, nil
-}
-
-// OOMKills implements isolation.OOMCounter.
-func (s *Sandbox) OOMKills() (uint64, error) {
-	return cgroups.OOMKills(s.sd.CgroupsPath)
-}
-
-// Destroy implements isolation.Sandbox: kill and delete the container,
-// unmount its layers, remove its cgroups and state. Idempotent.
+// Destroy implements isolation.Sandbox (oci.Sandbox.Destroy, and the
+// listener of a sandbox never started closed). Idempotent.
 func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.mu.Lock()
 	if s.listener != nil {
@@ -265,48 +176,16 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 		s.listener = nil
 	}
 	s.mu.Unlock()
-	var errs []error
-	if err := s.sd.cli().Delete(ctx, s.id); err != nil {
-		errs = append(errs, err)
-	}
-	oci.UnmountRoot(s.sd.Dir)
-	if err := cgroups.Remove(s.sd.CgroupsPath); err != nil {
-		errs = append(errs, err)
-	}
-	if err := os.RemoveAll(s.sd.Dir); err != nil {
-		errs = append(errs, fmt.Errorf("remove state dir: %w", err))
-	}
-	return errors.Join(errs...)
-}
-
-// Leftovers lists what of the sandbox remains on the host (for tests and
-// `cagebox doctor`): cgroups, mounts, the state dir, the OCI runtime's record.
-func (s *Sandbox) Leftovers(ctx context.Context) []string {
-	var out []string
-	out = append(out, cgroups.Existing(s.sd.CgroupsPath)...)
-	if _, err := os.Stat(s.sd.Dir); err == nil {
-		out = append(out, "state dir "+s.sd.Dir)
-	}
-	out = append(out, oci.MountsBelow(s.sd.Dir)...)
-	if st := s.sd.cli().Status(ctx, s.id); st != "" {
-		out = append(out, "oci container in state "+st)
-	}
-	return out
+	return s.Sandbox.Destroy(ctx)
 }
 
 // Recover implements isolation.Runtime.
 func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.Sandbox, error) {
-	var sd stateData
-	if err := json.Unmarshal(st.Data, &sd); err != nil {
-		return nil, fmt.Errorf("container: decode state of %s: %w", st.ID, err)
+	base, err := oci.Recover(ctx, Name, st, oci.Hooks{})
+	if err != nil {
+		return nil, err
 	}
-	s := &Sandbox{id: st.ID, sd: sd}
-	switch s.sd.cli().Status(ctx, s.id) {
-	case "running", "paused":
-		return s, nil
-	}
-	_ = s.Destroy(ctx)
-	return nil, fmt.Errorf("container %s: %w", st.ID, isolation.ErrGone)
+	return &Sandbox{Sandbox: base}, nil
 }
 
 // Detail names the OCI runtime binary in use (shown by `cagebox runtimes`).

@@ -1,21 +1,21 @@
 package container_test
 
 import (
-	"os"
 	"testing"
 
+	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/container"
 	"github.com/cagebox/cagebox/isolation/isolationtest"
 )
 
 func TestConformance(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the container runtime needs root")
-	}
-	rt := container.New(container.Options{StateRoot: t.TempDir()})
+	stateRoot := t.TempDir()
+	rt := container.New(container.Options{StateRoot: stateRoot})
+	isolationtest.CheckAvailable(t, rt)
 	t.Logf("container runtime: %s", rt.Detail())
 	isolationtest.Run(t, rt, isolationtest.Options{
 		RootFS:    isolationtest.BusyboxRoot(t),
 		AgentPath: isolationtest.BuildAgent(t),
+		Restarted: func() isolation.Runtime { return container.New(container.Options{StateRoot: stateRoot}) },
 	})
 }

@@ -132,7 +132,7 @@ type jailSpec struct {
 	Firecracker string // --exec-file
 	ChrootBase  string
 	NetNS       string // "" = none
-	UID         int    // also the gid
+	UID         uint32 // also the gid
 	CgroupV2    bool
 	MemoryBytes int64   // cgroup memory limit: guest RAM + VMM overhead
 	CPUs        float64 // CPU quota in CPUs (0 = none)
@@ -156,8 +156,8 @@ func jailerArgs(j jailSpec) []string {
 	args := []string{
 		"--id", j.ID,
 		"--exec-file", j.Firecracker,
-		"--uid", strconv.Itoa(j.UID),
-		"--gid", strconv.Itoa(j.UID),
+		"--uid", strconv.FormatUint(uint64(j.UID), 10),
+		"--gid", strconv.FormatUint(uint64(j.UID), 10),
 		"--chroot-base-dir", j.ChrootBase,
 	}
 	if j.NetNS != "" {

@@ -42,7 +42,7 @@ import (
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/isolation"
-	"github.com/cagebox/cagebox/isolation/oci"
+	"github.com/cagebox/cagebox/isolation/internal/runlog"
 )
 
 // Name is the runtime's registry name.
@@ -76,7 +76,7 @@ type Options struct {
 	// and the runtime as unavailable.
 	Probe func() kvm.Verdict
 	// UIDBase and UIDCount: the range of VMM uids (0 = defaults).
-	UIDBase, UIDCount int
+	UIDBase, UIDCount uint32
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -84,17 +84,12 @@ type Options struct {
 // Runtime starts Firecracker microVMs.
 type Runtime struct {
 	fc, jailer, chrootBase, kvm string
-	uidBase, uidCount           int
 	cache                       *vmimage.Cache
 	log                         *slog.Logger
 	probe                       func() kvm.Verdict
-
-	// mu guards uids.
-	mu sync.Mutex
 	// uids are the VMM uids of the sandboxes this process created or
-	// recovered and has not destroyed (a jail made but not started has no
-	// process that would show its uid as taken).
-	uids map[int]bool
+	// recovered and has not destroyed.
+	uids *vmproc.UIDPool
 }
 
 var _ isolation.Runtime = (*Runtime)(nil)
@@ -115,22 +110,20 @@ func New(o Options) *Runtime {
 		jailer:     pick(o.Jailer, "CAGEBOX_JAILER_BIN", "jailer"),
 		chrootBase: o.ChrootBase,
 		kvm:        pick(o.KVM, "", "/dev/kvm"),
-		uidBase:    o.UIDBase,
-		uidCount:   o.UIDCount,
 		cache:      &vmimage.Cache{Dir: o.Dir},
 		log:        o.Logger,
-		uids:       map[int]bool{},
 		probe:      o.Probe,
 	}
 	if rt.chrootBase == "" {
 		rt.chrootBase = "/srv/cagebox-jail"
 	}
-	if rt.uidBase <= 0 {
-		rt.uidBase = DefaultUIDBase
+	if o.UIDBase == 0 {
+		o.UIDBase = DefaultUIDBase
 	}
-	if rt.uidCount <= 0 {
-		rt.uidCount = DefaultUIDCount
+	if o.UIDCount == 0 {
+		o.UIDCount = DefaultUIDCount
 	}
+	rt.uids = vmproc.NewUIDPool(o.UIDBase, o.UIDCount)
 	if rt.log == nil {
 		rt.log = slog.Default()
 	}
@@ -200,18 +193,6 @@ func (rt *Runtime) Detail() string {
 	return d
 }
 
-func (rt *Runtime) reserveUID(uid int) {
-	rt.mu.Lock()
-	rt.uids[uid] = true
-	rt.mu.Unlock()
-}
-
-func (rt *Runtime) releaseUID(uid int) {
-	rt.mu.Lock()
-	delete(rt.uids, uid)
-	rt.mu.Unlock()
-}
-
 // stateData is what Recover and Destroy need.
 type stateData struct {
 	ID       string      `json:"id"`
@@ -219,7 +200,7 @@ type stateData struct {
 	JailDir  string      `json:"jail_dir"`  // <base>/<exec file name>/<id>
 	JailRoot string      `json:"jail_root"` // JailDir/root
 	PIDFile  string      `json:"pid_file"`  // the jailer's pid file, in the jail
-	UID      int         `json:"uid"`
+	UID      uint32      `json:"uid"`
 	Cgroup   string      `json:"cgroup"` // the jailer's cgroup, relative to each hierarchy
 	Net      *vmnet.Link `json:"net,omitempty"`
 }
@@ -264,7 +245,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	if !jailID.MatchString(spec.ID) {
 		return nil, fmt.Errorf("firecracker: sandbox id %q is not a jailer id (letters, digits and '-', at most 64)", spec.ID)
 	}
-	res := withDefaults(spec.Resources)
+	res := spec.Resources.WithDefaults()
 	vcpus, memMiB, err := machineSize(res)
 	if err != nil {
 		return nil, fmt.Errorf("firecracker: %w", err)
@@ -288,12 +269,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	// Destroy undoes every step below, in order, from whatever was made.
 	undo.Add(func() { _ = s.Destroy(context.Background()) })
 
-	rt.mu.Lock()
-	uid, err := vmproc.PickUID(spec.ID, rt.uidBase, rt.uidCount, rt.uids)
-	if err == nil {
-		rt.uids[uid] = true
-	}
-	rt.mu.Unlock()
+	uid, err := rt.uids.Pick(spec.ID)
 	if err != nil {
 		return nil, fmt.Errorf("firecracker: %w", err)
 	}
@@ -329,12 +305,12 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	if err := vmimage.WriteSandboxInitrd(initrd, arts.Initrd, vc); err != nil {
 		return nil, fmt.Errorf("firecracker: %w", err)
 	}
-	if err := os.Chown(initrd, uid, uid); err != nil {
+	if err := os.Chown(initrd, int(uid), int(uid)); err != nil {
 		return nil, fmt.Errorf("firecracker: initramfs owner: %w", err)
 	}
 	mac := ""
 	if spec.NetNS != "" {
-		ln, tap, err := vmnet.Setup(spec, uid)
+		ln, tap, err := vmnet.Setup(spec, int(uid))
 		if err != nil {
 			return nil, fmt.Errorf("firecracker: network: %w", err)
 		}
@@ -347,21 +323,6 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 		CgroupV2: cgroups.Detect() == cgroups.V2, MemoryBytes: memMiB<<20 + vmmOverhead, CPUs: res.CPUs,
 	})
 	return s, nil
-}
-
-// withDefaults fills the zero resources with the defaults every runtime
-// uses.
-func withDefaults(res isolation.Resources) isolation.Resources {
-	if res.MemoryBytes <= 0 {
-		res.MemoryBytes = oci.DefaultMemoryBytes
-	}
-	if res.PIDs <= 0 {
-		res.PIDs = oci.DefaultPIDs
-	}
-	if res.CPUs <= 0 {
-		res.CPUs = oci.DefaultCPUs
-	}
-	return res
 }
 
 // linkOrCopy puts src into the jail: a hard link where it can (same
@@ -421,7 +382,7 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 		return errors.New("firecracker: sandbox already started")
 	}
 	s.started = true
-	logf, err := os.OpenFile(s.sd.logFile(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logf, err := runlog.Open(s.sd.logFile())
 	if err != nil {
 		return fmt.Errorf("firecracker: open vmm log: %w", err)
 	}
@@ -448,11 +409,11 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 	go func() { jailerDone <- cmd.Wait() }()
 	pid, err := waitJailPID(ctx, s.sd.PIDFile, jailerDone)
 	if err != nil {
-		return fmt.Errorf("firecracker: %w (log: %s)", err, tailFile(s.sd.logFile(), 512))
+		return fmt.Errorf("firecracker: %w (log: %s)", err, runlog.Tail(s.sd.logFile(), 512))
 	}
 	p, err := waitIdentify(ctx, pid, s.sd.ID, s.sd.UID)
 	if err != nil {
-		return fmt.Errorf("firecracker: %w (log: %s)", err, tailFile(s.sd.logFile(), 512))
+		return fmt.Errorf("firecracker: %w (log: %s)", err, runlog.Tail(s.sd.logFile(), 512))
 	}
 	undo.Add(func() { _ = p.Kill() })
 	if err := vmproc.WriteFile(s.sd.vmmFile(), p); err != nil {
@@ -464,7 +425,7 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if err := configure(ctx, c, s.cfg); err != nil {
-		return fmt.Errorf("firecracker: configure VM (%s): %w (log: %s)", s.cfg, err, tailFile(s.sd.logFile(), 512))
+		return fmt.Errorf("firecracker: configure VM (%s): %w (log: %s)", s.cfg, err, runlog.Tail(s.sd.logFile(), 512))
 	}
 	s.log.Debug("firecracker started", "pid", p.PID, "uid", s.sd.UID, "vm", s.cfg.String())
 	s.cfg, s.jailArgs = nil, nil
@@ -482,28 +443,13 @@ func (s *Sandbox) waitAPI(ctx context.Context, p *vmm) error {
 			return nil
 		}
 		if !p.Alive() {
-			return fmt.Errorf("firecracker exited before serving its API (log: %s)", tailFile(s.sd.logFile(), 512))
+			return fmt.Errorf("firecracker exited before serving its API (log: %s)", runlog.Tail(s.sd.logFile(), 512))
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			return fmt.Errorf("firecracker: no API socket at %s: %w", api, err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// tailFile is the last n bytes of a log, for error messages.
-func tailFile(p string, n int64) string {
-	f, err := os.Open(p)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > n {
-		f.Seek(fi.Size()-n, 0)
-	}
-	b := make([]byte, n)
-	k, _ := io.ReadFull(f, b)
-	return strings.TrimSpace(string(b[:k]))
 }
 
 // DialAgent implements isolation.Sandbox over Firecracker's hybrid vsock.
@@ -638,7 +584,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.proc = nil
 	s.mu.Unlock()
 	if len(errs) == 0 && s.sd.UID != 0 {
-		s.rt.releaseUID(s.sd.UID)
+		s.rt.uids.Release(s.sd.UID)
 	}
 	return errors.Join(errs...)
 }
@@ -680,7 +626,7 @@ func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.S
 		s.sd.PIDFile = filepath.Join(s.sd.JailRoot, filepath.Base(rt.fc)+".pid")
 	}
 	if s.sd.UID != 0 {
-		rt.reserveUID(s.sd.UID)
+		rt.uids.Reserve(s.sd.UID)
 	}
 	if p := s.vmmProc(); p != nil {
 		s.proc = p

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/cagebox/cagebox/internal/vmproc"
 	"io"
 	"log/slog"
 	"net"
@@ -39,14 +38,14 @@ import (
 // jailer binaries exist (see docs/operator.md); here it skips saying why.
 func TestConformance(t *testing.T) {
 	q := qemu.New(qemu.Options{Dir: vmimage.TestCacheDir()})
-	rt := New(Options{Dir: vmimage.TestCacheDir(), ChrootBase: filepath.Join(os.TempDir(), "cbx-jail"), Probe: q.KVM})
-	if err := rt.Available(); err != nil {
-		t.Skipf("firecracker runtime not available here: %v", err)
-	}
+	o := Options{Dir: vmimage.TestCacheDir(), ChrootBase: filepath.Join(os.TempDir(), "cbx-jail"), Probe: q.KVM}
+	rt := New(o)
+	isolationtest.CheckAvailable(t, rt)
 	isolationtest.Run(t, rt, isolationtest.Options{
 		RootFS:       isolationtest.BusyboxRoot(t),
 		AgentPath:    isolationtest.BuildAgent(t),
 		StartTimeout: 60 * time.Second,
+		Restarted:    func() isolation.Runtime { return New(o) },
 	})
 }
 
@@ -106,7 +105,7 @@ func TestMachineSize(t *testing.T) {
 		vcpus, mem int64
 		wantErr    string
 	}{
-		{withDefaults(isolation.Resources{}), 1, 512, ""},
+		{isolation.Resources{}.WithDefaults(), 1, 512, ""},
 		{isolation.Resources{MemoryBytes: 256 << 20, CPUs: 1.5}, 2, 256, ""},
 		{isolation.Resources{MemoryBytes: 256<<20 + 1, CPUs: 0.25}, 1, 257, ""},
 		{isolation.Resources{MemoryBytes: 64 << 20, CPUs: 1}, 0, 0, "at least 128 MiB"},
@@ -214,22 +213,6 @@ func TestJailerArgs(t *testing.T) {
 	// The jailer's cgroup parent defaults to the exec file's name.
 	if got := jailCgroup("/opt/fc/firecracker-v1.10.1-x86_64", "sb-1"); got != "firecracker-v1.10.1-x86_64/sb-1" {
 		t.Errorf("jail cgroup %s", got)
-	}
-}
-
-func TestPickUID(t *testing.T) {
-	a, err := vmproc.PickUID("sb-1", DefaultUIDBase, DefaultUIDCount, nil)
-	if err != nil || a < DefaultUIDBase || a >= DefaultUIDBase+DefaultUIDCount {
-		t.Fatalf("uid %d %v", a, err)
-	}
-	// The same id again while the first is reserved gets another uid.
-	b, err := vmproc.PickUID("sb-1", DefaultUIDBase, DefaultUIDCount, map[int]bool{a: true})
-	if err != nil || b == a {
-		t.Fatalf("second uid %d (first %d) %v", b, a, err)
-	}
-	// A uid that a process uses is skipped: root's, with a range of one.
-	if _, err := vmproc.PickUID("x", 0, 1, nil); err == nil || !strings.Contains(err.Error(), "in use") {
-		t.Fatalf("uid 0 (in use by this process) picked: %v", err)
 	}
 }
 
@@ -642,7 +625,7 @@ func halfMade(t *testing.T, id string) *Sandbox {
 		PIDFile: filepath.Join(root, "firecracker.pid"), UID: DefaultUIDBase + 7,
 		Cgroup: "cbf-test-" + id,
 	}}
-	rt.reserveUID(s.sd.UID)
+	rt.uids.Reserve(s.sd.UID)
 	for _, d := range []string{filepath.Join(root, "run"), s.sd.Dir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -679,7 +662,7 @@ func TestDestroyHalfMade(t *testing.T) {
 	if left := s.Leftovers(ctx); len(left) != 0 {
 		t.Fatalf("left: %v", left)
 	}
-	if s.rt.uids[s.sd.UID] {
+	if s.rt.uids.Reserved(s.sd.UID) {
 		t.Error("uid still reserved after destroy")
 	}
 
@@ -703,9 +686,9 @@ func TestRecoverAndDestroyVMM(t *testing.T) {
 	}
 	ctx := context.Background()
 	s := halfMade(t, "sb-live")
-	start := func(uid int) *exec.Cmd {
+	start := func(uid uint32) *exec.Cmd {
 		cmd := exec.Command("sh", "-c", "sleep 60", "--id="+s.sd.ID)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -777,8 +760,8 @@ func TestWaitIdentify(t *testing.T) {
 	if _, err := exec.LookPath("setpriv"); err != nil {
 		t.Skip("needs setpriv (util-linux)")
 	}
-	uid := DefaultUIDBase + 13
-	u := strconv.Itoa(uid)
+	uid := uint32(DefaultUIDBase + 13)
+	u := strconv.FormatUint(uint64(uid), 10)
 	cmd := exec.Command("sh", "-c", "sleep 0.2; exec setpriv --reuid="+u+" --regid="+u+" --clear-groups sh -c 'sleep 60' --id=sb-wait")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -20,26 +20,27 @@ import (
 type vmm = vmproc.Proc
 
 // procUID is the real uid of pid.
-func procUID(pid int) (int, error) {
+func procUID(pid int) (uint32, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		return -1, err
+		return 0, err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
 			f := strings.Fields(rest)
 			if len(f) > 0 {
-				return strconv.Atoi(f[0])
+				u, err := strconv.ParseUint(f[0], 10, 32)
+				return uint32(u), err
 			}
 		}
 	}
-	return -1, fmt.Errorf("no Uid in /proc/%d/status", pid)
+	return 0, fmt.Errorf("no Uid in /proc/%d/status", pid)
 }
 
 // isJailedVMM reports whether pid is the Firecracker the jailer started
 // for jail id as uid: the jailer execs it with "--id=<id>" after dropping
 // to uid, and no other process runs as that uid.
-func isJailedVMM(pid int, id string, uid int) bool {
+func isJailedVMM(pid int, id string, uid uint32) bool {
 	if pid <= 0 {
 		return false
 	}
@@ -60,7 +61,7 @@ func isJailedVMM(pid int, id string, uid int) bool {
 }
 
 // identify checks that pid is the sandbox's VMM and records its start time.
-func identify(pid int, id string, uid int) (*vmm, error) {
+func identify(pid int, id string, uid uint32) (*vmm, error) {
 	if !isJailedVMM(pid, id, uid) {
 		return nil, fmt.Errorf("process %d is not the firecracker of %s (uid %d)", pid, id, uid)
 	}
@@ -77,7 +78,7 @@ func identify(pid int, id string, uid int) (*vmm, error) {
 // waitIdentify is identify for a VMM just forked: the jailer writes the
 // pid before its child has dropped to the sandbox's uid and exec'd
 // Firecracker, so the check is retried for a moment.
-func waitIdentify(ctx context.Context, pid int, id string, uid int) (*vmm, error) {
+func waitIdentify(ctx context.Context, pid int, id string, uid uint32) (*vmm, error) {
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		p, err := identify(pid, id, uid)

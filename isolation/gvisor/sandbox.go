@@ -3,12 +3,12 @@ package gvisor
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -19,7 +19,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cagebox/cagebox/agentproto"
-	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/oci"
@@ -29,38 +28,16 @@ import (
 // context has no earlier deadline.
 const agentWait = 30 * time.Second
 
-// Paths of the agent's socket: where the agent binds it (in the run dir,
-// which the guest sees at oci.GuestRunDir) and the host-only name Start
-// gives it.
-const (
-	guestSockName = "agent.sock"
-	hostSockName  = "agent.sock"
-)
+// guestSockName is where the agent binds its socket, in the run dir (which
+// the guest sees at oci.GuestRunDir); Start gives it the host-only name
+// oci.AgentSocket.
+const guestSockName = "agent.sock"
 
-// stateData is what Recover needs; stored as isolation.State.Data.
-type stateData struct {
-	Binary    string `json:"binary"`
-	StateRoot string `json:"state_root"`
-	// Flags are runsc's global flags (platform, network) for this sandbox.
-	Flags       []string `json:"flags"`
-	Dir         string   `json:"dir"`
-	CgroupsPath string   `json:"cgroups_path"`
-	// NetNS is the network namespace runsc's netstack takes over.
-	NetNS string `json:"netns,omitempty"`
-}
-
-func (sd *stateData) path(elem ...string) string {
-	return filepath.Join(append([]string{sd.Dir}, elem...)...)
-}
-
-func (sd *stateData) cli() oci.CLI {
-	return oci.CLI{Binary: sd.Binary, Root: sd.StateRoot, Flags: sd.Flags}
-}
-
-// Sandbox is one gVisor sandbox (one runsc container).
+// Sandbox is one gVisor sandbox (one runsc container): an oci.Sandbox
+// whose agent binds its own socket, which Start takes out of the guest's
+// view.
 type Sandbox struct {
-	id string
-	sd stateData
+	*oci.Sandbox
 
 	// mu guards token and started.
 	mu sync.Mutex
@@ -77,6 +54,13 @@ var (
 	_ isolation.LeakChecker = (*Sandbox)(nil)
 )
 
+// hooks are what gVisor sandboxes add to oci.Sandbox.
+var hooks = oci.Hooks{
+	AfterDelete: afterDelete,
+	Leftovers:   leftovers,
+	Recovered:   recoverAgentSocket,
+}
+
 // Create implements isolation.Runtime.
 func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolation.Sandbox, err error) {
 	if err := rt.Available(); err != nil {
@@ -92,38 +76,21 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 		}
 		network = "sandbox"
 	}
-	s := &Sandbox{id: spec.ID, token: spec.AgentToken, sd: stateData{
-		Binary:      rt.binary,
-		StateRoot:   rt.stateRoot,
-		Flags:       rt.globalFlags(spec.ID, network),
-		Dir:         spec.StateDir,
-		CgroupsPath: "/" + oci.CgroupParent + "/" + spec.ID,
-		NetNS:       spec.NetNS,
-	}}
 	var undo cleanup.Stack
 	defer func() {
 		if err != nil {
 			undo.Run()
 		}
 	}()
-	rootfs, err := oci.PrepareRoot(spec, s.sd.path("run"), &undo)
+	st := oci.NewState(spec, rt.binary, rt.stateRoot, rt.globalFlags(spec.ID, network))
+	base, err := oci.Create(Name, spec, st, oci.BundleOptions{AgentListen: "unix:" + oci.GuestRunDir + "/" + guestSockName}, adjustSpec, hooks, &undo)
 	if err != nil {
-		return nil, err
-	}
-	sp := oci.Spec(spec, oci.BundleOptions{
-		RootFS:      rootfs,
-		RunDir:      s.sd.path("run"),
-		CgroupsPath: s.sd.CgroupsPath,
-		AgentListen: "unix:" + oci.GuestRunDir + "/" + guestSockName,
-	})
-	adjustSpec(sp)
-	if err := oci.WriteBundle(s.sd.path("bundle"), sp); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(rt.stateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("create runsc state root: %w", err)
 	}
-	return s, nil
+	return &Sandbox{Sandbox: base, token: spec.AgentToken}, nil
 }
 
 // adjustSpec fits the shared bundle to gVisor's pids accounting. The host
@@ -176,15 +143,6 @@ func dropClone3Rule(sp *specs.Spec) {
 // hostPIDs is the host cgroup's pids limit for a guest limit of guest.
 func hostPIDs(guest int64) int64 { return 16*guest + 512 }
 
-// ID implements isolation.Sandbox.
-func (s *Sandbox) ID() string { return s.id }
-
-// State implements isolation.Sandbox.
-func (s *Sandbox) State() isolation.State {
-	b, _ := json.Marshal(s.sd)
-	return isolation.State{ID: s.id, Runtime: Name, Data: b}
-}
-
 // Start implements isolation.Sandbox: runsc runs the agent as PID 1; Start
 // returns once the agent answers on the host-only socket, so DialAgent
 // works at once.
@@ -196,30 +154,17 @@ func (s *Sandbox) Start(ctx context.Context) error {
 	if started {
 		return errors.New("gvisor: sandbox already started")
 	}
-	logf, err := os.OpenFile(s.sd.path("agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("open agent log: %w", err)
+	var run func(*exec.Cmd) error
+	if netns := s.Data().NetNS; netns != "" {
+		run = func(cmd *exec.Cmd) error { return runWithNetNSCheckMasked(netns, cmd) }
 	}
-	defer logf.Close()
-	devnull, err := os.Open(os.DevNull)
-	if err != nil {
+	t0 := time.Now()
+	if err := s.Run(ctx, nil, nil, run); err != nil {
 		return err
 	}
-	defer devnull.Close()
-	cmd := s.sd.cli().Command(ctx, "run", "--detach", "--bundle", s.sd.path("bundle"), s.id)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
-	t0 := time.Now()
-	if s.sd.NetNS != "" {
-		err = runWithNetNSCheckMasked(s.sd.NetNS, cmd)
-	} else {
-		err = cmd.Run()
-	}
-	if err != nil {
-		return fmt.Errorf("runsc run: %w: %s", err, oci.Tail(s.sd.path("agent.log"), 512))
-	}
 	t1 := time.Now()
-	err = s.adoptAgentSocket(ctx, token)
-	slog.Debug("gvisor started", "sandbox", s.id, "runsc_run", t1.Sub(t0), "agent", time.Since(t1))
+	err := s.adoptAgentSocket(ctx, token)
+	slog.Debug("gvisor started", "sandbox", s.ID(), "runsc_run", t1.Sub(t0), "agent", time.Since(t1))
 	return err
 }
 
@@ -230,9 +175,9 @@ func (s *Sandbox) Start(ctx context.Context) error {
 func (s *Sandbox) adoptAgentSocket(ctx context.Context, token string) error {
 	ctx, cancel := context.WithTimeout(ctx, agentWait)
 	defer cancel()
-	guest, host := s.sd.path("run", guestSockName), s.sd.path(hostSockName)
+	guest, host := filepath.Join(s.RunDirPath(), guestSockName), s.Path(oci.AgentSocket)
 	fail := func(what string, err error) error {
-		return fmt.Errorf("gvisor: %s: %w (agent log: %s)", what, err, oci.Tail(s.sd.path("agent.log"), 512))
+		return fmt.Errorf("gvisor: %s: %w (agent log: %s)", what, err, s.LogTail())
 	}
 	for i := 0; ; i++ {
 		fi, err := os.Lstat(guest)
@@ -240,7 +185,7 @@ func (s *Sandbox) adoptAgentSocket(ctx context.Context, token string) error {
 			break
 		}
 		if i%25 == 24 {
-			if st := s.sd.cli().Status(ctx, s.id); st != "running" && st != "created" {
+			if st := s.CLI().Status(ctx, s.ID()); st != "running" && st != "created" {
 				return fail("agent socket never appeared", fmt.Errorf("sandbox is %q", st))
 			}
 		}
@@ -279,78 +224,34 @@ func (s *Sandbox) adoptAgentSocket(ctx context.Context, token string) error {
 	return fail("agent never answered", errors.Join(ctx.Err(), lastErr))
 }
 
-// DialAgent implements isolation.Sandbox.
-func (s *Sandbox) DialAgent(ctx context.Context) (net.Conn, error) {
-	c, err := (&net.Dialer{}).DialContext(ctx, "unix", s.sd.path(hostSockName))
-	if err != nil {
-		return nil, fmt.Errorf("dial agent: %w", err)
-	}
-	return c, nil
-}
-
-// Pause implements isolation.Sandbox: the sentry stops every guest task.
-func (s *Sandbox) Pause(ctx context.Context) error {
-	_, err := s.sd.cli().Run(ctx, "pause", s.id)
-	return err
-}
-
-// Resume implements isolation.Sandbox.
-func (s *Sandbox) Resume(ctx context.Context) error {
-	_, err := s.sd.cli().Run(ctx, "resume", s.id)
-	return err
-}
-
-// Stop implements isolation.Sandbox: SIGTERM to the agent (which forwards
-// it), then SIGKILL to everything after grace.
-func (s *Sandbox) Stop(ctx context.Context, grace time.Duration) error {
-	return s.sd.cli().Stop(ctx, s.id, grace)
-}
-
-// OOMKills implements isolation.OOMCounter. gVisor has no OOM killer of its
-// own: a guest over its memory limit makes the host kill the sandbox's
-// sentry (and with it the whole guest), which this counts.
-func (s *Sandbox) OOMKills() (uint64, error) {
-	return cgroups.OOMKills(s.sd.CgroupsPath)
-}
-
 // OOMKillsSandbox implements isolation.OOMScope: true, as the sentry (this
-// runsc) has no guest OOM killer; reaching the memory limit ends the whole
-// sandbox.
+// runsc) has no guest OOM killer; reaching the memory limit makes the host
+// kill the sentry, ending the whole sandbox (which OOMKills counts).
 func (s *Sandbox) OOMKillsSandbox() bool { return true }
 
 // Destroy implements isolation.Sandbox: delete the runsc container (which
-// kills the sandbox), kill any of its processes that outlived that, unmount
-// its root, remove its cgroups and state. Idempotent.
+// kills the sandbox), kill any of its processes that outlived that, remove
+// runsc's record, unmount its root, remove its cgroups and state.
+// Idempotent.
 func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.mu.Lock()
 	s.started, s.token = true, ""
 	s.mu.Unlock()
-	var errs []error
-	if err := s.sd.cli().Delete(ctx, s.id); err != nil {
-		errs = append(errs, err)
-	}
-	if err := s.killProcesses(ctx); err != nil {
-		errs = append(errs, err)
-	}
-	// A container whose start failed before runsc saved its state is
-	// unknown to `runsc delete`, which leaves its lock file behind.
-	if err := s.removeRunscRecord(); err != nil {
-		errs = append(errs, err)
-	}
-	oci.UnmountRoot(s.sd.Dir)
-	if err := cgroups.Remove(s.sd.CgroupsPath); err != nil {
-		errs = append(errs, err)
-	}
-	if err := os.RemoveAll(s.sd.Dir); err != nil {
-		errs = append(errs, fmt.Errorf("remove state dir: %w", err))
-	}
-	return errors.Join(errs...)
+	return s.Sandbox.Destroy(ctx)
+}
+
+// afterDelete kills what `runsc delete` left running and removes runsc's
+// record: a container whose start failed before runsc saved its state is
+// unknown to `runsc delete`, which leaves its lock file behind.
+func afterDelete(ctx context.Context, s *oci.Sandbox) error {
+	return errors.Join(killProcesses(ctx, s), removeRunscRecord(s))
 }
 
 // removeRunscRecord removes what runsc keeps of this container in its
 // state root ("ID_sandbox:ID.state", ".lock"), once its processes are gone.
-func (s *Sandbox) removeRunscRecord() error {
-	ents, err := os.ReadDir(s.sd.StateRoot)
+func removeRunscRecord(s *oci.Sandbox) error {
+	root := s.Data().StateRoot
+	ents, err := os.ReadDir(root)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil
@@ -359,8 +260,8 @@ func (s *Sandbox) removeRunscRecord() error {
 	}
 	var errs []error
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), s.id+"_sandbox:") {
-			if err := os.RemoveAll(filepath.Join(s.sd.StateRoot, e.Name())); err != nil {
+		if strings.HasPrefix(e.Name(), s.ID()+"_sandbox:") {
+			if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
 				errs = append(errs, fmt.Errorf("gvisor: remove runsc record: %w", err))
 			}
 		}
@@ -371,8 +272,8 @@ func (s *Sandbox) removeRunscRecord() error {
 // processes lists the host processes of this sandbox (runsc's sandbox and
 // gofer processes and the sentry's stubs): every one has the sandbox's
 // bundle directory in its command line.
-func (s *Sandbox) processes() []int {
-	bundle := []byte(s.sd.path("bundle"))
+func processes(s *oci.Sandbox) []int {
+	bundle := []byte(s.BundlePath())
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -398,8 +299,8 @@ func (s *Sandbox) processes() []int {
 }
 
 // killProcesses kills what runsc delete left running and waits for it.
-func (s *Sandbox) killProcesses(ctx context.Context) error {
-	pids := s.processes()
+func killProcesses(ctx context.Context, s *oci.Sandbox) error {
+	pids := processes(s)
 	if len(pids) == 0 {
 		return nil
 	}
@@ -408,37 +309,29 @@ func (s *Sandbox) killProcesses(ctx context.Context) error {
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if len(s.processes()) == 0 {
+		if len(processes(s)) == 0 {
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if left := s.processes(); len(left) > 0 {
-		return fmt.Errorf("gvisor: processes %v of sandbox %s survived SIGKILL", left, s.id)
+	if left := processes(s); len(left) > 0 {
+		return fmt.Errorf("gvisor: processes %v of sandbox %s survived SIGKILL", left, s.ID())
 	}
 	return nil
 }
 
-// Leftovers implements isolation.LeakChecker: cgroups, mounts, the state
-// dir, runsc's record and host processes of the sandbox.
-func (s *Sandbox) Leftovers(ctx context.Context) []string {
+// leftovers lists runsc's record and the host processes of the sandbox.
+func leftovers(ctx context.Context, s *oci.Sandbox) []string {
 	var out []string
-	out = append(out, cgroups.Existing(s.sd.CgroupsPath)...)
-	if _, err := os.Stat(s.sd.Dir); err == nil {
-		out = append(out, "state dir "+s.sd.Dir)
-	}
-	out = append(out, oci.MountsBelow(s.sd.Dir)...)
-	if st := s.sd.cli().Status(ctx, s.id); st != "" {
-		out = append(out, "runsc container in state "+st)
-	}
-	if ents, err := os.ReadDir(s.sd.StateRoot); err == nil {
+	root := s.Data().StateRoot
+	if ents, err := os.ReadDir(root); err == nil {
 		for _, e := range ents {
-			if strings.Contains(e.Name(), s.id) {
-				out = append(out, "runsc state "+filepath.Join(s.sd.StateRoot, e.Name()))
+			if strings.Contains(e.Name(), s.ID()) {
+				out = append(out, "runsc state "+filepath.Join(root, e.Name()))
 			}
 		}
 	}
-	for _, pid := range s.processes() {
+	for _, pid := range processes(s) {
 		out = append(out, "process "+strconv.Itoa(pid))
 	}
 	return out
@@ -446,24 +339,22 @@ func (s *Sandbox) Leftovers(ctx context.Context) []string {
 
 // Recover implements isolation.Runtime.
 func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.Sandbox, error) {
-	var sd stateData
-	if err := json.Unmarshal(st.Data, &sd); err != nil {
-		return nil, fmt.Errorf("gvisor: decode state of %s: %w", st.ID, err)
+	base, err := oci.Recover(ctx, Name, st, hooks)
+	if err != nil {
+		return nil, err
 	}
-	s := &Sandbox{id: st.ID, sd: sd, started: true}
-	switch sd.cli().Status(ctx, s.id) {
-	case "running", "paused":
-		// A daemon that died inside Start may not have moved the agent's
-		// socket out of the guest's view yet.
-		guest, host := sd.path("run", guestSockName), sd.path(hostSockName)
-		if _, err := os.Lstat(host); errors.Is(err, os.ErrNotExist) {
-			if err := os.Link(guest, host); err != nil {
-				return nil, fmt.Errorf("gvisor sandbox %s: recover agent socket: %w", st.ID, err)
-			}
-			_ = os.Remove(guest)
+	return &Sandbox{Sandbox: base, started: true}, nil
+}
+
+// recoverAgentSocket moves the agent's socket out of the guest's view: a
+// daemon that died inside Start may not have done it yet.
+func recoverAgentSocket(s *oci.Sandbox) error {
+	guest, host := filepath.Join(s.RunDirPath(), guestSockName), s.Path(oci.AgentSocket)
+	if _, err := os.Lstat(host); errors.Is(err, os.ErrNotExist) {
+		if err := os.Link(guest, host); err != nil {
+			return fmt.Errorf("recover agent socket: %w", err)
 		}
-		return s, nil
+		_ = os.Remove(guest)
 	}
-	_ = s.Destroy(ctx)
-	return nil, fmt.Errorf("gvisor sandbox %s: %w", st.ID, isolation.ErrGone)
+	return nil
 }

@@ -1,6 +1,13 @@
 // Package isolationtest is the conformance suite every runtime must pass:
 // the same assertions, through the same agent protocol, for containers,
-// gVisor and microVMs.
+// gVisor and microVMs: exec, files, limits, confinement, the guest's
+// files, a routed network link, pause, stop, recovery after a daemon
+// restart, and nothing left behind.
+//
+// A runtime that cannot run on a host skips the suite saying why, unless
+// CAGEBOX_REQUIRE_RUNTIMES (a comma list of runtime names) lists it: then
+// the suite fails with the reason, so that CI on a host that must have the
+// runtime notices it is missing.
 package isolationtest
 
 import (
@@ -33,6 +40,42 @@ type Options struct {
 	// StartTimeout bounds create+start+first agent answer (VMs under TCG
 	// need seconds).
 	StartTimeout time.Duration
+	// Restarted returns a new runtime over the same host state, as a
+	// restarted daemon makes, to recover sandboxes with (nil: the same
+	// runtime).
+	Restarted func() isolation.Runtime
+}
+
+// RequireEnv names the environment variable listing the runtimes that must
+// be available (comma-separated, e.g. "container,gvisor,qemu").
+const RequireEnv = "CAGEBOX_REQUIRE_RUNTIMES"
+
+// Required reports whether RequireEnv lists the runtime name.
+func Required(name string) bool {
+	for _, r := range strings.Split(os.Getenv(RequireEnv), ",") {
+		if strings.TrimSpace(r) == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Unavailable ends a test of runtime name, which cannot run here (why): it
+// fails when RequireEnv lists the runtime, and skips otherwise.
+func Unavailable(t testing.TB, name string, why any) {
+	t.Helper()
+	if Required(name) {
+		t.Fatalf("runtime %s is required here (%s) but not available: %v", name, RequireEnv, why)
+	}
+	t.Skipf("runtime %s not available here: %v", name, why)
+}
+
+// CheckAvailable ends the test (Unavailable) unless rt can run here.
+func CheckAvailable(t testing.TB, rt isolation.Runtime) {
+	t.Helper()
+	if err := rt.Available(); err != nil {
+		Unavailable(t, rt.Name(), err)
+	}
 }
 
 // Guest is a started sandbox with a connected agent client.
@@ -59,6 +102,14 @@ func (g *Guest) Exec(t testing.TB, argv ...string) (string, string, *agentproto.
 // destroys it and checks that nothing is left.
 func Start(t testing.TB, rt isolation.Runtime, o Options, res isolation.Resources, env ...string) *Guest {
 	t.Helper()
+	return StartSpec(t, rt, o, func(s *isolation.Spec) {
+		s.Resources, s.Env = res, env
+	})
+}
+
+// StartSpec is Start with the spec's fields changed by mod.
+func StartSpec(t testing.TB, rt isolation.Runtime, o Options, mod func(*isolation.Spec)) *Guest {
+	t.Helper()
 	timeout := o.StartTimeout
 	if timeout == 0 {
 		timeout = 30 * time.Second
@@ -76,9 +127,10 @@ func Start(t testing.TB, rt isolation.Runtime, o Options, res isolation.Resource
 		RootFS:     o.RootFS,
 		AgentPath:  o.AgentPath,
 		AgentToken: hex.EncodeToString(tok),
-		Env:        env,
 		Hostname:   "conformance",
-		Resources:  res,
+	}
+	if mod != nil {
+		mod(spec)
 	}
 	sb, err := rt.Create(ctx, spec)
 	if err != nil {
@@ -145,12 +197,18 @@ func stateRoot(t testing.TB) string {
 
 // Run runs the whole suite against rt.
 func Run(t *testing.T, rt isolation.Runtime, o Options) {
-	if err := rt.Available(); err != nil {
-		t.Skipf("runtime %s not available here: %v", rt.Name(), err)
-	}
+	CheckAvailable(t, rt)
 	t.Run("FailedStartLeavesNothing", func(t *testing.T) { failedStart(t, rt, o) })
 	limits := isolation.Resources{MemoryBytes: 256 << 20, PIDs: 64, CPUs: 1}
-	g := Start(t, rt, o, limits, "CBX_BASE=base-value")
+	caPEM := testCA(t)
+	g := StartSpec(t, rt, o, func(s *isolation.Spec) {
+		s.Resources, s.Env = limits, []string{"CBX_BASE=base-value"}
+		s.Nameserver, s.TrustedCAPEM = guestFilesNameserver, caPEM
+	})
+
+	t.Run("GuestFiles", func(t *testing.T) { guestFiles(t, g, o, caPEM) })
+	t.Run("Network", func(t *testing.T) { network(t, rt, o) })
+	t.Run("Recover", func(t *testing.T) { recoverSandbox(t, rt, o) })
 
 	t.Run("ExecEcho", func(t *testing.T) {
 		out, _, res := g.Exec(t, "echo", "hello", "world")
@@ -652,81 +710,68 @@ func failedStart(t *testing.T, rt isolation.Runtime, o Options) {
 	}
 }
 
-var (
-	dudOnce sync.Once
-	dudPath string
-	dudErr  error
-)
+// buildDud builds a static binary that exits 3 at once (once per test
+// binary).
+var buildDudOnce = sync.OnceValues(func() (string, error) {
+	src, err := os.MkdirTemp("", "cbxdud")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(src)
+	os.WriteFile(filepath.Join(src, "go.mod"), []byte("module dud\n\ngo 1.21\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "main.go"), []byte("package main\n\nimport \"os\"\n\nfunc main() { os.Exit(3) }\n"), 0o644)
+	return buildStatic("dud-agent", src, ".", "GOFLAGS=", "GOWORK=off")
+})
 
-// buildDud builds a static binary that exits 3 at once.
 func buildDud(t testing.TB) string {
 	t.Helper()
-	dudOnce.Do(func() {
-		dir := filepath.Join(os.TempDir(), "cagebox-test-bin")
-		if dudErr = os.MkdirAll(dir, 0o755); dudErr != nil {
-			return
-		}
-		src, err := os.MkdirTemp("", "cbxdud")
-		if err != nil {
-			dudErr = err
-			return
-		}
-		defer os.RemoveAll(src)
-		os.WriteFile(filepath.Join(src, "go.mod"), []byte("module dud\n\ngo 1.21\n"), 0o644)
-		os.WriteFile(filepath.Join(src, "main.go"), []byte("package main\n\nimport \"os\"\n\nfunc main() { os.Exit(3) }\n"), 0o644)
-		tmp := filepath.Join(dir, fmt.Sprintf(".dud-%d", os.Getpid()))
-		cmd := exec.Command("go", "build", "-trimpath", "-o", tmp, ".")
-		cmd.Dir = src
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=", "GOWORK=off")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			dudErr = fmt.Errorf("build dud agent: %v: %s", err, out)
-			return
-		}
-		dudPath = filepath.Join(dir, "dud-agent")
-		dudErr = os.Rename(tmp, dudPath)
-	})
-	if dudErr != nil {
-		t.Fatal(dudErr)
+	p, err := buildDudOnce()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return dudPath
+	return p
 }
 
-var (
-	agentOnce sync.Once
-	agentPath string
-	agentErr  error
-)
+var buildAgentOnce = sync.OnceValues(func() (string, error) {
+	return buildStatic("cagebox-agent", "", "github.com/cagebox/cagebox/cmd/cagebox-agent")
+})
 
 // BuildAgent builds a static cagebox-agent once per test binary.
 func BuildAgent(t testing.TB) string {
 	t.Helper()
-	agentOnce.Do(func() {
-		// One fixed path, replaced atomically: test binaries of several
-		// packages may build it at once, and nothing is left per run.
-		dir := filepath.Join(os.TempDir(), "cagebox-test-bin")
-		if agentErr = os.MkdirAll(dir, 0o755); agentErr != nil {
-			return
-		}
-		tmp, err := os.CreateTemp(dir, ".agent-*")
-		if err != nil {
-			agentErr = err
-			return
-		}
-		tmp.Close()
-		cmd := exec.Command("go", "build", "-trimpath", "-o", tmp.Name(), "github.com/cagebox/cagebox/cmd/cagebox-agent")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			os.Remove(tmp.Name())
-			agentErr = fmt.Errorf("build agent: %v: %s", err, out)
-			return
-		}
-		agentPath = filepath.Join(dir, "cagebox-agent")
-		agentErr = os.Rename(tmp.Name(), agentPath)
-	})
-	if agentErr != nil {
-		t.Fatal(agentErr)
+	p, err := buildAgentOnce()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return agentPath
+	return p
+}
+
+// buildStatic builds pkg (in dir; "" = here) with CGO_ENABLED=0 and env
+// to one fixed path per name, replaced atomically: test binaries of
+// several packages may build it at once, and nothing is left per run.
+func buildStatic(name, dir, pkg string, env ...string) (string, error) {
+	bin := filepath.Join(os.TempDir(), "cagebox-test-bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(bin, "."+name+"-*")
+	if err != nil {
+		return "", err
+	}
+	tmp.Close()
+	cmd := exec.Command("go", "build", "-trimpath", "-o", tmp.Name(), pkg)
+	cmd.Dir = dir
+	cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0"), env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("build %s: %v: %s", name, err, out)
+	}
+	p := filepath.Join(bin, name)
+	if err := os.Rename(tmp.Name(), p); err != nil {
+		os.Remove(tmp.Name())
+		return "", err
+	}
+	return p, nil
 }
 
 var (

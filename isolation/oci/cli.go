@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -93,16 +92,4 @@ func (c CLI) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	return nil
-}
-
-// Tail returns the last n bytes of a log file (for error messages).
-func Tail(path string, n int64) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	if int64(len(b)) > n {
-		b = b[int64(len(b))-n:]
-	}
-	return strings.TrimSpace(string(b))
 }

@@ -14,9 +14,6 @@ import (
 	"github.com/cagebox/cagebox/isolation"
 )
 
-// DefaultDiskBytes bounds the writable layer when the spec does not.
-const DefaultDiskBytes = 1 << 30
-
 // CgroupParent is the cgroup (relative to each hierarchy's root) that holds
 // every sandbox's cgroup, whichever OCI runtime made it.
 const CgroupParent = "cagebox"
@@ -36,7 +33,7 @@ func PrepareRoot(spec *isolation.Spec, runDir string, undo *cleanup.Stack) (stri
 		return "", fmt.Errorf("create state dir: %w", err)
 	}
 	undo.Add(func() { _ = os.RemoveAll(spec.StateDir) })
-	root, err := MountRoot(spec.StateDir, spec.RootFS, spec.Resources.DiskBytes)
+	root, err := MountRoot(spec.StateDir, spec.RootFS, spec.Resources.WithDefaults().DiskBytes)
 	if err != nil {
 		return "", err
 	}
@@ -51,12 +48,12 @@ func PrepareRoot(spec *isolation.Spec, runDir string, undo *cleanup.Stack) (stri
 }
 
 // MountRoot makes the writable root of a guest below dir: a tmpfs of
-// diskBytes (DefaultDiskBytes when <= 0) at dir/rw holding the upper layer,
+// diskBytes at dir/rw holding the upper layer,
 // and an overlay of image (never written) under it at dir/rootfs, whose path
 // it returns. On error nothing stays mounted; UnmountRoot undoes it.
 func MountRoot(dir, image string, diskBytes int64) (_ string, err error) {
 	if diskBytes <= 0 {
-		diskBytes = DefaultDiskBytes
+		return "", fmt.Errorf("writable layer of %d bytes: want a positive size", diskBytes)
 	}
 	var undo cleanup.Stack
 	defer func() {
@@ -116,39 +113,7 @@ func MountsBelow(dir string) []string {
 }
 
 // WriteGuestFiles writes the files every guest expects to find about itself
-// into its root: hostname, hosts, resolv.conf (when spec.Nameserver is set)
-// and the trusted CA files (when spec.TrustedCAPEM is set). Paths resolve
-// inside root, so links in the image cannot point the writes at the host.
+// (rootfs.Guest) into its root.
 func WriteGuestFiles(root string, spec *isolation.Spec) error {
-	host := spec.Hostname
-	if host == "" {
-		host = "sandbox"
-	}
-	files := map[string]string{
-		"etc/hostname": host + "\n",
-		"etc/hosts":    "127.0.0.1\tlocalhost " + host + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-	}
-	if spec.Nameserver != "" {
-		files["etc/resolv.conf"] = "nameserver " + spec.Nameserver + "\noptions ndots:0 attempts:2 timeout:2\n"
-	}
-	if len(spec.TrustedCAPEM) > 0 {
-		// The image's bundle plus the sandbox CA, both as the system bundle
-		// (copied up into the writable layer; the image is untouched) and
-		// as cagebox's own files.
-		system, _ := rootfs.ReadFile(root, isolation.GuestSystemBundle, 8<<20)
-		bundle := string(system)
-		if bundle != "" && !strings.HasSuffix(bundle, "\n") {
-			bundle += "\n"
-		}
-		bundle += string(spec.TrustedCAPEM)
-		files[strings.TrimPrefix(isolation.GuestCAPath, "/")] = string(spec.TrustedCAPEM)
-		files[strings.TrimPrefix(isolation.GuestCABundlePath, "/")] = bundle
-		files[strings.TrimPrefix(isolation.GuestSystemBundle, "/")] = bundle
-	}
-	for name, content := range files {
-		if err := rootfs.WriteFile(root, name, []byte(content), 0o644); err != nil {
-			return fmt.Errorf("write guest files: %w", err)
-		}
-	}
-	return nil
+	return rootfs.WriteGuest(root, rootfs.Guest{Hostname: spec.Hostname, Nameserver: spec.Nameserver, TrustedCAPEM: spec.TrustedCAPEM})
 }

@@ -2,35 +2,33 @@
 // share: the OCI runtime bundle (namespaces, capabilities, seccomp, masked
 // paths, cgroup limits and the mounts that put cagebox-agent in the guest as
 // PID 1), the guest's writable overlay root and the files written into it,
-// and the OCI runtime command line (state, stop, delete).
+// the OCI runtime command line (state, stop, delete), and Sandbox: one
+// container's state, pause, resume, stop, agent socket, OOM count, destroy,
+// leftovers and recovery, which each runtime embeds, adding its Start and
+// small hooks for what it does differently.
 package oci
 
 import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/cagebox/cagebox/internal/rootfs"
 	"github.com/cagebox/cagebox/isolation"
 )
 
 // Paths inside the guest.
 const (
 	GuestAgentPath = "/.cagebox/agent"
-	GuestRunDir    = "/.cagebox/run"
+	GuestRunDir    = rootfs.RunDir
 	// GuestListenFD is the file descriptor the agent's listening socket is
 	// passed on (runc --preserve-fds 1 puts the first extra file at fd 3).
 	GuestListenFD = 3
-)
-
-// Defaults applied when a create request leaves a limit at zero.
-const (
-	DefaultMemoryBytes = 512 << 20
-	DefaultPIDs        = 512
-	DefaultCPUs        = 1.0
 )
 
 // agentCaps are the only capabilities the agent starts with. It uses them to
@@ -57,25 +55,12 @@ type BundleOptions struct {
 
 // Spec returns the OCI runtime spec of a sandbox.
 func Spec(s *isolation.Spec, o BundleOptions) *specs.Spec {
-	mem := s.Resources.MemoryBytes
-	if mem <= 0 {
-		mem = DefaultMemoryBytes
-	}
-	pids := s.Resources.PIDs
-	if pids <= 0 {
-		pids = DefaultPIDs
-	}
-	cpus := s.Resources.CPUs
-	if cpus <= 0 {
-		cpus = DefaultCPUs
-	}
+	res := s.Resources.WithDefaults()
+	mem, pids, cpus := res.MemoryBytes, res.PIDs, res.CPUs
 	period := uint64(100000)
 	quota := int64(cpus * float64(period))
 	swappiness := uint64(0)
-	hostname := s.Hostname
-	if hostname == "" {
-		hostname = "sandbox"
-	}
+	hostname := rootfs.Hostname(s.Hostname)
 
 	namespaces := []specs.LinuxNamespace{
 		{Type: specs.PIDNamespace},
@@ -97,8 +82,8 @@ func Spec(s *isolation.Spec, o BundleOptions) *specs.Spec {
 			User: specs.User{UID: 0, GID: 0},
 			Args: []string{GuestAgentPath,
 				"--listen", listen,
-				"--token-file", GuestRunDir + "/token",
-				"--env-file", GuestRunDir + "/env",
+				"--token-file", rootfs.TokenFile,
+				"--env-file", rootfs.EnvFile,
 			},
 			Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 			Cwd: "/",
@@ -181,15 +166,10 @@ func WriteRunDir(dir string, s *isolation.Spec) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create run dir: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "token"), []byte(s.AgentToken), 0o400); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, path.Base(rootfs.TokenFile)), []byte(s.AgentToken), 0o400); err != nil {
 		return fmt.Errorf("write agent token: %w", err)
 	}
-	var env []byte
-	for _, kv := range s.Env {
-		env = append(env, kv...)
-		env = append(env, '\n')
-	}
-	if err := os.WriteFile(filepath.Join(dir, "env"), env, 0o400); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, path.Base(rootfs.EnvFile)), rootfs.EnvData(s.Env), 0o400); err != nil {
 		return fmt.Errorf("write agent env: %w", err)
 	}
 	return nil

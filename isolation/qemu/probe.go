@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/internal/kvm"
-	"github.com/cagebox/cagebox/internal/vmproc"
 )
 
 // probeMarker is what the pinned guest kernel prints at the very end of its
@@ -104,16 +103,11 @@ func (rt *Runtime) probeKVM(ctx context.Context, kernel string) (st kvmState) {
 	if note != "" {
 		rt.log.Info("kvm device access", "change", note)
 	}
-	rt.mu.Lock()
-	uid, err := vmproc.PickUID("kvm-probe", rt.uidBase, rt.uidCount, rt.uids)
-	if err == nil {
-		rt.uids[uid] = true
-	}
-	rt.mu.Unlock()
+	uid, err := rt.uids.Pick("kvm-probe")
 	if err != nil {
 		return fail("KVM not probed: "+err.Error(), "")
 	}
-	defer rt.releaseUID(uid)
+	defer rt.uids.Release(uid)
 	kf, err := os.Open(kernel)
 	if err != nil {
 		return fail("KVM not probed: "+err.Error(), "")

@@ -41,7 +41,7 @@ import (
 	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/internal/vmproc"
 	"github.com/cagebox/cagebox/isolation"
-	"github.com/cagebox/cagebox/isolation/oci"
+	"github.com/cagebox/cagebox/isolation/internal/runlog"
 )
 
 // Name is the runtime's registry name.
@@ -81,20 +81,15 @@ type Options struct {
 
 // Runtime runs sandboxes as QEMU microVMs.
 type Runtime struct {
-	cache    *vmimage.Cache
-	binary   string
-	uidBase  uint32
-	uidCount uint32
-	log      *slog.Logger
+	cache  *vmimage.Cache
+	binary string
+	// uids are the VMM uids of the sandboxes this process created or
+	// recovered and has not destroyed.
+	uids *vmproc.UIDPool
+	log  *slog.Logger
 	// device is the KVM device; probeTimeout bounds its probe (see KVM).
 	device       string
 	probeTimeout time.Duration
-
-	// mu guards uids.
-	mu sync.Mutex
-	// uids are the uids of sandboxes created by this process and not yet
-	// destroyed (a created VM's uid owns no process until Start).
-	uids map[uint32]bool
 }
 
 var _ isolation.Runtime = (*Runtime)(nil)
@@ -102,13 +97,10 @@ var _ isolation.Runtime = (*Runtime)(nil)
 // New returns the QEMU runtime; Available reports whether it can run.
 func New(o Options) *Runtime {
 	rt := &Runtime{
-		cache:    &vmimage.Cache{Dir: o.Dir},
-		binary:   o.Binary,
-		uidBase:  o.UIDBase,
-		uidCount: o.UIDCount,
-		log:      o.Logger,
-		uids:     map[uint32]bool{},
-		device:   o.Device,
+		cache:  &vmimage.Cache{Dir: o.Dir},
+		binary: o.Binary,
+		log:    o.Logger,
+		device: o.Device,
 
 		probeTimeout: o.ProbeTimeout,
 	}
@@ -118,12 +110,13 @@ func New(o Options) *Runtime {
 	if rt.probeTimeout <= 0 {
 		rt.probeTimeout = kvm.DefaultTimeout
 	}
-	if rt.uidBase == 0 {
-		rt.uidBase = DefaultUIDBase
+	if o.UIDBase == 0 {
+		o.UIDBase = DefaultUIDBase
 	}
-	if rt.uidCount == 0 {
-		rt.uidCount = DefaultUIDCount
+	if o.UIDCount == 0 {
+		o.UIDCount = DefaultUIDCount
 	}
+	rt.uids = vmproc.NewUIDPool(o.UIDBase, o.UIDCount)
 	if rt.log == nil {
 		rt.log = slog.Default()
 	}
@@ -240,12 +233,6 @@ var (
 	_ isolation.OOMCounter  = (*Sandbox)(nil)
 )
 
-func (rt *Runtime) releaseUID(uid uint32) {
-	rt.mu.Lock()
-	delete(rt.uids, uid)
-	rt.mu.Unlock()
-}
-
 // Create implements isolation.Runtime: it makes the VM's artifacts (the
 // image disk on first use), its initramfs with the sandbox's configuration,
 // sockets, cgroup and network plumbing, and the QEMU command line.
@@ -276,28 +263,14 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 		return nil, fmt.Errorf("qemu: vm artifacts: %w", err)
 	}
 
-	rt.mu.Lock()
-	uid, err := vmproc.PickUID(spec.ID, rt.uidBase, rt.uidCount, rt.uids)
-	if err == nil {
-		rt.uids[uid] = true
-	}
-	rt.mu.Unlock()
+	uid, err := rt.uids.Pick(spec.ID)
 	if err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
 	s.sd.UID = uid
-	undo.Add(func() { rt.releaseUID(uid) })
+	undo.Add(func() { rt.uids.Release(uid) })
 
-	res := spec.Resources
-	if res.MemoryBytes <= 0 {
-		res.MemoryBytes = oci.DefaultMemoryBytes
-	}
-	if res.PIDs <= 0 {
-		res.PIDs = oci.DefaultPIDs
-	}
-	if res.CPUs <= 0 {
-		res.CPUs = oci.DefaultCPUs
-	}
+	res := spec.Resources.WithDefaults()
 	memMiB := (res.MemoryBytes + (1<<20 - 1)) >> 20
 	if memMiB < 128 {
 		return nil, fmt.Errorf("qemu: %d MiB of memory is too little for a VM guest: give it at least 128 MiB", memMiB)
@@ -393,7 +366,7 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 		return errors.New("qemu: sandbox already started")
 	}
 	defer p.close() // our copies; QEMU holds its own
-	console, err := os.OpenFile(s.sd.path("console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	console, err := runlog.Open(s.sd.path("console.log"))
 	if err != nil {
 		return fmt.Errorf("qemu: console log: %w", err)
 	}
@@ -432,7 +405,7 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 		}
 	}()
 	if proc.StartTime, err = vmproc.StartTime(proc.PID); err != nil {
-		return fmt.Errorf("qemu: %w: %s", err, tail(s.sd.path("console.log"), 1024))
+		return fmt.Errorf("qemu: %w: %s", err, runlog.Tail(s.sd.path("console.log"), 1024))
 	}
 	// QEMU joins its cgroup before the guest runs a single instruction
 	// (QMP, below, answers only after machine setup; the RAM it has
@@ -452,10 +425,10 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 	if err := s.qmp(qctx, "query-status", nil, &st); err != nil {
 		select {
 		case <-exited:
-			return fmt.Errorf("qemu exited at start: %s", tail(s.sd.path("console.log"), 2048))
+			return fmt.Errorf("qemu exited at start: %s", runlog.Tail(s.sd.path("console.log"), 2048))
 		default:
 		}
-		return fmt.Errorf("qemu: %w: %s", err, tail(s.sd.path("console.log"), 1024))
+		return fmt.Errorf("qemu: %w: %s", err, runlog.Tail(s.sd.path("console.log"), 1024))
 	}
 	s.log.Debug("qemu started", "pid", proc.PID, "uid", s.sd.UID, "status", st.Status, "kvm", p.kvm)
 	return nil
@@ -672,7 +645,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("remove state dir: %w", err))
 	}
 	if len(errs) == 0 {
-		s.rt.releaseUID(s.sd.UID)
+		s.rt.uids.Release(s.sd.UID)
 	}
 	return errors.Join(errs...)
 }
@@ -710,22 +683,9 @@ func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.S
 		s.proc = proc
 		// The previous daemon's connection may have closed just now.
 		s.link.closedNow()
-		rt.mu.Lock()
-		rt.uids[sd.UID] = true
-		rt.mu.Unlock()
+		rt.uids.Reserve(sd.UID)
 		return s, nil
 	}
 	_ = s.Destroy(ctx)
 	return nil, fmt.Errorf("qemu vm %s: %w", st.ID, isolation.ErrGone)
-}
-
-func tail(path string, n int64) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	if int64(len(b)) > n {
-		b = b[int64(len(b))-n:]
-	}
-	return strings.TrimSpace(string(b))
 }
