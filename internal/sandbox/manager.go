@@ -24,12 +24,12 @@ import (
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/audit"
+	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
-	"github.com/cagebox/cagebox/internal/substitute"
 	"github.com/cagebox/cagebox/internal/vault"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/oci"
@@ -248,7 +248,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		undoSecrets()
 		return nil, err
 	}
-	secrets, err := m.secretSet(tenant.ID, bound)
+	creds, err := m.credentialBindings(tenant.ID, bound)
 	if err != nil {
 		undoSecrets()
 		return nil, fmt.Errorf("%w: secrets: %v", errdefs.ErrInvalid, err)
@@ -308,9 +308,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		if err != nil {
 			return fail(fmt.Errorf("attach network: %w", err))
 		}
-		att.SetSecrets(secrets)
-		att.SetSigV4(m.sigV4Bindings(tenant.ID, bound))
-		att.SetHMAC(m.hmacBindings(tenant.ID, bound))
+		att.Credentials.Install(creds)
 		spec.NetNS = att.Link.NetNSPath
 		spec.GuestIf, spec.GuestAddr, spec.Gateway, spec.Prefix = att.Link.GuestIf, att.Link.GuestAddr, att.Link.HostAddr, att.Link.Prefix
 		spec.Nameserver = att.Link.HostAddr.String()
@@ -1034,11 +1032,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 				att, err = gw.Attach(ctx, r.ID, r.TenantID, pol, true)
 			}
 			if err == nil {
-				var set *substitute.Set
-				if set, err = m.secretSet(r.TenantID, sr.Secrets); err == nil {
-					att.SetSecrets(set)
-					att.SetSigV4(m.sigV4Bindings(r.TenantID, sr.Secrets))
-					att.SetHMAC(m.hmacBindings(r.TenantID, sr.Secrets))
+				var creds *credentials.Bindings
+				if creds, err = m.credentialBindings(r.TenantID, sr.Secrets); err == nil {
+					att.Credentials.Install(creds)
 				}
 			}
 			if err != nil {
