@@ -127,14 +127,23 @@ func (p *Pipeline) Install(b *Bindings) {
 
 // Unbind removes the binding called name: from the very next request its
 // placeholder is refused (with an alert) everywhere, and its re-signing
-// stops.
+// stops. A SigV4 binding's key id placeholder becomes a guard, so a request
+// still signed with it is refused rather than forwarded.
 func (p *Pipeline) Unbind(name string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.b.Swap != nil {
-		p.b.Swap.Remove(name)
-	}
 	nb := *p.b
+	if nb.Swap == nil {
+		nb.Swap, _ = substitute.NewSet()
+	}
+	nb.Swap.Remove(name)
+	for _, b := range nb.SigV4 {
+		if b.Name == name {
+			// A key id too short or odd to be a placeholder cannot be
+			// one of ours (Bind made it), so there is nothing to guard.
+			_ = nb.Swap.Add(&substitute.Binding{Name: name, Placeholder: b.Placeholder.AccessKeyID, Guard: true})
+		}
+	}
 	nb.SigV4 = slices.DeleteFunc(slices.Clone(nb.SigV4), func(b *SigV4Binding) bool { return b.Name == name })
 	nb.HMAC = slices.DeleteFunc(slices.Clone(nb.HMAC), func(b *HMACBinding) bool { return b.Name == name })
 	p.b = &nb
