@@ -192,7 +192,7 @@ func (p *Pipeline) Request(r *http.Request) (*Refusal, func(*http.Response) erro
 	}
 	streaming := false
 	if set != nil {
-		res, err := set.ApplyReport(r, hostname.Canonical(host), r.TLS != nil, func(name, real, ph string) {
+		res, err := set.ApplyReport(r, host, r.TLS != nil, func(name, real, ph string) {
 			reals.Add(Swap{Name: name, Real: real, Placeholder: ph})
 		})
 		if err != nil {
