@@ -1,8 +1,9 @@
 // Package gateway gives each sandbox its egress gateway: a routed link
 // (package link), a synthetic DNS resolver and a transparent proxy listener
-// on the link's host address, a per-sandbox interception CA, and the live
-// policy both consult. It is the one place the daemon attaches and detaches
-// a sandbox's network.
+// on the link's host address, a per-sandbox interception CA, the live
+// policy both consult, and the sandbox's credential pipeline (package
+// credentials), which it plugs into the proxy as its request hook. It is
+// the one place the daemon attaches and detaches a sandbox's network.
 package gateway
 
 import (
