@@ -23,7 +23,7 @@ func (s Swap) String() string { return "Swap{" + s.Name + " REDACTED}" }
 // LogValue implements slog.LogValuer.
 func (s Swap) LogValue() slog.Value { return slog.StringValue(s.String()) }
 
-// Reals collects the swaps of one request. The request hook adds to it; a
+// Reals collects the swaps of one request. Pipeline.Request adds to it; a
 // streamed request body may add more while the response is already being
 // read, so it is safe for concurrent use and the response scrub picks up
 // what is added later.

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/internal/audit"
+	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/cagebox/cagebox/internal/image"
@@ -28,7 +29,6 @@ import (
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
-	"github.com/cagebox/cagebox/internal/substitute"
 	"github.com/cagebox/cagebox/internal/vault"
 	"github.com/cagebox/cagebox/internal/vault/sqlitebackend"
 	"github.com/cagebox/cagebox/isolation"
@@ -98,7 +98,7 @@ type NetworkConfig struct {
 	// are not a sandbox's placeholders.
 	Exfil string
 	// ExfilScan bounds the exfil scan of one request (zero: defaults).
-	ExfilScan substitute.Budget
+	ExfilScan credentials.ScanBudget
 	// Limits bound each sandbox's in-flight request bytes, body read times
 	// and upstream connections (zero: defaults).
 	Limits gateway.Limits
@@ -393,9 +393,9 @@ func newGateway(cfg Config, emit func(string, string, string, any), log *slog.Lo
 	return gateway.New(gateway.Config{
 		StateDir: filepath.Join(cfg.Home, "net"), Pool: n.Pool,
 		ProxyPort: n.ProxyPort, DNSPort: n.DNSPort, TableName: n.TableName, IfPrefix: n.IfPrefix,
-		Resolve: n.Resolve, UpstreamCAs: roots, Emit: emit, Logger: log, Exfil: n.Exfil,
-		HostAddrs: n.HostPublicAddrs,
-		ExfilScan: n.ExfilScan, Limits: n.Limits,
+		Resolve: n.Resolve, UpstreamCAs: roots, Emit: emit, Logger: log,
+		HostAddrs:   n.HostPublicAddrs,
+		Credentials: credentials.Config{Exfil: n.Exfil, ExfilScan: n.ExfilScan}, Limits: n.Limits,
 	})
 }
 

@@ -1,8 +1,9 @@
 // Package gateway gives each sandbox its egress gateway: a routed link
 // (package link), a synthetic DNS resolver and a transparent proxy listener
-// on the link's host address, a per-sandbox interception CA, and the live
-// policy both consult. It is the one place the daemon attaches and detaches
-// a sandbox's network.
+// on the link's host address, a per-sandbox interception CA, the live
+// policy both consult, and the sandbox's credential pipeline (package
+// credentials), which it plugs into the proxy as its request hook. It is
+// the one place the daemon attaches and detaches a sandbox's network.
 package gateway
 
 import (
@@ -17,7 +18,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -25,12 +25,9 @@ import (
 	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/egress"
-	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/cagebox/cagebox/internal/link"
 	"github.com/cagebox/cagebox/internal/policy"
-	"github.com/cagebox/cagebox/internal/resign"
 	"github.com/cagebox/cagebox/internal/resolver"
-	"github.com/cagebox/cagebox/internal/substitute"
 )
 
 // Defaults.
@@ -62,16 +59,9 @@ type Config struct {
 	// Emit records an audit event.
 	Emit   func(tenant, sandbox, kind string, data any)
 	Logger *slog.Logger
-	// Exfil is what happens to a request carrying a credential-shaped
-	// string that is not one of the sandbox's placeholders: "flag" (an
-	// event; the default), "block" (403) or "off".
-	Exfil string
-	// ExfilScan bounds the exfil scan of one request (zero fields:
-	// substitute's defaults). Its Body is how much of a body is read ahead
-	// and scanned. Past a bound the rest of the request is not scanned: an
-	// event under "flag", a 403 under "block" (which refuses what it cannot
-	// scan, bodies longer than Body included).
-	ExfilScan substitute.Budget
+	// Credentials configures every sandbox's credential pipeline (the
+	// exfil scan's mode and bounds).
+	Credentials credentials.Config
 	// Limits bounds each sandbox's in-flight request bytes, body read
 	// times and upstream connections (zero fields: egress' defaults).
 	Limits Limits
@@ -84,22 +74,9 @@ type Limits struct {
 	UpstreamConns                int
 }
 
-// Exfil modes.
-const (
-	ExfilFlag  = "flag"
-	ExfilBlock = "block"
-	ExfilOff   = "off"
-)
-
-// unboundVerifyMax bounds the body read to tell whether a request to a host
-// an HMAC binding is not bound to was signed with its placeholder key (an
-// alert, not a protection: that signature is worth nothing upstream).
-const unboundVerifyMax = 64 << 10
-
 // Gateway manages every sandbox's network.
 type Gateway struct {
 	cfg   Config
-	det   *substitute.Detector
 	log   *slog.Logger
 	links *link.Manager
 	proxy *egress.Proxy
@@ -120,99 +97,14 @@ type Attachment struct {
 	dns        *resolver.Server
 	ln         net.Listener
 
-	// mu guards journaled and secrets.
+	// Credentials is the sandbox's credential pipeline: the daemon
+	// installs its bindings, the proxy's request hook runs it.
+	Credentials *credentials.Pipeline
+
+	// mu guards journaled.
 	mu sync.Mutex
 	// journaled are the names whose synthetic address is in the journal.
 	journaled map[string]bool
-	// secrets swaps placeholders for real values (nil: no bindings).
-	secrets *substitute.Set
-	// sigv4 re-signs AWS requests signed with placeholder keys.
-	sigv4 []*SigV4Binding
-	// hmac re-signs requests carrying a placeholder-keyed HMAC signature.
-	hmac []*HMACBinding
-}
-
-// HMACBinding: the guest signs with a placeholder key as Signer describes;
-// on requests to Hosts over intercepted TLS the gateway verifies that
-// signature and re-signs with the real key (Real, read per request).
-type HMACBinding struct {
-	Name  string
-	Hosts []string
-	// Signer holds the configuration and the placeholder key; Real is
-	// filled in per request on a copy.
-	Signer *resign.HMAC
-	Real   func() ([]byte, error)
-}
-
-// SetHMAC installs the sandbox's HMAC re-signing bindings.
-func (a *Attachment) SetHMAC(bs []*HMACBinding) {
-	a.mu.Lock()
-	a.hmac = bs
-	a.mu.Unlock()
-}
-
-func (a *Attachment) hmacs() []*HMACBinding {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.hmac
-}
-
-// SigV4Binding: the guest signs with Placeholder; on requests to Hosts over
-// intercepted TLS the gateway verifies that signature and re-signs with the
-// real key.
-type SigV4Binding struct {
-	Name        string
-	Hosts       []string
-	Placeholder resign.AWSCreds
-	Real        func() (resign.AWSCreds, error)
-}
-
-// SetSigV4 installs the sandbox's re-signing bindings.
-func (a *Attachment) SetSigV4(bs []*SigV4Binding) {
-	a.mu.Lock()
-	a.sigv4 = bs
-	a.mu.Unlock()
-}
-
-func (a *Attachment) sigV4() []*SigV4Binding {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.sigv4
-}
-
-// known tells the exfil scan which strings are this sandbox's own
-// placeholders.
-type known struct {
-	set   *substitute.Set
-	sigv4 []*SigV4Binding
-}
-
-func (k known) IsPlaceholder(s string) bool {
-	if k.set != nil && k.set.IsPlaceholder(s) {
-		return true
-	}
-	for _, b := range k.sigv4 {
-		if s == b.Placeholder.AccessKeyID || s == b.Placeholder.SecretAccessKey {
-			return true
-		}
-	}
-	return false
-}
-
-// SetSecrets installs the sandbox's credential bindings.
-func (a *Attachment) SetSecrets(s *substitute.Set) {
-	a.mu.Lock()
-	a.secrets = s
-	a.mu.Unlock()
-}
-
-// Secrets returns the sandbox's substitution set (nil: none).
-func (a *Attachment) Secrets() *substitute.Set { return a.secretSet() }
-
-func (a *Attachment) secretSet() *substitute.Set {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.secrets
 }
 
 // New prepares the gateway; Init installs the rules.
@@ -238,31 +130,13 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, links: links, atts: map[string]*Attachment{}}
-	switch cfg.Exfil {
-	case "":
-		g.cfg.Exfil = ExfilFlag
-	case ExfilFlag, ExfilBlock, ExfilOff:
-	default:
-		return nil, fmt.Errorf("gateway: exfil mode %q: use flag, block or off", cfg.Exfil)
-	}
-	if g.cfg.Exfil != ExfilOff {
-		if g.det, err = substitute.NewDetector(); err != nil {
-			return nil, fmt.Errorf("gateway: %w", err)
-		}
-	}
-	if g.cfg.ExfilScan.Body == 0 {
-		g.cfg.ExfilScan.Body = substitute.DefaultScanBody
-	}
-	if g.cfg.ExfilScan.Bytes <= 0 {
-		g.cfg.ExfilScan.Bytes = substitute.DefaultScanBytes
-	}
-	if g.cfg.ExfilScan.Time <= 0 {
-		g.cfg.ExfilScan.Time = substitute.DefaultScanTime
+	if err := g.cfg.Credentials.Check(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g.proxy, err = egress.New(egress.Config{
 		Lookup:      g.lookup,
 		OnEvent:     g.onProxyEvent,
-		Hook:        g.substitute,
+		Hook:        g.credentialsHook,
 		OnDenied:    g.deniedAlert,
 		Resolve:     cfg.Resolve,
 		UpstreamCAs: cfg.UpstreamCAs,
@@ -355,7 +229,8 @@ func (g *Gateway) Attach(ctx context.Context, id, tenant string, pol *policy.Pol
 			undo.Run()
 		}
 	}()
-	a := &Attachment{ID: id, Tenant: tenant, Policy: policy.NewLive(pol)}
+	a := &Attachment{ID: id, Tenant: tenant, Policy: policy.NewLive(pol),
+		Credentials: credentials.New(g.cfg.Credentials, func(kind string, data map[string]any) { g.cfg.Emit(tenant, id, kind, data) })}
 	if resume {
 		l, ok := g.links.Get(id)
 		if !ok {
@@ -556,333 +431,45 @@ func (g *Gateway) replayNames(a *Attachment) {
 	}
 }
 
-// substitute is the proxy's request hook: placeholders become real values
-// on requests to their bound hosts over intercepted TLS, and anything else
-// carrying a placeholder is refused (and raises an alert). Every real value
-// put into the request (swapped, injected, or a re-signer's key id and
-// signatures) is recorded for the response filter it returns, which
-// scrubs those values out of the response (secret.reflected) and, after a
-// WebSocket upgrade, checks the guest's frames for placeholders.
-func (g *Gateway) substitute(sb *egress.Sandbox, r *http.Request) (*egress.Refusal, egress.ResponseFilter) {
+// credentialsHook is the proxy's request hook: the sandbox's credential
+// pipeline (package credentials), adapted to egress' types as policyAdapter
+// adapts the policy.
+func (g *Gateway) credentialsHook(sb *egress.Sandbox, r *http.Request) (*egress.Refusal, egress.ResponseFilter) {
 	a, ok := g.Get(sb.ID)
 	if !ok {
 		return &egress.Refusal{Rule: "secret", Reason: "sandbox is detaching"}, nil
 	}
-	set := a.secretSet()
-	host := r.Host
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
+	ref, filter := a.Credentials.Request(r)
+	if ref != nil {
+		return egressRefusal(ref), nil
 	}
-	// What can be refused from the headers alone is refused before any
-	// of the body is read.
-	if ref := g.resignSigV4(sb, a, r, host, nil, true); ref != nil {
-		return ref, nil
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = refusalBody{r.Body}
 	}
-	// Credential-shaped strings that are not our placeholders: scanned on
-	// the request as the guest sent it, before any swap.
-	if ref := g.exfilScan(sb, a, r, host, set); ref != nil {
-		return ref, nil
-	}
-	reals := &credentials.Reals{}
-	if ref := g.resignSigV4(sb, a, r, host, reals, false); ref != nil {
-		return ref, nil
-	}
-	if ref := g.resignHMAC(sb, a, r, host, reals); ref != nil {
-		return ref, nil
-	}
-	streaming := false
-	if set != nil {
-		res, err := set.ApplyReport(r, hostname.Canonical(host), r.TLS != nil, func(name, real, ph string) {
-			reals.Add(credentials.Swap{Name: name, Real: real, Placeholder: ph})
-		})
-		if err != nil {
-			g.cfg.Emit(sb.Tenant, sb.ID, "secret.error", map[string]any{"host": host, "error": err.Error()})
-			return &egress.Refusal{Rule: "secret", Reason: err.Error()}, nil
-		}
-		if res.Refusal != nil {
-			kind := "secret.refused"
-			if res.Alert {
-				kind = "secret.alert"
-			}
-			g.cfg.Emit(sb.Tenant, sb.ID, kind, map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": res.Refusal.Rule, "reason": res.Refusal.Reason})
-			return &egress.Refusal{Rule: res.Refusal.Rule, Reason: res.Refusal.Reason}, nil
-		}
-		if len(res.Replaced) > 0 {
-			g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": res.Replaced})
-		}
-		if res.Streaming {
-			reals.SetPending()
-			streaming = true
-		}
-	}
-	if r.TLS == nil || (reals.Len() == 0 && !a.bound(host)) {
-		return nil, nil
-	}
-	// Frames must stay readable on a bound host; a response that may carry
-	// a real value must come in an encoding the scrub decodes.
-	r.Header.Del("Sec-WebSocket-Extensions")
-	if reals.Len() > 0 || streaming {
-		credentials.NarrowAcceptEncoding(r)
-	}
-	method, path := r.Method, r.URL.Path
-	scrub := &credentials.Scrub{
-		Reals:             reals,
-		Placeholder:       a.placeholderIn,
-		PlaceholderWindow: a.placeholderWindow(),
-		OnReflect: func(ref credentials.Reflection) {
-			g.cfg.Emit(sb.Tenant, sb.ID, "secret.reflected", map[string]any{"host": host, "method": method, "path": path, "name": ref.Name, "where": ref.Where, "encoding": ref.Encoding})
-		},
-		OnAlert: func(al credentials.Alert) {
-			g.cfg.Emit(sb.Tenant, sb.ID, "secret.alert", map[string]any{"host": host, "method": method, "path": path, "rule": "secret:" + al.Name, "reason": al.Reason})
-		},
-	}
-	return nil, scrub.Filter
+	return nil, filter
 }
 
-// bound reports whether any of the sandbox's bindings is bound to host.
-func (a *Attachment) bound(host string) bool {
-	if set := a.secretSet(); set != nil && set.Bound(host) {
-		return true
-	}
-	for _, b := range a.sigV4() {
-		if hostname.MatchAny(b.Hosts, hostname.Canonical(host)) {
-			return true
-		}
-	}
-	for _, b := range a.hmacs() {
-		if hostname.MatchAny(b.Hosts, hostname.Canonical(host)) {
-			return true
-		}
-	}
-	return false
-}
-
-// placeholderIn reports the binding whose placeholder text carries, in any
-// form (the AWS key id placeholder literally).
-func (a *Attachment) placeholderIn(text string) (string, bool) {
-	if set := a.secretSet(); set != nil {
-		if name, ok := set.Contains(text); ok {
-			return name, true
-		}
-	}
-	for _, b := range a.sigV4() {
-		if strings.Contains(text, b.Placeholder.AccessKeyID) {
-			return b.Name, true
-		}
-	}
-	return "", false
-}
-
-func (a *Attachment) placeholderWindow() int {
-	w := 0
-	if set := a.secretSet(); set != nil {
-		w = set.Window()
-	}
-	for _, b := range a.sigV4() {
-		w = max(w, len(b.Placeholder.AccessKeyID))
-	}
-	return w
-}
-
-// exfilScan scans r for credential-shaped strings within the configured
-// budget. Under "block" a finding, or a part of the request the scan could
-// not cover (a spent budget, a body longer than the scan window or of
-// unknown length, a body that failed to arrive), is a 403: block refuses
-// what it cannot scan. Under "flag" findings and spent budgets are events.
-func (g *Gateway) exfilScan(sb *egress.Sandbox, a *Attachment, r *http.Request, host string, set *substitute.Set) *egress.Refusal {
-	if g.det == nil {
-		return nil
-	}
-	b := g.cfg.ExfilScan
-	if g.cfg.Exfil != ExfilBlock && r.ContentLength < 0 {
-		// A stream is not read ahead under flag: a client waiting for an
-		// answer before sending more would stall.
-		b.Body = 0
-	}
-	res, err := g.det.ScanBudget(r, b, known{set, a.sigV4()})
-	for _, f := range res.Findings {
-		g.cfg.Emit(sb.Tenant, sb.ID, "secret.exfil_suspect", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": f.Rule, "where": f.Where, "preview": f.Preview, "mode": g.cfg.Exfil})
-	}
-	block := g.cfg.Exfil == ExfilBlock
-	if block && len(res.Findings) > 0 {
-		f := res.Findings[0]
-		return &egress.Refusal{Rule: f.Rule, Reason: "request carries a credential-shaped string (" + f.Rule + " in " + f.Where + ", …" + strings.TrimPrefix(f.Preview, "…") + ")"}
-	}
-	if res.Complete {
-		return nil
-	}
-	if res.Limit == substitute.LimitBody && !block && err == nil {
-		return nil // under flag, bodies are scanned as far as the window reaches
-	}
-	g.cfg.Emit(sb.Tenant, sb.ID, "secret.exfil_unscanned", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "limit": res.Limit, "unscanned": res.Gap, "scanned_bytes": res.Scanned, "mode": g.cfg.Exfil})
-	if !block {
-		return nil
-	}
-	reason := "the exfil scan (--exfil block) could not cover the request: " + res.Gap + "; block refuses what it cannot scan"
-	switch res.Limit {
-	case substitute.LimitBytes:
-		reason += fmt.Sprintf(" (scan budget %d bytes, --exfil-scan-bytes)", g.cfg.ExfilScan.Bytes)
-	case substitute.LimitTime:
-		reason += fmt.Sprintf(" (scan time budget %s, --exfil-scan-time)", g.cfg.ExfilScan.Time)
-	case substitute.LimitBody:
-		reason += fmt.Sprintf(" (scan window %d body bytes, --exfil-scan-body); send less", b.Body)
-	}
-	return &egress.Refusal{Rule: "builtin:exfil-unscanned", Reason: reason}
-}
-
-// deniedAlert raises secret.alert when a request the policy refused carries
-// one of the sandbox's placeholders in its URL or headers: the request is
-// already refused, but a credential heading somewhere it may not go is what
-// an operator wants to hear about.
+// deniedAlert lets the sandbox's pipeline see a request the proxy refused
+// (an alert when it carries a placeholder).
 func (g *Gateway) deniedAlert(sb *egress.Sandbox, r *http.Request, host string) {
-	a, ok := g.Get(sb.ID)
-	if !ok {
-		return
-	}
-	var text strings.Builder
-	text.WriteString(r.URL.String())
-	for k, vs := range r.Header {
-		for _, v := range vs {
-			text.WriteString("\n" + k + ": " + v)
-		}
-	}
-	t := text.String()
-	name, found := "", false
-	if set := a.secretSet(); set != nil {
-		name, found = set.Contains(t)
-	}
-	for _, b := range a.sigV4() {
-		if !found && strings.Contains(t, b.Placeholder.AccessKeyID) {
-			name, found = b.Name, true
-		}
-	}
-	if found {
-		g.cfg.Emit(sb.Tenant, sb.ID, "secret.alert", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": "secret:" + name, "reason": fmt.Sprintf("placeholder for %s sent to %s, which the policy denies", name, host)})
+	if a, ok := g.Get(sb.ID); ok {
+		a.Credentials.Denied(r, host)
 	}
 }
 
-// resignHMAC handles requests carrying an HMAC signature made with a
-// sandbox's placeholder key: re-signed with the real key for a bound host
-// over intercepted TLS; refused with an alert when such a signature heads
-// anywhere else; refused when it does not verify on a bound host. A
-// request without the binding's header passes untouched.
-func (g *Gateway) resignHMAC(sb *egress.Sandbox, a *Attachment, r *http.Request, host string, reals *credentials.Reals) *egress.Refusal {
-	for _, b := range a.hmacs() {
-		if r.Header.Get(b.Signer.Header) == "" {
-			continue
-		}
-		refuse := func(kind, reason string) *egress.Refusal {
-			g.cfg.Emit(sb.Tenant, sb.ID, kind, map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": "secret:" + b.Name, "reason": reason})
-			return &egress.Refusal{Rule: "secret:" + b.Name, Reason: reason}
-		}
-		if r.TLS == nil || !hostname.MatchAny(b.Hosts, host) {
-			// Another header of the same name is none of our business;
-			// a signature made with our placeholder key is — but only
-			// worth an alert, so it is checked only when that is cheap:
-			// a signature over no body or a small one of known length.
-			if signsSmallBody(b.Signer, r) && b.Signer.Verify(r) == nil {
-				return refuse("secret.alert", fmt.Sprintf("request signed with the placeholder key of %s sent to %s (bound to %s)", b.Name, host, strings.Join(b.Hosts, ", ")))
-			}
-			continue
-		}
-		real, err := b.Real()
-		if err != nil {
-			return refuse("secret.refused", fmt.Sprintf("%s cannot be used: %v", b.Name, err))
-		}
-		s := *b.Signer
-		s.Real = real
-		s.Report = func(real, guest string) { reals.Add(credentials.Swap{Name: b.Name, Real: real, Placeholder: guest}) }
-		if err := s.Resign(r); err != nil {
-			ref := refuse("secret.refused", fmt.Sprintf("HMAC signature of %s: %v", b.Name, err))
-			if errors.Is(err, resign.ErrBodyTooLarge) {
-				ref.Status = http.StatusRequestEntityTooLarge
-			}
-			return ref
-		}
-		g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": []string{b.Name}, "resigned": "hmac"})
-		return nil
-	}
-	return nil
+func egressRefusal(r *credentials.Refusal) *egress.Refusal {
+	return &egress.Refusal{Rule: r.Rule, Reason: r.Reason, Status: r.Status}
 }
 
-// resignSigV4 handles requests signed with a sandbox's placeholder AWS key:
-// re-signed with the real key for a bound host over intercepted TLS,
-// refused (with an alert) anywhere else or when the signature does not
-// verify. It runs before the generic swap, which must not touch them. With
-// headersOnly it only refuses what the headers show (the placeholder key
-// headed for a host it is not bound to) and reads no body; otherwise every
-// real-key output it puts in is recorded in reals for the response scrub.
-func (g *Gateway) resignSigV4(sb *egress.Sandbox, a *Attachment, r *http.Request, host string, reals *credentials.Reals, headersOnly bool) *egress.Refusal {
-	bs := a.sigV4()
-	if len(bs) == 0 {
-		return nil
-	}
-	cred := r.Header.Get("Authorization") + " " + r.URL.Query().Get("X-Amz-Credential")
-	for _, b := range bs {
-		if !strings.Contains(cred, b.Placeholder.AccessKeyID) {
-			continue
-		}
-		refuse := func(kind, reason string) *egress.Refusal {
-			g.cfg.Emit(sb.Tenant, sb.ID, kind, map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": "secret:" + b.Name, "reason": reason})
-			return &egress.Refusal{Rule: "secret:" + b.Name, Reason: reason}
-		}
-		if r.TLS == nil || !hostname.MatchAny(b.Hosts, host) {
-			return refuse("secret.alert", fmt.Sprintf("AWS request signed with the placeholder key of %s sent to %s (bound to %s)", b.Name, host, strings.Join(b.Hosts, ", ")))
-		}
-		if headersOnly {
-			return nil
-		}
-		real, err := b.Real()
-		if err != nil {
-			return refuse("secret.refused", fmt.Sprintf("%s cannot be used: %v", b.Name, err))
-		}
-		s := &resign.SigV4{Placeholder: b.Placeholder, Real: real, Report: func(real, guest string) {
-			reals.Add(credentials.Swap{Name: b.Name, Real: real, Placeholder: guest})
-		}}
-		if err := s.Resign(r); err != nil {
-			ref := refuse("secret.refused", fmt.Sprintf("AWS signature of %s: %v", b.Name, err))
-			if errors.Is(err, resign.ErrBodyTooLarge) {
-				ref.Status = http.StatusRequestEntityTooLarge
-			}
-			return ref
-		}
-		// The body may still fail its check as it streams (a payload
-		// hash, an aws-chunked signature): refuse it then, by name.
-		if r.Body != nil && r.Body != http.NoBody {
-			r.Body = &refusingBody{ReadCloser: r.Body, refuse: func(err error) error {
-				return refuse("secret.refused", fmt.Sprintf("AWS signature of %s: %v", b.Name, err))
-			}}
-		}
-		g.cfg.Emit(sb.Tenant, sb.ID, "secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": []string{b.Name}, "resigned": "sigv4"})
-		return nil
-	}
-	return nil
-}
+// refusalBody turns the pipeline's refusal of a streaming body into the
+// proxy's, which answers it by name.
+type refusalBody struct{ io.ReadCloser }
 
-// signsSmallBody reports whether checking h's signature on r reads at most
-// unboundVerifyMax body bytes.
-func signsSmallBody(h *resign.HMAC, r *http.Request) bool {
-	if !slices.Contains(h.Canonical, "body") || r.Body == nil || r.Body == http.NoBody {
-		return true
-	}
-	return r.ContentLength >= 0 && r.ContentLength <= unboundVerifyMax
-}
-
-// refusingBody turns a re-signer's failure on a streaming body into an
-// egress refusal, so the sandbox gets a 403 naming the secret instead of a
-// broken upstream request.
-type refusingBody struct {
-	io.ReadCloser
-	once   sync.Once
-	refuse func(error) error
-	err    error
-}
-
-func (b *refusingBody) Read(p []byte) (int, error) {
+func (b refusalBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && (errors.Is(err, resign.ErrBadSignature) || errors.Is(err, resign.ErrUnsupported)) {
-		b.once.Do(func() { b.err = b.refuse(err) })
-		return n, b.err
+	var ref *credentials.Refusal
+	if err != nil && errors.As(err, &ref) {
+		return n, egressRefusal(ref)
 	}
 	return n, err
 }

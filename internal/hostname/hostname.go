@@ -68,9 +68,14 @@ func invalid(input, format string, args ...any) *Error {
 }
 
 // Canonical returns s lower-cased (ASCII letters only) without one
-// trailing dot. It does not validate s; see Valid and Parse.
-func Canonical(s string) string {
-	s = strings.TrimSuffix(s, ".")
+// trailing dot. It does not validate s; see Valid, Normalize and Parse.
+func Canonical(s string) string { return Lower(strings.TrimSuffix(s, ".")) }
+
+// Lower lower-cases the ASCII letters of s and nothing else: Unicode case
+// mapping would turn e.g. the Kelvin sign into "k" and make a non-ASCII
+// name look valid. It is Canonical without dropping a trailing dot, for
+// showing a host as it was sent.
+func Lower(s string) string {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; 'A' <= c && c <= 'Z' {
 			return asciiLower(s)
@@ -81,6 +86,15 @@ func Canonical(s string) string {
 
 // Valid reports whether s is a name in canonical form.
 func Valid(s string) bool { return nameProblem(s) == "" }
+
+// Normalize returns a name as a request or a DNS query carries it (any
+// case, an optional trailing dot, no port) in canonical form; ok is false
+// unless the result is a valid name. It is Parse for the request path:
+// no error to build, a name to match with Match.
+func Normalize(s string) (name string, ok bool) {
+	name = Canonical(s)
+	return name, Valid(name)
+}
 
 // Parse validates a name (any case, an optional trailing dot) and returns
 // its canonical form. Wildcards are refused; see ParsePattern.
@@ -262,8 +276,8 @@ func Match(pattern, host string) bool {
 // optional trailing dot, no port — is a valid name matched by one of the
 // canonical patterns.
 func MatchAny(patterns []string, host string) bool {
-	host = Canonical(host)
-	if !Valid(host) {
+	host, ok := Normalize(host)
+	if !ok {
 		return false
 	}
 	for _, p := range patterns {

@@ -89,6 +89,31 @@ func TestCanonical(t *testing.T) {
 	}
 }
 
+// TestNormalize: a host as a request carries it, folded exactly as
+// Canonical folds it and valid exactly when Valid says so.
+func TestNormalize(t *testing.T) {
+	for in, want := range map[string]string{
+		"Example.COM.":    "example.com",
+		"example.com":     "example.com",
+		"example.com..":   "",
+		"\u212Aey.com":    "",
+		"1.2.3.4":         "",
+		"*.example.com":   "",
+		"":                "",
+		"ÄPI.example.com": "",
+	} {
+		got, ok := hostname.Normalize(in)
+		if ok != (want != "") || ok && got != want || got != hostname.Canonical(in) {
+			t.Errorf("Normalize(%q) = %q, %v; want %q", in, got, ok, want)
+		}
+	}
+	for in, want := range map[string]string{"API.Example.com.": "api.example.com.", "\u212A": "\u212A", "ÄB": "Äb"} {
+		if got := hostname.Lower(in); got != want {
+			t.Errorf("Lower(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 func TestValid(t *testing.T) {
 	for s, want := range map[string]bool{
 		"example.com":  true,

@@ -416,7 +416,7 @@ func (p *Policy) Decide(ctx context.Context, r *Request) (Decision, error) {
 	if r.Port == dotPort {
 		return deny(RuleDoT, "port 853 (DNS over TLS) is always denied: %s", describe(r, k, method))
 	}
-	host, ok := canonicalRequestHost(r.Host)
+	host, ok := hostname.Normalize(r.Host)
 	if !ok {
 		return deny(RuleInvalidHost, "%s is not a valid host name (the policy matches names, never IP addresses): %s", quoteForReason(r.Host), describe(r, k, method))
 	}
@@ -484,7 +484,7 @@ func (p *Policy) AllowsName(name string) bool {
 	if p == nil {
 		return false
 	}
-	host, ok := canonicalRequestHost(name)
+	host, ok := hostname.Normalize(name)
 	if !ok || isDoHResolver(host) {
 		return false
 	}
@@ -540,7 +540,7 @@ func dohMediaType(contentType, accept string) string {
 // describe renders a request for a reason: "POST api.example.com:443/x",
 // "websocket GET host:443/ws" or "tcp db.example.com:5432".
 func describe(r *Request, k kind, method string) string {
-	hp := quoteForReason(asciiLower(r.Host)) + ":" + strconv.Itoa(r.Port)
+	hp := quoteForReason(hostname.Lower(r.Host)) + ":" + strconv.Itoa(r.Port)
 	switch k {
 	case kindTCP:
 		return "tcp " + hp
@@ -594,7 +594,7 @@ func (p *Policy) NamesHost(name string) bool {
 	if p == nil {
 		return false
 	}
-	host, ok := canonicalRequestHost(name)
+	host, ok := hostname.Normalize(name)
 	if !ok || isDoHResolver(host) {
 		return false
 	}

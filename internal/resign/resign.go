@@ -2,11 +2,12 @@
 // credentials and signs them again with the real ones, so that a signing
 // credential (AWS SigV4, a webhook-style HMAC) never has to enter the guest.
 //
-// The guest holds a placeholder key and signs normally. On the host the egress
-// gateway calls Resign: the request's signature is recomputed with the
-// placeholder secret (a request altered after signing is refused with
-// ErrBadSignature), then the request is signed with the real secret keeping
-// everything else the guest signed (date, region, service, signed headers).
+// The guest holds a placeholder key and signs normally. On the host the
+// credential pipeline (package credentials) calls Resign: the request's
+// signature is recomputed with the placeholder secret (a request altered
+// after signing is refused with ErrBadSignature), then the request is
+// signed with the real secret keeping everything else the guest signed
+// (date, region, service, signed headers).
 //
 // Because the guest knows the placeholder secret it can sign anything it
 // likes: verification proves the request is intact, not that it is allowed.

@@ -102,7 +102,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	if err != nil {
 		return nil, err
 	}
-	secrets, err := m.secretSet(tenant.ID, bound)
+	creds, err := m.credentialBindings(tenant.ID, bound)
 	if err != nil {
 		return nil, fmt.Errorf("%w: secrets: %v", errdefs.ErrInvalid, err)
 	}
@@ -161,9 +161,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 			return nil, fmt.Errorf("attach network: %w", err)
 		}
 		undo.Add(func() { m.detach(id) })
-		att.SetSecrets(secrets)
-		att.SetSigV4(m.sigV4Bindings(tenant.ID, bound))
-		att.SetHMAC(m.hmacBindings(tenant.ID, bound))
+		att.Credentials.Install(creds)
 		spec.NetNS = att.Link.NetNSPath
 		spec.GuestIf, spec.GuestAddr, spec.Gateway, spec.Prefix = att.Link.GuestIf, att.Link.GuestAddr, att.Link.HostAddr, att.Link.Prefix
 		spec.Nameserver = att.Link.HostAddr.String()

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
-	"github.com/cagebox/cagebox/internal/substitute"
 	"github.com/cagebox/cagebox/isolation"
 )
 
@@ -108,11 +108,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 				att, err = gw.Attach(ctx, r.ID, r.TenantID, pol, true)
 			}
 			if err == nil {
-				var set *substitute.Set
-				if set, err = m.secretSet(r.TenantID, sr.Secrets); err == nil {
-					att.SetSecrets(set)
-					att.SetSigV4(m.sigV4Bindings(r.TenantID, sr.Secrets))
-					att.SetHMAC(m.hmacBindings(r.TenantID, sr.Secrets))
+				var creds *credentials.Bindings
+				if creds, err = m.credentialBindings(r.TenantID, sr.Secrets); err == nil {
+					att.Credentials.Install(creds)
 				}
 			}
 			if err != nil {

@@ -269,18 +269,11 @@ func normHost(h string) string {
 	return hostname.Canonical(h)
 }
 
-// bound reports whether host (from normHost) is a valid name matched by one
-// of e's hosts (package hostname).
+// bound reports whether host (from normHost, so already folded once: a
+// name that is not canonical now, "a.example.com." from
+// "a.example.com..", is no name) is matched by one of e's hosts.
 func (e *entry) bound(host string) bool {
-	if !hostname.Valid(host) {
-		return false
-	}
-	for _, p := range e.hosts {
-		if hostname.Match(p, host) {
-			return true
-		}
-	}
-	return false
+	return hostname.Valid(host) && hostname.MatchAny(e.hosts, host)
 }
 
 func (e *entry) hostList() string {

@@ -1,7 +1,8 @@
 // Package substitute keeps credentials out of sandboxes.
 //
 // Inside a sandbox an environment variable holds a placeholder shaped like
-// the real credential (NewPlaceholder). The egress proxy calls Set.Apply for
+// the real credential (NewPlaceholder). The credential pipeline (package
+// credentials, the egress proxy's request hook) calls Set.Apply for
 // every intercepted request: the placeholder is swapped for the real value
 // only on requests to the hosts its Binding names, over a TLS connection the
 // proxy intercepted; a placeholder heading anywhere else — literally or

@@ -1,4 +1,4 @@
-package gateway
+package credentials
 
 import (
 	"bufio"
@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,15 +27,15 @@ import (
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 
 	"github.com/cagebox/cagebox/internal/egress"
-	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/resign"
 	"github.com/cagebox/cagebox/internal/substitute"
 	"github.com/cagebox/cagebox/internal/testpki"
 )
 
-// A gateway's request path, for real: the egress proxy with the gateway's
-// hook, a sandbox attachment (no link, no DNS: the test is the sandbox, as
-// the REDIRECT would make it), and an HTTPS upstream on loopback.
+// A sandbox's request path, for real: the egress proxy with a pipeline as
+// its hook, adapted as internal/gateway adapts it (no link, no DNS: the test
+// is the sandbox, as the REDIRECT would make it), and an HTTPS upstream on
+// loopback.
 
 var (
 	dstBound   = netip.MustParseAddrPort("198.18.0.5:443") // api.example.test
@@ -42,16 +43,19 @@ var (
 	testNames  = map[netip.Addr]string{dstBound.Addr(): "api.example.test", dstUnbound.Addr(): "other.example.test"}
 )
 
-var (
-	detOnce sync.Once
-	det     *substitute.Detector
-	detErr  error
-)
+// harnessConfig is the pipeline's configuration and the proxy's body
+// limit.
+type harnessConfig struct {
+	Exfil     string
+	ExfilScan ScanBudget
+	Limits    harnessLimits
+}
+
+type harnessLimits struct{ BodyIdleTimeout time.Duration }
 
 type gwHarness struct {
 	t    *testing.T
-	g    *Gateway
-	a    *Attachment
+	p    *Pipeline
 	addr string
 	dst  atomic.Pointer[netip.AddrPort]
 	pool *x509.CertPool // the sandbox CA
@@ -71,7 +75,7 @@ type gwEvent struct {
 	Data map[string]any
 }
 
-func newGWHarness(t *testing.T, cfg Config) *gwHarness {
+func newGWHarness(t *testing.T, hc harnessConfig) *gwHarness {
 	t.Helper()
 	h := &gwHarness{t: t, upstreamHeaders: make(chan string, 16)}
 	pki, err := testpki.New(time.Hour, "api.example.test", "other.example.test")
@@ -99,63 +103,41 @@ func newGWHarness(t *testing.T, cfg Config) *gwHarness {
 	t.Cleanup(up.Close)
 	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String())
 
-	cfg.Emit = func(_, _, kind string, data any) {
+	cfg := Config{Exfil: hc.Exfil, ExfilScan: hc.ExfilScan}
+	if err := cfg.Check(); err != nil {
+		t.Fatal(err)
+	}
+	h.p = New(cfg, func(kind string, data map[string]any) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		m, _ := data.(map[string]any)
-		h.events = append(h.events, gwEvent{kind, m})
-	}
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	g := &Gateway{cfg: cfg, log: cfg.Logger, atts: map[string]*Attachment{}}
-	if cfg.Exfil == "" {
-		g.cfg.Exfil = ExfilFlag
-	}
-	if g.cfg.Exfil != ExfilOff {
-		detOnce.Do(func() { det, detErr = substitute.NewDetector() })
-		if detErr != nil {
-			t.Fatal(detErr)
-		}
-		g.det = det
-	}
-	if g.cfg.ExfilScan.Body == 0 {
-		g.cfg.ExfilScan.Body = substitute.DefaultScanBody
-	}
-	doc, err := policy.AllowHosts("api.example.test", "other.example.test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol, err := policy.Compile(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
+		h.events = append(h.events, gwEvent{kind, data})
+	})
 	ca, err := egress.NewCA("sb-1", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.pool = x509.NewCertPool()
 	h.pool.AppendCertsFromPEM(ca.CertPEM())
-	a := &Attachment{ID: "sb-1", Tenant: "tenant-a", CA: ca, Policy: policy.NewLive(pol)}
-	a.sandbox = &egress.Sandbox{ID: a.ID, Tenant: a.Tenant, CA: ca, Policy: policyAdapter{a.Policy},
+	allowed := map[string]bool{"api.example.test": true, "other.example.test": true}
+	sb := &egress.Sandbox{ID: "sb-1", Tenant: "tenant-a", CA: ca,
+		Policy: egress.PolicyFunc(func(_ context.Context, r *egress.Request) (egress.Decision, error) {
+			return egress.Decision{Allow: allowed[r.Host], Rule: "allow-hosts"}, nil
+		}),
 		NameOf: func(ad netip.Addr) (string, bool) { n, ok := testNames[ad]; return n, ok }}
-	g.atts[a.ID] = a
-	h.g, h.a = g, a
 	h.dst.Store(&dstBound)
-	g.proxy, err = egress.New(egress.Config{
+	proxy, err := egress.New(egress.Config{
 		Lookup: func(net.Conn) (*egress.Sandbox, netip.AddrPort, bool) {
-			return a.sandbox, *h.dst.Load(), true
+			return sb, *h.dst.Load(), true
 		},
-		Hook:     g.substitute,
-		OnDenied: g.deniedAlert,
+		Hook:     h.hook,
+		OnDenied: func(_ *egress.Sandbox, r *http.Request, host string) { h.p.Denied(r, host) },
 		Resolve: map[string]netip.AddrPort{
 			"api.example.test:443": upAddr, "other.example.test:443": upAddr,
 		},
 		UpstreamCAs: pki.Pool,
-		Logger:      cfg.Logger,
+		Logger:      slog.New(slog.DiscardHandler),
 
-		MaxInFlightBytesPerSandbox: cfg.Limits.InFlightBytes,
-		BodyIdleTimeout:            cfg.Limits.BodyIdleTimeout,
-		BodyTimeout:                cfg.Limits.BodyTimeout,
-		MaxUpstreamConnsPerSandbox: cfg.Limits.UpstreamConns,
+		BodyIdleTimeout: hc.Limits.BodyIdleTimeout,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -165,9 +147,33 @@ func newGWHarness(t *testing.T, cfg Config) *gwHarness {
 		t.Fatal(err)
 	}
 	h.addr = l.Addr().String()
-	go g.proxy.Serve(l)
-	t.Cleanup(func() { g.proxy.Close() })
+	go proxy.Serve(l)
+	t.Cleanup(func() { proxy.Close() })
 	return h
+}
+
+// hook is the pipeline as the proxy's request hook, converted to egress'
+// types as internal/gateway converts it.
+func (h *gwHarness) hook(_ *egress.Sandbox, r *http.Request) (*egress.Refusal, egress.ResponseFilter) {
+	ref, f := h.p.Request(r)
+	if ref != nil {
+		return &egress.Refusal{Rule: ref.Rule, Reason: ref.Reason, Status: ref.Status}, nil
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = egressBody{r.Body}
+	}
+	return nil, f
+}
+
+type egressBody struct{ io.ReadCloser }
+
+func (b egressBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	var ref *Refusal
+	if err != nil && errors.As(err, &ref) {
+		return n, &egress.Refusal{Rule: ref.Rule, Reason: ref.Reason, Status: ref.Status}
+	}
+	return n, err
 }
 
 // conn opens a TLS connection to the proxy as the sandbox, for name.
@@ -284,7 +290,7 @@ func TestExfilScanBudget(t *testing.T) {
 		{"within budget, block", ExfilBlock, substitute.Budget{Time: time.Minute}, body, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newGWHarness(t, Config{Exfil: tc.mode, ExfilScan: tc.budget})
+			h := newGWHarness(t, harnessConfig{Exfil: tc.mode, ExfilScan: tc.budget})
 			resp, rb := h.do(tc.req())
 			unscanned := h.eventsOf("secret.exfil_unscanned")
 			if tc.limit == "" {
@@ -337,9 +343,9 @@ func sha256Hex(b []byte) string {
 // before any of its body is read (with a short body timeout, a read would
 // end in a 408 instead). Before, the exfil scan read the body first.
 func TestSigV4RefusedFromHeaders(t *testing.T) {
-	h := newGWHarness(t, Config{Limits: Limits{BodyIdleTimeout: 300 * time.Millisecond}})
-	h.a.SetSigV4([]*SigV4Binding{{Name: "AWS", Hosts: []string{"api.example.test"}, Placeholder: phAWS,
-		Real: func() (resign.AWSCreds, error) { return realAWS, nil }}})
+	h := newGWHarness(t, harnessConfig{Limits: harnessLimits{BodyIdleTimeout: 300 * time.Millisecond}})
+	h.p.Install(&Bindings{SigV4: []*SigV4Binding{{Name: "AWS", Hosts: []string{"api.example.test"}, Placeholder: phAWS,
+		Real: func() (resign.AWSCreds, error) { return realAWS, nil }}}})
 	body := bytes.Repeat([]byte("z"), 1<<20)
 	r, _ := http.NewRequest("PUT", "https://other.example.test/bucket/key", bytes.NewReader(body))
 	signAWS(t, r, phAWS, sha256Hex(body))
@@ -357,9 +363,9 @@ func TestSigV4RefusedFromHeaders(t *testing.T) {
 // guest has sent its body: nothing is buffered to verify it. Before, the
 // gateway read the whole body (up to 64 MiB) first.
 func TestSigV4DeclaredHashStreamsThroughGateway(t *testing.T) {
-	h := newGWHarness(t, Config{Exfil: ExfilOff})
-	h.a.SetSigV4([]*SigV4Binding{{Name: "AWS", Hosts: []string{"api.example.test"}, Placeholder: phAWS,
-		Real: func() (resign.AWSCreds, error) { return realAWS, nil }}})
+	h := newGWHarness(t, harnessConfig{Exfil: ExfilOff})
+	h.p.Install(&Bindings{SigV4: []*SigV4Binding{{Name: "AWS", Hosts: []string{"api.example.test"}, Placeholder: phAWS,
+		Real: func() (resign.AWSCreds, error) { return realAWS, nil }}}})
 	body := bytes.Repeat([]byte("z"), 1<<20)
 	pr, pw := io.Pipe()
 	r, _ := http.NewRequest("PUT", "https://api.example.test/bucket/key", pr)
@@ -420,8 +426,8 @@ func hmacBinding(maxBody int64) []*HMACBinding {
 // goes upstream without the gateway reading the body to check whose
 // signature it is. Before, the gateway read up to 64 MiB of it first.
 func TestHMACUnboundHostNotBuffered(t *testing.T) {
-	h := newGWHarness(t, Config{Exfil: ExfilOff})
-	h.a.SetHMAC(hmacBinding(0))
+	h := newGWHarness(t, harnessConfig{Exfil: ExfilOff})
+	h.p.Install(&Bindings{HMAC: hmacBinding(0)})
 	body := bytes.Repeat([]byte("b"), 1<<20)
 	pr, pw := io.Pipe()
 	r, _ := http.NewRequest("POST", "https://other.example.test/hook", pr)
@@ -451,8 +457,8 @@ func TestHMACUnboundHostNotBuffered(t *testing.T) {
 // over the binding's limit is refused with 413 from its Content-Length,
 // unread. Before: a 403 after reading up to the limit.
 func TestHMACBodyOverLimit(t *testing.T) {
-	h := newGWHarness(t, Config{Exfil: ExfilOff, Limits: Limits{BodyIdleTimeout: 300 * time.Millisecond}})
-	h.a.SetHMAC(hmacBinding(1 << 10))
+	h := newGWHarness(t, harnessConfig{Exfil: ExfilOff, Limits: harnessLimits{BodyIdleTimeout: 300 * time.Millisecond}})
+	h.p.Install(&Bindings{HMAC: hmacBinding(1 << 10)})
 	body := bytes.Repeat([]byte("b"), 4<<10)
 	r, _ := http.NewRequest("POST", "https://api.example.test/hook", nil)
 	r.Header.Set("X-Signature", hmacSign([]byte("placeholder-hmac-key"), "POST", "/hook", body))
