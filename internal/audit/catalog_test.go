@@ -337,11 +337,11 @@ func TestEmittersTyped(t *testing.T) {
 								return false // a callback's body is its own business
 							case *ast.BasicLit:
 								if s, err := strconv.Unquote(a.Value); err == nil && a.Kind == token.STRING && (kinds[s] || kindShaped.MatchString(s)) {
-									t.Errorf("%s: %s passes the kind %q as a string: use its payload struct (api/events.go)", rel, fset.Position(a.Pos()), s)
+									t.Errorf("%s:%d passes the kind %q as a string: use its payload struct (api/events.go)", rel, fset.Position(a.Pos()).Line, s)
 								}
 							case *ast.CompositeLit:
 								if _, ok := a.Type.(*ast.MapType); ok {
-									t.Errorf("%s: %s passes event data as a map literal: use the kind's payload struct (api/events.go)", rel, fset.Position(a.Pos()))
+									t.Errorf("%s:%d passes event data as a map literal: use the kind's payload struct (api/events.go)", rel, fset.Position(a.Pos()).Line)
 								}
 							}
 							return true
@@ -349,7 +349,7 @@ func TestEmittersTyped(t *testing.T) {
 					}
 				case *ast.BasicLit:
 					if s, err := strconv.Unquote(n.Value); err == nil && n.Kind == token.STRING && kinds[s] && !helper {
-						t.Errorf("%s: %s spells the kind %q: use its api.Event… constant", rel, fset.Position(n.Pos()), s)
+						t.Errorf("%s:%d spells the kind %q: use its api.Event… constant", rel, fset.Position(n.Pos()).Line, s)
 					}
 				}
 				return true
