@@ -443,3 +443,17 @@ func BenchmarkEmitOverLimit(b *testing.B) {
 		l.Emit("t1", "sb", ev)
 	}
 }
+
+// TestEmitNoData: a payload with no fields (sandbox.paused) is stored with
+// no data at all, as before the catalog.
+func TestEmitNoData(t *testing.T) {
+	st := openStore(t)
+	l := New(Config{Store: st, Logger: quiet})
+	l.Emit("t1", "sb", api.SandboxPaused{})
+	l.Emit("t1", "sb", api.SandboxDestroyed{Reason: "removed"})
+	closeLog(t, l)
+	evs := listEvents(t, st, "sb")
+	if len(evs) != 2 || evs[0].Kind != string(api.EventSandboxPaused) || evs[0].Data != nil || string(evs[1].Data) != `{"reason":"removed"}` {
+		t.Fatalf("events %+v", evs)
+	}
+}
