@@ -1,5 +1,6 @@
-// Package api holds the wire types of the cagebox HTTP+JSON API and its
-// OpenAPI document. It has no logic.
+// Package api holds the wire types of the cagebox HTTP+JSON API, its
+// OpenAPI document and the catalog of audit events (events.go). It has no
+// logic beyond naming an event kind's class.
 package api
 
 import (
@@ -253,8 +254,10 @@ type Event struct {
 	Time    time.Time `json:"time"`
 	Tenant  string    `json:"tenant"`
 	Sandbox string    `json:"sandbox,omitempty"`
-	Kind    string    `json:"kind"`
-	Data    any       `json:"data,omitempty"`
+	Kind    EventKind `json:"kind"`
+	// Data is the kind's payload (see EventPayloads), absent when it has
+	// no fields.
+	Data any `json:"data,omitempty"`
 }
 
 // Health is the daemon's health.

@@ -2,10 +2,13 @@ package audit
 
 import (
 	"bytes"
+	"encoding"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -58,6 +61,9 @@ func Bound(data any) (json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
+	if v == nil { // a value that encodes as null
+		return nil, nil
+	}
 	for _, lim := range passes {
 		b := bounder{lim: lim}
 		out := b.value("", v, 0)
@@ -95,12 +101,16 @@ func marshal(v any) (json.RawMessage, error) {
 }
 
 // generic returns data as a tree of map[string]any, []any, []string,
-// string, bool, numbers and nil. The shapes the daemon's emitters use are
-// taken as they are; anything else goes through encoding/json once.
+// string, bool, numbers and nil. A plain struct (an api event payload) is
+// taken apart field by field, as encoding/json would name them; anything
+// else goes through encoding/json once.
 func generic(data any) (any, error) {
 	switch data.(type) {
 	case map[string]any, []any, []string, string, bool, int, int64, float64:
 		return data, nil
+	}
+	if m, ok := structMap(reflect.ValueOf(data)); ok {
+		return m, nil
 	}
 	raw, err := json.Marshal(data)
 	if err != nil {
@@ -213,4 +223,112 @@ func Truncate(s string, n int) string {
 		i--
 	}
 	return s[:i] + Ellipsis
+}
+
+// jsonField is a struct field as encoding/json encodes it.
+type jsonField struct {
+	index     int
+	name      string
+	omitEmpty bool
+}
+
+// plainFields caches fieldsOf: reflect.Type → plainStruct.
+var plainFields sync.Map
+
+type plainStruct struct {
+	fields []jsonField
+	ok     bool // false: encoding/json must encode the type itself
+}
+
+var (
+	jsonMarshaler = reflect.TypeFor[json.Marshaler]()
+	textMarshaler = reflect.TypeFor[encoding.TextMarshaler]()
+)
+
+// fieldsOf returns struct type t's fields, or false when encoding/json
+// must encode t itself: t has its own encoding, an unexported or embedded
+// field, or a tag option other than omitempty.
+func fieldsOf(t reflect.Type) ([]jsonField, bool) {
+	if p, ok := plainFields.Load(t); ok {
+		return p.(plainStruct).fields, p.(plainStruct).ok
+	}
+	p := plainStruct{ok: true}
+	for _, m := range []reflect.Type{t, reflect.PointerTo(t)} {
+		if m.Implements(jsonMarshaler) || m.Implements(textMarshaler) {
+			p.ok = false
+		}
+	}
+	for i := 0; p.ok && i < t.NumField(); i++ {
+		sf := t.Field(i)
+		name, opts, _ := strings.Cut(sf.Tag.Get("json"), ",")
+		switch {
+		case name == "-" && opts == "":
+			continue
+		case !sf.IsExported() || sf.Anonymous || (opts != "" && opts != "omitempty"):
+			p.ok = false
+		case name == "":
+			name = sf.Name
+		}
+		p.fields = append(p.fields, jsonField{index: i, name: name, omitEmpty: opts == "omitempty"})
+	}
+	if !p.ok {
+		p.fields = nil
+	}
+	plainFields.Store(t, p)
+	return p.fields, p.ok
+}
+
+// structMap returns v, a plain struct, as a map of its fields by JSON name
+// (what encoding/json would give, without encoding it), with the values
+// of basic kinds as generic takes them and any other left to the bounder.
+// It is the fast path of event payloads.
+func structMap(v reflect.Value) (map[string]any, bool) {
+	if v.Kind() != reflect.Struct {
+		return nil, false
+	}
+	fs, ok := fieldsOf(v.Type())
+	if !ok {
+		return nil, false
+	}
+	m := make(map[string]any, len(fs))
+	for _, f := range fs {
+		fv := v.Field(f.index)
+		if f.omitEmpty && emptyValue(fv) {
+			continue
+		}
+		switch fv.Kind() {
+		case reflect.String:
+			m[f.name] = fv.String()
+		case reflect.Bool:
+			m[f.name] = fv.Bool()
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+			m[f.name] = fv.Int()
+		case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			m[f.name] = fv.Uint()
+		case reflect.Float64:
+			m[f.name] = fv.Float()
+		default:
+			m[f.name] = fv.Interface()
+		}
+	}
+	return m, true
+}
+
+// emptyValue is encoding/json's test for omitempty.
+func emptyValue(v reflect.Value) bool {
+	switch v.Kind() {
+	case reflect.Array, reflect.Map, reflect.Slice, reflect.String:
+		return v.Len() == 0
+	case reflect.Bool:
+		return !v.Bool()
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return v.Int() == 0
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return v.Uint() == 0
+	case reflect.Float32, reflect.Float64:
+		return v.Float() == 0
+	case reflect.Interface, reflect.Pointer:
+		return v.IsNil()
+	}
+	return false
 }

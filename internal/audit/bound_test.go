@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/cagebox/cagebox/api"
 )
 
 func decode(t testing.TB, raw json.RawMessage) map[string]any {
@@ -282,6 +284,39 @@ func BenchmarkBoundLong(b *testing.B) {
 	for b.Loop() {
 		if _, err := Bound(ev); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestBoundPayloadAsMap: a payload struct is stored byte for byte as the
+// map of the same fields (what emitters passed before the catalog): keys
+// sorted, "<" unescaped, a nil list as [], long strings cut.
+func TestBoundPayloadAsMap(t *testing.T) {
+	long := "/" + strings.Repeat("p", 3000)
+	for _, c := range []struct {
+		asMap   map[string]any
+		payload api.EventPayload
+	}{
+		{map[string]any{"name": "GH", "hosts": []string(nil), "version": int64(3), "preview": "…abcd", "allow_env": false},
+			api.SecretPut{Name: "GH", Version: 3, Preview: "…abcd"}},
+		{map[string]any{"host": "h", "method": "GET", "path": "/<p>&", "names": []string{"A"}, "resigned": "hmac"},
+			api.SecretUsed{Host: "h", Method: "GET", Path: "/<p>&", Names: []string{"A"}, Resigned: "hmac"}},
+		{map[string]any{"error": "boom"}, api.SandboxFailed{Error: "boom"}},
+		{map[string]any{"host": "h", "port": 443, "protocol": "https", "method": "GET", "path": long, "rule": "r", "verdict": "allow",
+			"reason": "", "status": 200, "bytes_up": int64(1), "bytes_down": int64(2), "duration_ms": 1.234567},
+			api.EgressAllow{Host: "h", Port: 443, Protocol: "https", Method: "GET", Path: long, Rule: "r", Verdict: "allow",
+				Status: 200, BytesUp: 1, BytesDown: 2, DurationMS: 1.234567}},
+	} {
+		want, err := Bound(c.asMap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Bound(c.payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("%T stored as\n%s\nwant\n%s", c.payload, got, want)
 		}
 	}
 }

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/store"
 )
 
@@ -179,11 +181,13 @@ func (l *Log) Stats() Stats {
 }
 
 // Emit records an event about sandbox (or, when sandbox is "", about the
-// tenant). It returns at once whatever the store is doing: over the
-// sandbox's rate, or with the queue full, the event is dropped and counted
-// for the next events.dropped report. data is bounded by Bound.
-func (l *Log) Emit(tenant, sandbox string, kind Kind, data any) {
+// tenant): its kind is ev's, its data ev bounded by Bound (none when ev's
+// type has no fields). It returns at once whatever the store is doing:
+// over the sandbox's rate, or with the queue full, the event is dropped and
+// counted for the next events.dropped report.
+func (l *Log) Emit(tenant, sandbox string, ev api.EventPayload) {
 	now := l.cfg.Now()
+	kind := ev.EventKind()
 	cls := kind.Class()
 	if cls == Report {
 		cls = Priority // only the reporter makes reports
@@ -204,23 +208,33 @@ func (l *Log) Emit(tenant, sandbox string, kind Kind, data any) {
 
 	// Encoding is the costly part: outside the lock, and only for events
 	// that passed the rate limit.
-	raw, err := Bound(data)
-	if err != nil {
-		l.log.Warn("event data not encodable", "kind", kind, "sandbox", sandbox, "err", err)
-		raw = json.RawMessage(`{"truncated":true,"unencodable":true}`)
+	var raw json.RawMessage
+	if !empty(ev) {
+		var err error
+		if raw, err = Bound(ev); err != nil {
+			l.log.Warn("event data not encodable", "kind", kind, "sandbox", sandbox, "err", err)
+			raw = json.RawMessage(`{"truncated":true,"unencodable":true}`)
+		}
 	}
-	ev := &store.Event{Time: now.UTC(), TenantID: tenant, SandboxID: sandbox, Kind: string(kind), Data: raw}
+	sev := &store.Event{Time: now.UTC(), TenantID: tenant, SandboxID: sandbox, Kind: string(kind), Data: raw}
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.afterClose(kind, sandbox) {
 		return
 	}
-	if !l.admit(cls, size(ev)) {
+	if !l.admit(cls, size(sev)) {
 		l.dropLocked(src, kind, now, reasonQueue)
 		return
 	}
-	l.enqueueLocked(ev)
+	l.enqueueLocked(sev)
+}
+
+// empty reports whether ev's type is a struct with no fields (such events
+// carry no data).
+func empty(ev api.EventPayload) bool {
+	t := reflect.TypeOf(ev)
+	return t.Kind() == reflect.Struct && t.NumField() == 0
 }
 
 // afterClose counts and drops an event emitted after Close (a request
@@ -358,7 +372,7 @@ func (l *Log) write(batch []*store.Event) {
 	lostReports := 0
 	if err != nil {
 		for _, ev := range batch {
-			if Kind(ev.Kind) == Dropped {
+			if Kind(ev.Kind) == api.EventDropped {
 				lostReports++
 				l.stats.Dropped++
 				continue
@@ -432,23 +446,19 @@ func (l *Log) report(now time.Time, final bool) {
 // reportEvent is the events.dropped event for d: how many, of which kinds,
 // why, and the window they were dropped in.
 func (l *Log) reportEvent(src source, d *drops, now time.Time) *store.Event {
-	kinds := make(map[string]any, len(d.kinds))
-	for k, n := range d.kinds {
-		kinds[string(k)] = n
-	}
-	data := map[string]any{
-		"count": d.count, "kinds": kinds,
-		"rate_limited": d.rateLimited, "queue_full": d.queueFull, "store_failed": d.storeFail,
-		"window": map[string]any{"from": d.from.UTC().Format(time.RFC3339Nano), "to": d.to.UTC().Format(time.RFC3339Nano)},
+	data := api.EventsDropped{
+		Count: d.count, Kinds: d.kinds,
+		RateLimited: d.rateLimited, QueueFull: d.queueFull, StoreFailed: d.storeFail,
+		Window: api.DroppedWindow{From: d.from.UTC(), To: d.to.UTC()},
 	}
 	if l.limited {
-		data["limit"] = map[string]any{"rate": l.cfg.Rate, "burst": l.cfg.Burst}
+		data.Limit = &api.DroppedLimit{Rate: l.cfg.Rate, Burst: l.cfg.Burst}
 	}
 	raw, err := Bound(data)
 	if err != nil { // cannot happen: the data is ours
 		raw = json.RawMessage(fmt.Sprintf(`{"count":%d}`, d.count))
 	}
-	return &store.Event{Time: now.UTC(), TenantID: src.tenant, SandboxID: src.sandbox, Kind: string(Dropped), Data: raw}
+	return &store.Event{Time: now.UTC(), TenantID: src.tenant, SandboxID: src.sandbox, Kind: string(data.EventKind()), Data: raw}
 }
 
 // Close reports pending drops, stores everything queued and stops the

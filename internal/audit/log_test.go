@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
 )
@@ -100,6 +101,15 @@ func listEvents(t testing.TB, st store.Store, sandbox string) []*store.Event {
 	return evs
 }
 
+// testEvent is an event of any kind with any data (nil: none).
+type testEvent struct {
+	kind Kind
+	data any
+}
+
+func (e testEvent) EventKind() Kind              { return e.kind }
+func (e testEvent) MarshalJSON() ([]byte, error) { return json.Marshal(e.data) }
+
 func countKinds(evs []*store.Event) map[string]int {
 	n := map[string]int{}
 	for _, e := range evs {
@@ -129,7 +139,7 @@ func reports(t testing.TB, evs []*store.Event) []dropReport {
 	t.Helper()
 	var out []dropReport
 	for _, e := range evs {
-		if e.Kind != string(Dropped) {
+		if e.Kind != string(api.EventDropped) {
 			continue
 		}
 		var r dropReport
@@ -150,16 +160,16 @@ func TestRateLimitPerSandbox(t *testing.T) {
 	l := New(Config{Store: st, Logger: quiet, Now: clk.Now, Rate: 10, Burst: 20, ReportEvery: time.Hour})
 	t0 := clk.Now()
 	for range 100 {
-		l.Emit("t1", "flood", DNSQuery, map[string]any{"name": "x.example.test"})
+		l.Emit("t1", "flood", testEvent{api.EventDNSQuery, map[string]any{"name": "x.example.test"}})
 	}
 	for range 3 {
-		l.Emit("t1", "flood", SecretAlert, map[string]any{"host": "evil.test"})
+		l.Emit("t1", "flood", testEvent{api.EventSecretAlert, map[string]any{"host": "evil.test"}})
 	}
 	for range 5 {
-		l.Emit("t1", "calm", EgressAllow, map[string]any{"host": "api.example.test"})
+		l.Emit("t1", "calm", testEvent{api.EventEgressAllow, map[string]any{"host": "api.example.test"}})
 	}
 	for range 50 {
-		l.Emit("t1", "", SecretPut, map[string]any{"name": "GH"})
+		l.Emit("t1", "", testEvent{api.EventSecretPut, map[string]any{"name": "GH"}})
 	}
 	clk.Add(time.Hour)
 	l.report(clk.Now(), false)
@@ -179,7 +189,7 @@ func TestRateLimitPerSandbox(t *testing.T) {
 	if r.Limit == nil || r.Limit.Rate != 10 || r.Limit.Burst != 20 {
 		t.Errorf("report limit %+v, want rate 10 burst 20", r.Limit)
 	}
-	if last := flood[len(flood)-1]; last.Kind != string(Dropped) || last.TenantID != "t1" {
+	if last := flood[len(flood)-1]; last.Kind != string(api.EventDropped) || last.TenantID != "t1" {
 		t.Errorf("last event %+v: want the report, of tenant t1", last)
 	}
 	if got := countKinds(listEvents(t, st, "calm")); got["egress.allow"] != 5 || got["events.dropped"] != 0 {
@@ -204,7 +214,7 @@ func TestReportAtMostOncePerInterval(t *testing.T) {
 	l := New(Config{Store: st, Logger: quiet, Now: clk.Now, Rate: 0.001, Burst: 1, ReportEvery: time.Minute})
 	emit := func(n int) {
 		for range n {
-			l.Emit("t1", "sb", EgressDeny, nil)
+			l.Emit("t1", "sb", testEvent{api.EventEgressDeny, nil})
 		}
 	}
 	emit(5) // 1 stored, 4 dropped
@@ -236,13 +246,13 @@ func TestQueuePrefersPriority(t *testing.T) {
 	st := newGatedStore(t)
 	clk := newClock()
 	l := New(Config{Store: st, Logger: quiet, Now: clk.Now, Rate: -1, Queue: 8, Batch: 100, ReportEvery: time.Hour})
-	l.Emit("t1", "sb", SandboxCreated, nil)
+	l.Emit("t1", "sb", testEvent{api.EventSandboxCreated, nil})
 	<-st.entered // the writer holds the first event in a stuck AppendEvents
 	for range 10 {
-		l.Emit("t1", "sb", DNSQuery, nil) // 5 fit below 6 (3/4 of 8)
+		l.Emit("t1", "sb", testEvent{api.EventDNSQuery, nil}) // 5 fit below 6 (3/4 of 8)
 	}
 	for range 3 {
-		l.Emit("t1", "sb", SecretAlert, nil) // 2 fit below 8
+		l.Emit("t1", "sb", testEvent{api.EventSecretAlert, nil}) // 2 fit below 8
 	}
 	l.report(clk.Add(2*time.Hour), false) // the queue is full: the report waits
 	if s := l.Stats(); s.Reports != 0 || s.Dropped != 6 {
@@ -272,11 +282,11 @@ func TestEmitNeverBlocks(t *testing.T) {
 	for g := range goroutines {
 		wg.Go(func() {
 			for i := range each {
-				kind := EgressAllow
+				kind := api.EventEgressAllow
 				if i%100 == 0 {
-					kind = SecretUsed
+					kind = api.EventSecretUsed
 				}
-				l.Emit("t1", "sb"+string(rune('a'+g)), kind, map[string]any{"host": "api.example.test", "i": i})
+				l.Emit("t1", "sb"+string(rune('a'+g)), testEvent{kind, map[string]any{"host": "api.example.test", "i": i}})
 			}
 		})
 	}
@@ -291,7 +301,7 @@ func TestEmitNeverBlocks(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "not stored") {
 		t.Fatalf("Close with a stuck store = %v; want a deadline error counting the events not stored", err)
 	}
-	l.Emit("t1", "sba", EgressAllow, nil) // after Close: dropped, no panic
+	l.Emit("t1", "sba", testEvent{api.EventEgressAllow, nil}) // after Close: dropped, no panic
 }
 
 // TestCloseStoresEverythingQueued: a clean stop loses nothing queued, and
@@ -299,11 +309,11 @@ func TestEmitNeverBlocks(t *testing.T) {
 func TestCloseStoresEverythingQueued(t *testing.T) {
 	st := newGatedStore(t)
 	l := New(Config{Store: st, Logger: quiet, Rate: -1, Batch: 512})
-	l.Emit("t1", "sb", EgressAllow, map[string]any{"i": 0})
+	l.Emit("t1", "sb", testEvent{api.EventEgressAllow, map[string]any{"i": 0}})
 	<-st.entered
 	const n = 1500
 	for i := 1; i < n; i++ {
-		l.Emit("t1", "sb", EgressAllow, map[string]any{"i": i})
+		l.Emit("t1", "sb", testEvent{api.EventEgressAllow, map[string]any{"i": i}})
 	}
 	go st.open()
 	closeLog(t, l)
@@ -332,7 +342,7 @@ func TestCloseStoresEverythingQueued(t *testing.T) {
 func TestEmitBoundsData(t *testing.T) {
 	st := openStore(t)
 	l := New(Config{Store: st, Logger: quiet})
-	l.Emit("t1", "sb", EgressDeny, map[string]any{"host": strings.Repeat("h", 5000), "path": "/" + strings.Repeat("p", 1<<20)})
+	l.Emit("t1", "sb", testEvent{api.EventEgressDeny, map[string]any{"host": strings.Repeat("h", 5000), "path": "/" + strings.Repeat("p", 1<<20)}})
 	closeLog(t, l)
 	evs := listEvents(t, st, "sb")
 	if len(evs) != 1 || len(evs[0].Data) > MaxData {
@@ -351,10 +361,10 @@ func TestSubscribersSeeStoredEvents(t *testing.T) {
 	l := New(Config{Store: st, Logger: quiet})
 	mine, stop := l.Broker().Subscribe("t1")
 	defer stop()
-	l.Emit("t2", "other", EgressAllow, nil)
-	l.Emit("t1", "sb", SandboxCreated, nil)
+	l.Emit("t2", "other", testEvent{api.EventEgressAllow, nil})
+	l.Emit("t1", "sb", testEvent{api.EventSandboxCreated, nil})
 	e := <-mine
-	if e.Kind != string(SandboxCreated) || e.Seq == 0 || e.TenantID != "t1" {
+	if e.Kind != string(api.EventSandboxCreated) || e.Seq == 0 || e.TenantID != "t1" {
 		t.Errorf("subscriber got %+v", e)
 	}
 	closeLog(t, l)
@@ -368,14 +378,14 @@ func TestStoreFailureCounted(t *testing.T) {
 	l := New(Config{Store: fs, Logger: quiet, Now: clk.Now, ReportEvery: time.Hour})
 	sub, stop := l.Broker().Subscribe("")
 	defer stop()
-	l.Emit("t1", "sb", EgressAllow, nil)
-	l.Emit("t1", "sb", SandboxCreated, nil)
+	l.Emit("t1", "sb", testEvent{api.EventEgressAllow, nil})
+	l.Emit("t1", "sb", testEvent{api.EventSandboxCreated, nil})
 	for l.Stats().Dropped < 2 { // both refused (no timing: it waits as long as it takes)
 		time.Sleep(time.Millisecond)
 	}
 	fs.setFail(false)
 	l.report(clk.Add(time.Hour), false)
-	if e := <-sub; e.Kind != string(Dropped) {
+	if e := <-sub; e.Kind != string(api.EventDropped) {
 		t.Fatalf("first stored event %s, want events.dropped", e.Kind)
 	}
 	closeLog(t, l)
@@ -414,11 +424,11 @@ func BenchmarkEmit(b *testing.B) {
 	st := openStore(b)
 	l := New(Config{Store: st, Logger: quiet, Rate: -1})
 	defer closeLog(b, l)
-	ev := map[string]any{"host": "api.example.test", "port": 443, "protocol": "https", "method": "GET",
-		"path": "/repos/cagebox/cagebox/pulls", "rule": "github", "verdict": "allow", "status": 200}
+	ev := api.EgressAllow{Host: "api.example.test", Port: 443, Protocol: "https", Method: "GET",
+		Path: "/repos/cagebox/cagebox/pulls", Rule: "github", Verdict: "allow", Status: 200}
 	b.ReportAllocs()
 	for b.Loop() {
-		l.Emit("t1", "sb", EgressAllow, ev)
+		l.Emit("t1", "sb", ev)
 	}
 }
 
@@ -427,9 +437,23 @@ func BenchmarkEmitOverLimit(b *testing.B) {
 	st := openStore(b)
 	l := New(Config{Store: st, Logger: quiet, Rate: 1, Burst: 1, ReportEvery: time.Hour})
 	defer closeLog(b, l)
-	ev := map[string]any{"name": "x.example.test", "type": "A", "rcode": "NOERROR"}
+	ev := api.DNSQuery{Name: "x.example.test", Type: "A", Rcode: "NOERROR"}
 	b.ReportAllocs()
 	for b.Loop() {
-		l.Emit("t1", "sb", DNSQuery, ev)
+		l.Emit("t1", "sb", ev)
+	}
+}
+
+// TestEmitNoData: a payload with no fields (sandbox.paused) is stored with
+// no data at all, as before the catalog.
+func TestEmitNoData(t *testing.T) {
+	st := openStore(t)
+	l := New(Config{Store: st, Logger: quiet})
+	l.Emit("t1", "sb", api.SandboxPaused{})
+	l.Emit("t1", "sb", api.SandboxDestroyed{Reason: "removed"})
+	closeLog(t, l)
+	evs := listEvents(t, st, "sb")
+	if len(evs) != 2 || evs[0].Kind != string(api.EventSandboxPaused) || evs[0].Data != nil || string(evs[1].Data) != `{"reason":"removed"}` {
+		t.Fatalf("events %+v", evs)
 	}
 }

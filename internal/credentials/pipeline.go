@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/cagebox/cagebox/internal/resign"
 	"github.com/cagebox/cagebox/internal/substitute"
@@ -73,7 +74,7 @@ var detector = sync.OnceValues(substitute.NewDetector)
 // Emit records one of the pipeline's events (secret.used, secret.refused,
 // secret.alert, secret.error, secret.exfil_suspect, secret.exfil_unscanned,
 // secret.reflected) for the sandbox the pipeline belongs to.
-type Emit func(kind string, data map[string]any)
+type Emit func(ev api.EventPayload)
 
 // Refusal is the pipeline's denial of a request: 403 unless Status says
 // otherwise (413 for a body too large to check). It is also the error a
@@ -110,7 +111,7 @@ type Pipeline struct {
 // (Config.Check); emit may be nil.
 func New(cfg Config, emit Emit) *Pipeline {
 	if emit == nil {
-		emit = func(string, map[string]any) {}
+		emit = func(api.EventPayload) {}
 	}
 	return &Pipeline{cfg: cfg, emit: emit, b: &Bindings{}}
 }
@@ -196,19 +197,20 @@ func (p *Pipeline) Request(r *http.Request) (*Refusal, func(*http.Response) erro
 			reals.Add(Swap{Name: name, Real: real, Placeholder: ph})
 		})
 		if err != nil {
-			p.emit("secret.error", map[string]any{"host": host, "error": err.Error()})
+			p.emit(api.SecretError{Host: host, Error: err.Error()})
 			return &Refusal{Rule: "secret", Reason: err.Error()}, nil
 		}
 		if res.Refusal != nil {
-			kind := "secret.refused"
+			v := api.SecretVerdict{Host: host, Method: r.Method, Path: r.URL.Path, Rule: res.Refusal.Rule, Reason: res.Refusal.Reason}
 			if res.Alert {
-				kind = "secret.alert"
+				p.emit(api.SecretAlert(v))
+			} else {
+				p.emit(api.SecretRefused(v))
 			}
-			p.emit(kind, map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": res.Refusal.Rule, "reason": res.Refusal.Reason})
 			return &Refusal{Rule: res.Refusal.Rule, Reason: res.Refusal.Reason}, nil
 		}
 		if len(res.Replaced) > 0 {
-			p.emit("secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": res.Replaced})
+			p.emit(api.SecretUsed{Host: host, Method: r.Method, Path: r.URL.Path, Names: res.Replaced})
 		}
 		if res.Streaming {
 			reals.SetPending()
@@ -230,10 +232,10 @@ func (p *Pipeline) Request(r *http.Request) (*Refusal, func(*http.Response) erro
 		Placeholder:       b.placeholderIn,
 		PlaceholderWindow: b.placeholderWindow(),
 		OnReflect: func(ref Reflection) {
-			p.emit("secret.reflected", map[string]any{"host": host, "method": method, "path": path, "name": ref.Name, "where": ref.Where, "encoding": ref.Encoding})
+			p.emit(api.SecretReflected{Host: host, Method: method, Path: path, Name: ref.Name, Where: ref.Where, Encoding: ref.Encoding})
 		},
 		OnAlert: func(al Alert) {
-			p.emit("secret.alert", map[string]any{"host": host, "method": method, "path": path, "rule": "secret:" + al.Name, "reason": al.Reason})
+			p.emit(api.SecretAlert{Host: host, Method: method, Path: path, Rule: "secret:" + al.Name, Reason: al.Reason})
 		},
 	}
 	return nil, scrub.Filter
@@ -253,7 +255,7 @@ func (p *Pipeline) Denied(r *http.Request, host string) {
 		}
 	}
 	if name, found := p.Bindings().placeholderIn(text.String()); found {
-		p.emit("secret.alert", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": "secret:" + name, "reason": fmt.Sprintf("placeholder for %s sent to %s, which the policy denies", name, host)})
+		p.emit(api.SecretAlert{Host: host, Method: r.Method, Path: r.URL.Path, Rule: "secret:" + name, Reason: fmt.Sprintf("placeholder for %s sent to %s, which the policy denies", name, host)})
 	}
 }
 
@@ -279,7 +281,7 @@ func (p *Pipeline) exfilScan(bs *Bindings, r *http.Request, host string) *Refusa
 	}
 	res, err := det.ScanBudget(r, b, known{bs})
 	for _, f := range res.Findings {
-		p.emit("secret.exfil_suspect", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": f.Rule, "where": f.Where, "preview": f.Preview, "mode": p.cfg.Exfil})
+		p.emit(api.SecretExfilSuspect{Host: host, Method: r.Method, Path: r.URL.Path, Rule: f.Rule, Where: f.Where, Preview: f.Preview, Mode: p.cfg.Exfil})
 	}
 	block := p.cfg.Exfil == ExfilBlock
 	if block && len(res.Findings) > 0 {
@@ -292,7 +294,7 @@ func (p *Pipeline) exfilScan(bs *Bindings, r *http.Request, host string) *Refusa
 	if res.Limit == substitute.LimitBody && !block && err == nil {
 		return nil // under flag, bodies are scanned as far as the window reaches
 	}
-	p.emit("secret.exfil_unscanned", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "limit": res.Limit, "unscanned": res.Gap, "scanned_bytes": res.Scanned, "mode": p.cfg.Exfil})
+	p.emit(api.SecretExfilUnscanned{Host: host, Method: r.Method, Path: r.URL.Path, Limit: res.Limit, Unscanned: res.Gap, ScannedBytes: res.Scanned, Mode: p.cfg.Exfil})
 	if !block {
 		return nil
 	}
@@ -308,10 +310,16 @@ func (p *Pipeline) exfilScan(bs *Bindings, r *http.Request, host string) *Refusa
 	return &Refusal{Rule: "builtin:exfil-unscanned", Reason: reason}
 }
 
-// refuse emits kind for binding name and returns the refusal naming it.
-func (p *Pipeline) refuse(r *http.Request, host, name, kind, reason string) *Refusal {
-	p.emit(kind, map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "rule": "secret:" + name, "reason": reason})
-	return &Refusal{Rule: "secret:" + name, Reason: reason}
+// refuse emits kind (secret.alert, else secret.refused) for binding name
+// and returns the refusal naming it.
+func (p *Pipeline) refuse(r *http.Request, host, name string, kind api.EventKind, reason string) *Refusal {
+	v := api.SecretVerdict{Host: host, Method: r.Method, Path: r.URL.Path, Rule: "secret:" + name, Reason: reason}
+	if kind == api.EventSecretAlert {
+		p.emit(api.SecretAlert(v))
+	} else {
+		p.emit(api.SecretRefused(v))
+	}
+	return &Refusal{Rule: v.Rule, Reason: reason}
 }
 
 // resignHMAC handles requests carrying an HMAC signature made with a
@@ -330,25 +338,25 @@ func (p *Pipeline) resignHMAC(bs *Bindings, r *http.Request, host string, reals 
 			// worth an alert, so it is checked only when that is cheap:
 			// a signature over no body or a small one of known length.
 			if signsSmallBody(b.Signer, r) && b.Signer.Verify(r) == nil {
-				return p.refuse(r, host, b.Name, "secret.alert", fmt.Sprintf("request signed with the placeholder key of %s sent to %s (bound to %s)", b.Name, host, strings.Join(b.Hosts, ", ")))
+				return p.refuse(r, host, b.Name, api.EventSecretAlert, fmt.Sprintf("request signed with the placeholder key of %s sent to %s (bound to %s)", b.Name, host, strings.Join(b.Hosts, ", ")))
 			}
 			continue
 		}
 		real, err := b.Real()
 		if err != nil {
-			return p.refuse(r, host, b.Name, "secret.refused", fmt.Sprintf("%s cannot be used: %v", b.Name, err))
+			return p.refuse(r, host, b.Name, api.EventSecretRefused, fmt.Sprintf("%s cannot be used: %v", b.Name, err))
 		}
 		s := *b.Signer
 		s.Real = real
 		s.Report = reals.AddFunc(b.Name)
 		if err := s.Resign(r); err != nil {
-			ref := p.refuse(r, host, b.Name, "secret.refused", fmt.Sprintf("HMAC signature of %s: %v", b.Name, err))
+			ref := p.refuse(r, host, b.Name, api.EventSecretRefused, fmt.Sprintf("HMAC signature of %s: %v", b.Name, err))
 			if errors.Is(err, resign.ErrBodyTooLarge) {
 				ref.Status = http.StatusRequestEntityTooLarge
 			}
 			return ref
 		}
-		p.emit("secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": []string{b.Name}, "resigned": "hmac"})
+		p.emit(api.SecretUsed{Host: host, Method: r.Method, Path: r.URL.Path, Names: []string{b.Name}, Resigned: "hmac"})
 		return nil
 	}
 	return nil
@@ -371,18 +379,18 @@ func (p *Pipeline) resignSigV4(bs *Bindings, r *http.Request, host string, reals
 			continue
 		}
 		if r.TLS == nil || !hostname.MatchAny(b.Hosts, host) {
-			return p.refuse(r, host, b.Name, "secret.alert", fmt.Sprintf("AWS request signed with the placeholder key of %s sent to %s (bound to %s)", b.Name, host, strings.Join(b.Hosts, ", ")))
+			return p.refuse(r, host, b.Name, api.EventSecretAlert, fmt.Sprintf("AWS request signed with the placeholder key of %s sent to %s (bound to %s)", b.Name, host, strings.Join(b.Hosts, ", ")))
 		}
 		if headersOnly {
 			return nil
 		}
 		real, err := b.Real()
 		if err != nil {
-			return p.refuse(r, host, b.Name, "secret.refused", fmt.Sprintf("%s cannot be used: %v", b.Name, err))
+			return p.refuse(r, host, b.Name, api.EventSecretRefused, fmt.Sprintf("%s cannot be used: %v", b.Name, err))
 		}
 		s := &resign.SigV4{Placeholder: b.Placeholder, Real: real, Report: reals.AddFunc(b.Name)}
 		if err := s.Resign(r); err != nil {
-			ref := p.refuse(r, host, b.Name, "secret.refused", fmt.Sprintf("AWS signature of %s: %v", b.Name, err))
+			ref := p.refuse(r, host, b.Name, api.EventSecretRefused, fmt.Sprintf("AWS signature of %s: %v", b.Name, err))
 			if errors.Is(err, resign.ErrBodyTooLarge) {
 				ref.Status = http.StatusRequestEntityTooLarge
 			}
@@ -393,10 +401,10 @@ func (p *Pipeline) resignSigV4(bs *Bindings, r *http.Request, host string, reals
 		if r.Body != nil && r.Body != http.NoBody {
 			name := b.Name
 			r.Body = &refusingBody{ReadCloser: r.Body, refuse: func(err error) error {
-				return p.refuse(r, host, name, "secret.refused", fmt.Sprintf("AWS signature of %s: %v", name, err))
+				return p.refuse(r, host, name, api.EventSecretRefused, fmt.Sprintf("AWS signature of %s: %v", name, err))
 			}}
 		}
-		p.emit("secret.used", map[string]any{"host": host, "method": r.Method, "path": r.URL.Path, "names": []string{b.Name}, "resigned": "sigv4"})
+		p.emit(api.SecretUsed{Host: host, Method: r.Method, Path: r.URL.Path, Names: []string{b.Name}, Resigned: "sigv4"})
 		return nil
 	}
 	return nil

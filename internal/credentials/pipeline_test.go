@@ -89,10 +89,10 @@ func newPipelineEnv(t *testing.T, cfg Config) *pipelineEnv {
 	if err := cfg.Check(); err != nil {
 		t.Fatal(err)
 	}
-	e.p = New(cfg, func(kind string, data map[string]any) {
+	e.p = New(cfg, func(ev api.EventPayload) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		e.events = append(e.events, gwEvent{kind, data})
+		e.events = append(e.events, gwEventOf(t, ev))
 	})
 	e.build()
 	return e

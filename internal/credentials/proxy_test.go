@@ -26,6 +26,7 @@ import (
 
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/egress"
 	"github.com/cagebox/cagebox/internal/resign"
 	"github.com/cagebox/cagebox/internal/substitute"
@@ -72,7 +73,19 @@ type gwHarness struct {
 
 type gwEvent struct {
 	Kind string
-	Data map[string]any
+	Data map[string]any // as the event's JSON decodes
+}
+
+func gwEventOf(t testing.TB, ev api.EventPayload) gwEvent {
+	raw, err := json.Marshal(ev)
+	if err != nil {
+		t.Error(err)
+	}
+	var data map[string]any
+	if err := json.Unmarshal(raw, &data); err != nil {
+		t.Error(err)
+	}
+	return gwEvent{string(ev.EventKind()), data}
 }
 
 func newGWHarness(t *testing.T, hc harnessConfig) *gwHarness {
@@ -107,10 +120,10 @@ func newGWHarness(t *testing.T, hc harnessConfig) *gwHarness {
 	if err := cfg.Check(); err != nil {
 		t.Fatal(err)
 	}
-	h.p = New(cfg, func(kind string, data map[string]any) {
+	h.p = New(cfg, func(ev api.EventPayload) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		h.events = append(h.events, gwEvent{kind, data})
+		h.events = append(h.events, gwEventOf(t, ev))
 	})
 	ca, err := egress.NewCA("sb-1", time.Hour)
 	if err != nil {

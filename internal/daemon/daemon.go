@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/audit"
 	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/gateway"
@@ -260,7 +261,7 @@ func Run(ctx context.Context, cfg Config) error {
 			log.Error("store queued events", "err", err)
 		}
 	}()
-	gw, err := newGateway(cfg, func(t, s, k string, d any) { events.Emit(t, s, audit.Kind(k), d) }, log)
+	gw, err := newGateway(cfg, events.Emit, log)
 	if err != nil {
 		return err
 	}
@@ -375,7 +376,7 @@ func NewAPIKey(tenant string) (string, *store.APIKey) {
 	}
 }
 
-func newGateway(cfg Config, emit func(string, string, string, any), log *slog.Logger) (*gateway.Gateway, error) {
+func newGateway(cfg Config, emit func(string, string, api.EventPayload), log *slog.Logger) (*gateway.Gateway, error) {
 	n := cfg.Network
 	var roots *x509.CertPool
 	if len(n.UpstreamCAFiles) > 0 {

@@ -514,7 +514,7 @@ func (s *Server) listDir(w http.ResponseWriter, r *http.Request, t *store.Tenant
 }
 
 func toAPIEvent(e *store.Event) api.Event {
-	ev := api.Event{Seq: e.Seq, Time: e.Time, Tenant: e.TenantID, Sandbox: e.SandboxID, Kind: e.Kind}
+	ev := api.Event{Seq: e.Seq, Time: e.Time, Tenant: e.TenantID, Sandbox: e.SandboxID, Kind: api.EventKind(e.Kind)}
 	if len(e.Data) > 0 {
 		ev.Data = json.RawMessage(e.Data)
 	}
@@ -675,7 +675,7 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request, t *store.Tena
 	if err != nil {
 		return err
 	}
-	s.mgr.Emit(t.ID, "", "secret.put", map[string]any{"name": in.Name, "hosts": in.Hosts, "version": in.Version, "preview": in.Preview, "allow_env": in.AllowEnv})
+	s.mgr.Emit(t.ID, "", api.SecretPut{Name: in.Name, Hosts: in.Hosts, Version: in.Version, Preview: in.Preview, AllowEnv: in.AllowEnv})
 	writeJSON(w, http.StatusCreated, secretView(in))
 	return nil
 }
@@ -711,7 +711,7 @@ func (s *Server) rotateSecret(w http.ResponseWriter, r *http.Request, t *store.T
 	if err != nil {
 		return err
 	}
-	s.mgr.Emit(t.ID, "", "secret.rotated", map[string]any{"name": in.Name, "version": in.Version, "preview": in.Preview, "allow_env": in.AllowEnv})
+	s.mgr.Emit(t.ID, "", api.SecretRotated{Name: in.Name, Version: in.Version, Preview: in.Preview, AllowEnv: in.AllowEnv})
 	writeJSON(w, 200, secretView(in))
 	return nil
 }
@@ -721,7 +721,7 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request, t *store.T
 	if err := s.vault.Delete(r.Context(), t.ID, name); err != nil {
 		return err
 	}
-	s.mgr.Emit(t.ID, "", "secret.deleted", map[string]any{"name": name})
+	s.mgr.Emit(t.ID, "", api.SecretDeleted{Name: name})
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -735,7 +735,7 @@ func (s *Server) revokeSecret(w http.ResponseWriter, r *http.Request, t *store.T
 	if err != nil {
 		return err
 	}
-	s.mgr.Emit(t.ID, "", "secret.revoked", map[string]any{"name": name})
+	s.mgr.Emit(t.ID, "", api.SecretRevoked{Name: name})
 	writeJSON(w, 200, secretView(in))
 	return nil
 }

@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/egress"
@@ -56,8 +57,8 @@ type Config struct {
 	// HostAddrs are the host's addresses it cannot learn from its
 	// interfaces (public addresses behind 1:1 NAT); no upstream may have one.
 	HostAddrs []netip.Prefix
-	// Emit records an audit event.
-	Emit   func(tenant, sandbox, kind string, data any)
+	// Emit records an audit event (of ev's kind) about a sandbox.
+	Emit   func(tenant, sandbox string, ev api.EventPayload)
 	Logger *slog.Logger
 	// Credentials configures every sandbox's credential pipeline (the
 	// exfil scan's mode and bounds).
@@ -119,7 +120,7 @@ func New(cfg Config) (*Gateway, error) {
 		cfg.DNSPort = DefaultDNSPort
 	}
 	if cfg.Emit == nil {
-		cfg.Emit = func(string, string, string, any) {}
+		cfg.Emit = func(string, string, api.EventPayload) {}
 	}
 	links, err := link.NewManager(link.Config{
 		Pool: cfg.Pool, TableName: cfg.TableName, IfPrefix: cfg.IfPrefix,
@@ -202,19 +203,20 @@ func (g *Gateway) lookup(c net.Conn) (*egress.Sandbox, netip.AddrPort, bool) {
 }
 
 func (g *Gateway) onProxyEvent(ev egress.Event) {
-	kind := "egress.allow"
-	switch ev.Verdict {
-	case "deny":
-		kind = "egress.deny"
-	case "error":
-		kind = "egress.error"
+	d := api.Egress{
+		Host: ev.Host, Port: ev.Port, Protocol: ev.Protocol, Method: ev.Method,
+		Path: ev.Path, Rule: ev.Rule, Verdict: ev.Verdict, Reason: ev.Reason,
+		Status: ev.Status, BytesUp: ev.BytesUp, BytesDown: ev.BytesDown,
+		DurationMS: float64(ev.Duration) / 1e6,
 	}
-	g.cfg.Emit(ev.Tenant, ev.Sandbox, kind, map[string]any{
-		"host": ev.Host, "port": ev.Port, "protocol": ev.Protocol, "method": ev.Method,
-		"path": ev.Path, "rule": ev.Rule, "verdict": ev.Verdict, "reason": ev.Reason,
-		"status": ev.Status, "bytes_up": ev.BytesUp, "bytes_down": ev.BytesDown,
-		"duration_ms": float64(ev.Duration) / 1e6,
-	})
+	var p api.EventPayload = api.EgressAllow(d)
+	switch ev.Verdict {
+	case egress.VerdictDeny:
+		p = api.EgressDeny(d)
+	case egress.VerdictError:
+		p = api.EgressError(d)
+	}
+	g.cfg.Emit(ev.Tenant, ev.Sandbox, p)
 }
 
 func (g *Gateway) caPath(id string) string { return filepath.Join(g.cfg.StateDir, "ca", id+".pem") }
@@ -230,7 +232,7 @@ func (g *Gateway) Attach(ctx context.Context, id, tenant string, pol *policy.Pol
 		}
 	}()
 	a := &Attachment{ID: id, Tenant: tenant, Policy: policy.NewLive(pol),
-		Credentials: credentials.New(g.cfg.Credentials, func(kind string, data map[string]any) { g.cfg.Emit(tenant, id, kind, data) })}
+		Credentials: credentials.New(g.cfg.Credentials, func(ev api.EventPayload) { g.cfg.Emit(tenant, id, ev) })}
 	if resume {
 		l, ok := g.links.Get(id)
 		if !ok {
@@ -285,7 +287,7 @@ func (g *Gateway) Attach(ctx context.Context, id, tenant string, pol *policy.Pol
 			if q.Rcode == "NOERROR" && q.Answer != "" {
 				g.journalName(a, q.Name)
 			}
-			g.cfg.Emit(tenant, id, "dns.query", map[string]any{"name": q.Name, "type": q.Type, "rcode": q.Rcode, "answer": q.Answer, "reason": q.Reason})
+			g.cfg.Emit(tenant, id, api.DNSQuery{Name: q.Name, Type: q.Type, Rcode: q.Rcode, Answer: q.Answer, Reason: q.Reason})
 		},
 		Logger: g.log.With("sandbox", id),
 	})

@@ -1,17 +1,17 @@
 package sandbox
 
-import "github.com/cagebox/cagebox/internal/audit"
+import (
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/audit"
+)
 
 // Events is the broker live event subscribers attach to.
 func (m *Manager) Events() *audit.Broker { return m.events.Broker() }
 
-// Emit records an audit event; it never blocks (see audit.Log.Emit: the
-// event is bounded, rate-limited per sandbox, and queued or dropped and
-// counted). The gateway's proxy and resolver report through the same Log.
-func (m *Manager) Emit(tenant, sandbox, kind string, data any) {
-	m.events.Emit(tenant, sandbox, audit.Kind(kind), data)
-}
-
-func (m *Manager) emit(tenant, sandbox, kind string, data any) {
-	m.events.Emit(tenant, sandbox, audit.Kind(kind), data)
+// Emit records an audit event, of ev's kind; it never blocks (see
+// audit.Log.Emit: the event is bounded, rate-limited per sandbox, and
+// queued or dropped and counted). The gateway's proxy and resolver report
+// through the same Log.
+func (m *Manager) Emit(tenant, sandbox string, ev api.EventPayload) {
+	m.events.Emit(tenant, sandbox, ev)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/resolver"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
@@ -56,7 +57,7 @@ func TestResolverEmitDoesNotWaitForStore(t *testing.T) {
 		Addr: "127.0.0.1:0", Pool: pool, RateLimit: -1,
 		Allow: func(name string) bool { return name == "api.example.test" },
 		OnQuery: func(q resolver.QueryEvent) {
-			m.Emit("t1", "sb-dns", "dns.query", map[string]any{"name": q.Name, "type": q.Type, "rcode": q.Rcode, "answer": q.Answer, "reason": q.Reason})
+			m.Emit("t1", "sb-dns", api.DNSQuery{Name: q.Name, Type: q.Type, Rcode: q.Rcode, Answer: q.Answer, Reason: q.Reason})
 		},
 	})
 	if err != nil {

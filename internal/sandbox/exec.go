@@ -133,7 +133,7 @@ func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequ
 				msg := m.lostToOOM(e)
 				code := 137
 				f := &api.ExecFrame{Stream: "exit", ExitCode: &code, Signal: "SIGKILL", OOMKilled: true, Error: msg}
-				m.emit(e.tenant, id, "sandbox.exec", map[string]any{"command": req.Argv[0], "args": len(req.Argv) - 1, "exit_code": code, "oom_killed": true, "timed_out": false})
+				m.Emit(e.tenant, id, api.SandboxExec{Command: req.Argv[0], Args: len(req.Argv) - 1, ExitCode: code, OOMKilled: true})
 				return f, nil
 			}
 		}
@@ -146,7 +146,7 @@ func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequ
 			f.OOMKilled = true
 		}
 	}
-	m.emit(e.tenant, id, "sandbox.exec", map[string]any{"command": req.Argv[0], "args": len(req.Argv) - 1, "exit_code": code, "oom_killed": f.OOMKilled, "timed_out": res.TimedOut})
+	m.Emit(e.tenant, id, api.SandboxExec{Command: req.Argv[0], Args: len(req.Argv) - 1, ExitCode: code, OOMKilled: f.OOMKilled, TimedOut: res.TimedOut})
 	return f, nil
 }
 
@@ -194,7 +194,7 @@ func (m *Manager) lostToOOM(e *entry) string {
 			m.log.Error("record sandbox OOM", "sandbox", e.id, "err", err)
 		}
 	}
-	m.emit(e.tenant, e.id, "sandbox.failed", map[string]any{"error": msg, "oom_killed": true})
+	m.Emit(e.tenant, e.id, api.SandboxFailed{Error: msg, OOMKilled: true})
 	return msg
 }
 

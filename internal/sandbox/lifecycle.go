@@ -148,7 +148,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		rec.Status, rec.Error = StatusFailed, err.Error()
 		rec.UpdatedAt = m.cfg.Now().UTC()
 		_ = m.cfg.Store.UpdateSandbox(uctx, rec)
-		m.emit(tenant.ID, id, "sandbox.failed", map[string]any{"error": err.Error()})
+		m.Emit(tenant.ID, id, api.SandboxFailed{Error: err.Error()})
 	})
 	// Setup is bounded by the daemon, not by the caller's connection: a
 	// client that hangs up mid-create must not leave a half-made sandbox.
@@ -241,28 +241,28 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		}
 	}
 	if len(envMode) > 0 {
-		m.emit(tenant.ID, id, "secret.env_delivered", map[string]any{"names": envMode, "warning": "real values are inside the guest"})
+		m.Emit(tenant.ID, id, api.SecretEnvDelivered{Names: envMode, Warning: "real values are inside the guest"})
 	}
 	log.Info("sandbox running", "image", img.Name, "setup", tCreate, "start", tStart, "agent_ready", time.Since(t1))
-	m.emit(tenant.ID, id, "sandbox.created", map[string]any{"runtime": rt.Name(), "image": img.Name})
+	m.Emit(tenant.ID, id, api.SandboxCreated{Runtime: rt.Name(), Image: img.Name})
 	return m.view(rec), nil
 }
 
 // Pause freezes a running sandbox.
 func (m *Manager) Pause(ctx context.Context, tenant, id string) (*api.Sandbox, error) {
-	return m.transition(ctx, tenant, id, StatusRunning, StatusPaused, "sandbox.paused", func(ctx context.Context, e *entry) error {
+	return m.transition(ctx, tenant, id, StatusRunning, StatusPaused, api.SandboxPaused{}, func(ctx context.Context, e *entry) error {
 		return e.sb.Pause(ctx)
 	})
 }
 
 // Resume thaws a paused sandbox.
 func (m *Manager) Resume(ctx context.Context, tenant, id string) (*api.Sandbox, error) {
-	return m.transition(ctx, tenant, id, StatusPaused, StatusRunning, "sandbox.resumed", func(ctx context.Context, e *entry) error {
+	return m.transition(ctx, tenant, id, StatusPaused, StatusRunning, api.SandboxResumed{}, func(ctx context.Context, e *entry) error {
 		return e.sb.Resume(ctx)
 	})
 }
 
-func (m *Manager) transition(ctx context.Context, tenant, id, from, to, kind string, fn func(context.Context, *entry) error) (*api.Sandbox, error) {
+func (m *Manager) transition(ctx context.Context, tenant, id, from, to string, ev api.EventPayload, fn func(context.Context, *entry) error) (*api.Sandbox, error) {
 	r, e, err := m.attached(ctx, tenant, id)
 	if err != nil {
 		return nil, err
@@ -273,7 +273,7 @@ func (m *Manager) transition(ctx context.Context, tenant, id, from, to, kind str
 	sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := fn(sctx, e); err != nil {
-		return nil, fmt.Errorf("%s %s: %w", strings.TrimPrefix(kind, "sandbox."), id, err)
+		return nil, fmt.Errorf("%s %s: %w", strings.TrimPrefix(string(ev.EventKind()), "sandbox."), id, err)
 	}
 	e.mu.Lock()
 	e.paused = to == StatusPaused
@@ -283,7 +283,7 @@ func (m *Manager) transition(ctx context.Context, tenant, id, from, to, kind str
 	if err := m.cfg.Store.UpdateSandbox(sctx, r); err != nil {
 		return nil, err
 	}
-	m.emit(r.TenantID, id, kind, nil)
+	m.Emit(r.TenantID, id, ev)
 	return m.view(r), nil
 }
 
@@ -312,7 +312,7 @@ func (m *Manager) Stop(ctx context.Context, tenant, id string, grace time.Durati
 	if err := m.cfg.Store.UpdateSandbox(sctx, r); err != nil {
 		return nil, err
 	}
-	m.emit(r.TenantID, id, "sandbox.stopped", nil)
+	m.Emit(r.TenantID, id, api.SandboxStopped{})
 	return m.view(r), nil
 }
 
@@ -364,7 +364,7 @@ func (m *Manager) destroy(r *store.Sandbox, reason string) error {
 	if err := m.cfg.Store.UpdateSandbox(ctx, r); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	m.emit(r.TenantID, r.ID, "sandbox.destroyed", map[string]any{"reason": reason})
+	m.Emit(r.TenantID, r.ID, api.SandboxDestroyed{Reason: reason})
 	m.log.Info("sandbox destroyed", "sandbox", r.ID, "reason", reason)
 	return nil
 }

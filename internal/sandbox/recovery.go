@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/policy"
@@ -94,7 +95,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			r.Error = "lost after a daemon restart and cleaned up: " + rerr.Error()
 			r.UpdatedAt = m.cfg.Now().UTC()
 			_ = m.cfg.Store.UpdateSandbox(ctx, r)
-			m.emit(r.TenantID, r.ID, "sandbox.lost", map[string]any{"error": rerr.Error()})
+			m.Emit(r.TenantID, r.ID, api.SandboxLost{Error: rerr.Error()})
 			log.Warn("sandbox lost after restart", "err", rerr)
 			continue
 		}
@@ -128,7 +129,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		m.mu.Lock()
 		m.live[r.ID] = &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken, paused: r.Status == StatusPaused}
 		m.mu.Unlock()
-		m.emit(r.TenantID, r.ID, "sandbox.reattached", nil)
+		m.Emit(r.TenantID, r.ID, api.SandboxReattached{})
 		log.Info("re-attached sandbox after restart", "status", r.Status)
 	}
 	return nil

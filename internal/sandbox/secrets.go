@@ -72,6 +72,6 @@ func (m *Manager) Unbind(ctx context.Context, tenant, id, name string) (*api.San
 	if err := m.cfg.Store.UpdateSandbox(ctx, r); err != nil {
 		return nil, err
 	}
-	m.emit(r.TenantID, id, "secret.unbound", map[string]any{"name": name})
+	m.Emit(r.TenantID, id, api.SecretUnbound{Name: name})
 	return m.view(r), nil
 }

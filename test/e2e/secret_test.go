@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cagebox/cagebox/api"
 )
 
 // TestSecretVault: values go in, only previews come out; at rest the value
@@ -79,11 +81,11 @@ func TestSecretVault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kinds := map[string]bool{}
+	kinds := map[api.EventKind]bool{}
 	for _, ev := range evs {
 		kinds[ev.Kind] = true
 	}
-	for _, k := range []string{"secret.put", "secret.rotated", "secret.revoked", "secret.deleted"} {
+	for _, k := range []api.EventKind{api.EventSecretPut, api.EventSecretRotated, api.EventSecretRevoked, api.EventSecretDeleted} {
 		if !kinds[k] {
 			t.Errorf("no %s event", k)
 		}
