@@ -408,3 +408,14 @@ func usesV2(d *Document) string {
 	}
 	return ""
 }
+
+// ValidPathPattern reports whether p (a request path) can be used as a
+// rule's path pattern that matches exactly p: it must be a valid pattern
+// and have no glob characters.
+func ValidPathPattern(p string) bool {
+	if strings.Contains(p, "*") {
+		return false
+	}
+	_, reason := parsePathPattern(p)
+	return reason == ""
+}
