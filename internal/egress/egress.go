@@ -69,6 +69,11 @@ type Request struct {
 	WebSocket   bool
 	ContentType string
 	Accept      string
+	// Query, Header and BodySize (Content-Length, -1 unknown) are for
+	// policy conditions; nil/0 on connection-level questions.
+	Query    map[string][]string
+	Header   map[string][]string
+	BodySize int64
 }
 
 // Decision is a policy's answer. Rule names the rule that decided (shown to

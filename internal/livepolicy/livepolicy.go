@@ -30,6 +30,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -611,4 +612,30 @@ func newID(prefix string) string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return prefix + hex.EncodeToString(b)
+}
+
+// Explain decides r with the current policy only — no hold, no budget,
+// no counting, no trigger — for questions that are not a request (the
+// proxy naming the rule that refuses a whole connection).
+func (s *Sandbox) Explain(ctx context.Context, r *policy.Request) (policy.Decision, error) {
+	if s.Frozen() {
+		return policy.Decision{Rule: RuleFreeze, Reason: "the sandbox is frozen: an operator cut it off the network"}, nil
+	}
+	r.Session = s.session()
+	return s.live.Decide(ctx, r)
+}
+
+// Following returns the running sandboxes of tenant that follow the
+// named policy name.
+func (g *Registry) Following(tenant, name string) []*Sandbox {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []*Sandbox
+	for _, s := range g.sbs {
+		if s.Tenant == tenant && s.Ref() == name {
+			out = append(out, s)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Sandbox) int { return strings.Compare(a.ID, b.ID) })
+	return out
 }
