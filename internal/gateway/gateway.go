@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -477,7 +478,40 @@ func (g *Gateway) credentialsHook(sb *egress.Sandbox, r *http.Request) (*egress.
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = refusalBody{r.Body}
 	}
+	if host, rule, ok := g.spendRule(a, r); ok {
+		// The response's usage is read as it streams: ask for it
+		// uncompressed.
+		r.Header.Del("Accept-Encoding")
+		prev := filter
+		filter = func(res *http.Response) error {
+			if prev != nil {
+				if err := prev(res); err != nil {
+					return err
+				}
+			}
+			a.Policy.MeterResponse(r.Context(), res, host, rule)
+			return nil
+		}
+	}
 	return nil, filter
+}
+
+// spendRule says whether r's response counts toward a spend budget, and
+// under which host and deciding rule.
+func (g *Gateway) spendRule(a *Attachment, r *http.Request) (host, rule string, ok bool) {
+	host, port, err := net.SplitHostPort(r.Host)
+	if err != nil {
+		host, port = r.Host, "443"
+	}
+	if !a.Policy.Meter(host, "") && !a.Policy.MetersAnyRule() {
+		return "", "", false
+	}
+	p, _ := strconv.Atoi(port)
+	d, err := a.Policy.Explain(r.Context(), &policy.Request{Host: host, Port: p, Method: r.Method, Path: r.URL.EscapedPath(), BodySize: r.ContentLength})
+	if err != nil || !d.Allow || !a.Policy.Meter(host, d.Rule) {
+		return "", "", false
+	}
+	return host, d.Rule, true
 }
 
 // deniedAlert lets the sandbox's pipeline see a request the proxy refused
