@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/livepolicy"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/sandbox"
@@ -39,7 +40,7 @@ func triggerAct(ctx context.Context, st store.Store, v *vault.Vault, mgr *sandbo
 			errs = append(errs, fmt.Errorf("revoke %s: %w", name, err))
 			continue
 		}
-		mgr.Emit(rec.TenantID, "", "secret.revoked", map[string]any{"name": name, "by": "trigger:" + trigger})
+		mgr.Emit(rec.TenantID, "", api.SecretRevoked{Name: name, By: "trigger:" + trigger})
 	}
 	for _, name := range a.Unbind {
 		if _, err := mgr.Unbind(ctx, "", id, name); err != nil {

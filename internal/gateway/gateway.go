@@ -499,6 +499,9 @@ func (g *Gateway) credentialsHook(sb *egress.Sandbox, r *http.Request) (*egress.
 // spendRule says whether r's response counts toward a spend budget, and
 // under which host and deciding rule.
 func (g *Gateway) spendRule(a *Attachment, r *http.Request) (host, rule string, ok bool) {
+	if a.Policy == nil {
+		return "", "", false
+	}
 	host, port, err := net.SplitHostPort(r.Host)
 	if err != nil {
 		host, port = r.Host, "443"

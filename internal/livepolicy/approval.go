@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
@@ -100,7 +101,7 @@ func (g *Registry) hold(ctx context.Context, s *Sandbox, p *policy.Policy, r *po
 	if err := g.cfg.Store.CreateApproval(ctx, &store.Approval{ID: id, TenantID: s.Tenant, SandboxID: s.ID, Rule: d.Rule, Request: raw, Deadline: deadline}); err != nil {
 		return policy.Decision{Rule: d.Rule, Reason: "the held request could not be recorded; denied"}
 	}
-	g.cfg.Emit(s.Tenant, s.ID, EventApprovalPending, map[string]any{"id": id, "rule": d.Rule, "method": held.Method, "host": r.Host, "path": r.Path, "timeout_ms": timeout.Milliseconds()})
+	g.cfg.Emit(s.Tenant, s.ID, api.ApprovalPending{ID: id, Rule: d.Rule, Method: held.Method, Host: r.Host, Path: r.Path, TimeoutMS: timeout.Milliseconds()})
 
 	if a, wt := p.Approval(); a != nil && a.Webhook != "" {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(wt, timeout))
@@ -181,7 +182,7 @@ func (g *Registry) finish(ctx context.Context, tenantID, id, state string, v ver
 		default:
 		}
 	}
-	g.cfg.Emit(a.TenantID, a.SandboxID, EventApprovalDecided, map[string]any{"id": id, "rule": a.Rule, "state": state, "by": v.by, "reason": v.reason, "remember": v.remember})
+	g.cfg.Emit(a.TenantID, a.SandboxID, api.ApprovalDecided{ID: id, Rule: a.Rule, State: state, By: v.by, Reason: v.reason, Remember: v.remember})
 	return a, nil
 }
 
@@ -310,12 +311,12 @@ func (g *Registry) setFreeze(sc Scope, on bool, by string) []string {
 			g.cfg.CloseConns(s.ID)
 		}
 	}
-	kind := EventThawed
-	if on {
-		kind = EventFrozen
-	}
 	for _, s := range hit {
-		g.cfg.Emit(s.Tenant, s.ID, kind, map[string]any{"by": by, "scope": scopeName(sc)})
+		var ev api.EventPayload = api.PolicyThawed{By: by, Scope: scopeName(sc)}
+		if on {
+			ev = api.PolicyFrozen{By: by, Scope: scopeName(sc)}
+		}
+		g.cfg.Emit(s.Tenant, s.ID, ev)
 	}
 	return ids
 }

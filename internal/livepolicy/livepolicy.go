@@ -36,6 +36,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
@@ -49,22 +50,11 @@ const (
 	RuleStoreDB = "builtin:store"
 )
 
-// Event kinds this package emits.
-const (
-	EventPolicyChanged   = "policy.changed"
-	EventTriggerFired    = "policy.trigger"
-	EventBudgetExhausted = "policy.budget_exhausted"
-	EventFrozen          = "policy.frozen"
-	EventThawed          = "policy.thawed"
-	EventApprovalPending = "approval.pending"
-	EventApprovalDecided = "approval.decided"
-)
-
 // Config configures a Registry.
 type Config struct {
 	Store store.PolicyStore
 	// Emit records an audit event.
-	Emit func(tenant, sandbox, kind string, data any)
+	Emit func(tenant, sandbox string, ev api.EventPayload)
 	// Act carries out the parts of a trigger this package cannot: revoke
 	// or unbind secrets, pause the sandbox, swap to a named policy (the
 	// sandbox manager implements it). Nil: those parts are refused with an
@@ -96,7 +86,7 @@ type Registry struct {
 // New returns a Registry.
 func New(cfg Config) *Registry {
 	if cfg.Emit == nil {
-		cfg.Emit = func(string, string, string, any) {}
+		cfg.Emit = func(string, string, api.EventPayload) {}
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -303,7 +293,7 @@ func (s *Sandbox) update(ctx context.Context, ifGen int64, actor, reason string,
 	s.gen = gen + 1
 	s.mu.Unlock()
 	s.install(p)
-	s.g.cfg.Emit(s.Tenant, s.ID, EventPolicyChanged, map[string]any{"generation": gen + 1, "actor": actor, "reason": reason, "rules": len(doc.Rules)})
+	s.g.cfg.Emit(s.Tenant, s.ID, api.PolicyChanged{Generation: gen + 1, Actor: actor, Reason: reason, Rules: len(p.Document().Rules)})
 	return gen + 1, nil
 }
 
@@ -449,7 +439,7 @@ func (s *Sandbox) checkBudgets(ctx context.Context, p *policy.Policy, r *policy.
 			s.exhausted[b.Name] = true
 			s.mu.Unlock()
 			if first {
-				s.g.cfg.Emit(s.Tenant, s.ID, EventBudgetExhausted, map[string]any{"budget": b.Name, "reason": why, "host": r.Host, "rule": d.Rule})
+				s.g.cfg.Emit(s.Tenant, s.ID, api.PolicyBudgetExhausted{Budget: b.Name, Reason: why, Host: r.Host, Rule: d.Rule})
 			}
 			out := policy.Decision{Rule: RuleBudget + b.Name, Reason: fmt.Sprintf("budget %q is spent (%s)", b.Name, why)}
 			if b.Action == policy.ActionHold {
@@ -547,7 +537,7 @@ func (s *Sandbox) fireTriggers(ctx context.Context, p *policy.Policy, r *policy.
 
 func (s *Sandbox) applyTrigger(ctx context.Context, t policy.Trigger, r *policy.Request) {
 	a := t.Do
-	s.g.cfg.Emit(s.Tenant, s.ID, EventTriggerFired, map[string]any{"trigger": t.Name, "after": t.After, "host": r.Host, "method": r.Method, "path": r.Path, "do": a})
+	s.g.cfg.Emit(s.Tenant, s.ID, api.PolicyTrigger{Trigger: t.Name, After: t.After, Host: r.Host, Method: r.Method, Path: r.Path, Actions: actions(a)})
 	// The request that fired it is already allowed; the change applies
 	// from the next request on. Edits of the document are applied here,
 	// synchronously, before this request's response is even forwarded.
@@ -587,6 +577,30 @@ func (s *Sandbox) applyTrigger(ctx context.Context, t policy.Trigger, r *policy.
 			}
 		}()
 	}
+}
+
+// actions describes a trigger's actions for its event.
+func actions(a policy.TriggerAction) []string {
+	var out []string
+	for _, h := range a.Deny {
+		out = append(out, "deny:"+h)
+	}
+	for _, h := range a.Only {
+		out = append(out, "only:"+h)
+	}
+	if a.Policy != "" {
+		out = append(out, "policy:"+a.Policy)
+	}
+	for _, n := range a.Revoke {
+		out = append(out, "revoke:"+n)
+	}
+	for _, n := range a.Unbind {
+		out = append(out, "unbind:"+n)
+	}
+	if a.Pause {
+		out = append(out, "pause")
+	}
+	return out
 }
 
 // narrow intersects an existing only list with a new one (a trigger

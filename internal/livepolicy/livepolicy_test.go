@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
@@ -23,16 +24,16 @@ import (
 
 type recorder struct {
 	mu     sync.Mutex
-	events []string
+	events []api.EventKind
 }
 
-func (r *recorder) emit(_, _ string, kind string, _ any) {
+func (r *recorder) emit(_, _ string, ev api.EventPayload) {
 	r.mu.Lock()
-	r.events = append(r.events, kind)
+	r.events = append(r.events, ev.EventKind())
 	r.mu.Unlock()
 }
 
-func (r *recorder) has(kind string) bool {
+func (r *recorder) has(kind api.EventKind) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, k := range r.events {
@@ -126,7 +127,7 @@ func TestSetAppliesToTheNextRequest(t *testing.T) {
 	if len(vs) != 2 || vs[1].Actor != "api:t1" {
 		t.Fatalf("history: %+v", vs)
 	}
-	if !rec.has(EventPolicyChanged) {
+	if !rec.has(api.EventPolicyChanged) {
 		t.Fatal("no policy.changed event")
 	}
 }
@@ -252,7 +253,7 @@ func TestHoldApprovedAndRemembered(t *testing.T) {
 	if d, _ := s.Decide(ctx, get("api.github.com", "DELETE", "/repos/a/c")); d.Allow {
 		t.Fatal("another path was not held")
 	}
-	if !rec.has(EventApprovalPending) || !rec.has(EventApprovalDecided) {
+	if !rec.has(api.EventApprovalPending) || !rec.has(api.EventApprovalDecided) {
 		t.Fatal("approval events")
 	}
 }
@@ -385,7 +386,7 @@ func TestBudgetExactUnderConcurrencyAndSurvivesRestart(t *testing.T) {
 	if d.Allow || d.Rule != "budget:calls" || !strings.Contains(d.Reason, "10 of 10 requests") {
 		t.Fatalf("spent: %+v", d)
 	}
-	if !rec.has(EventBudgetExhausted) {
+	if !rec.has(api.EventPolicyBudgetExhausted) {
 		t.Fatal("no budget event")
 	}
 	// Other hosts are outside the budget.
@@ -460,7 +461,7 @@ triggers:
 		t.Fatal("github still resolves")
 	}
 	_, gen, _ := s.Policy()
-	if gen != 2 || !rec.has(EventTriggerFired) {
+	if gen != 2 || !rec.has(api.EventPolicyTrigger) {
 		t.Fatalf("gen %d", gen)
 	}
 }

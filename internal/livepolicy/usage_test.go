@@ -67,7 +67,7 @@ func TestPrice(t *testing.T) {
 
 func TestUnreadableResponseExhaustsSpend(t *testing.T) {
 	for name, res := range map[string]*http.Response{
-		"compressed": {Header: http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"gzip"}}, Body: io.NopCloser(strings.NewReader("\x1f\x8b..."))},
+		"compressed":       {Header: http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"gzip"}}, Body: io.NopCloser(strings.NewReader("\x1f\x8b..."))},
 		"abandoned stream": {Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: io.NopCloser(strings.NewReader("data: {\"model\":\"gpt-4o\",\"usage\":null}\n\n" + strings.Repeat("data: {}\n\n", 100)))},
 	} {
 		t.Run(name, func(t *testing.T) {

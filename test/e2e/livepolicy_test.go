@@ -247,7 +247,7 @@ triggers:
 	}
 	kinds := map[string]bool{}
 	for _, ev := range evs {
-		kinds[ev.Kind] = true
+		kinds[string(ev.Kind)] = true
 	}
 	for _, k := range []string{"policy.changed", "approval.pending", "approval.decided", "policy.budget_exhausted", "policy.frozen", "policy.thawed", "policy.trigger"} {
 		if !kinds[k] {
