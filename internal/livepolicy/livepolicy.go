@@ -347,7 +347,7 @@ func (s *Sandbox) Decide(ctx context.Context, r *policy.Request) (policy.Decisio
 	if p == nil {
 		return policy.Decision{}, errors.New("livepolicy: no policy")
 	}
-	r.Session = s.session()
+	r.SessionFunc = s.session
 	d, err := p.Decide(ctx, r)
 	if err != nil {
 		return d, err
@@ -635,7 +635,7 @@ func (s *Sandbox) Explain(ctx context.Context, r *policy.Request) (policy.Decisi
 	if s.Frozen() {
 		return policy.Decision{Rule: RuleFreeze, Reason: "the sandbox is frozen: an operator cut it off the network"}, nil
 	}
-	r.Session = s.session()
+	r.SessionFunc = s.session
 	return s.live.Decide(ctx, r)
 }
 

@@ -44,7 +44,7 @@ func (r *recorder) has(kind api.EventKind) bool {
 	return false
 }
 
-func openStore(t *testing.T, path string) *sqlite.Store {
+func openStore(t testing.TB, path string) *sqlite.Store {
 	t.Helper()
 	if path == "" {
 		path = filepath.Join(t.TempDir(), "cagebox.db")
@@ -57,7 +57,7 @@ func openStore(t *testing.T, path string) *sqlite.Store {
 	return st
 }
 
-func parse(t *testing.T, src string) *policy.Document {
+func parse(t testing.TB, src string) *policy.Document {
 	t.Helper()
 	d, err := policy.Parse([]byte(src))
 	if err != nil {
@@ -66,7 +66,7 @@ func parse(t *testing.T, src string) *policy.Document {
 	return d
 }
 
-func newSandbox(t *testing.T, src string) (*Registry, *Sandbox, *recorder, store.Store) {
+func newSandbox(t testing.TB, src string) (*Registry, *Sandbox, *recorder, store.Store) {
 	t.Helper()
 	st := openStore(t, "")
 	rec := &recorder{}

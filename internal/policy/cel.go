@@ -8,7 +8,10 @@ import (
 
 	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/checker"
 	"github.com/google/cel-go/common/types"
+	"github.com/google/cel-go/common/types/ref"
+	"github.com/google/cel-go/interpreter"
 )
 
 // Session is what a condition may read of the session so far. The caller
@@ -24,9 +27,28 @@ type Session struct {
 	BytesUp, BytesDown int64
 }
 
-// conditionCostLimit bounds one evaluation (CEL's cost units): a
-// condition cannot loop forever over a large header map.
-const conditionCostLimit = 100000
+// conditionCostLimit bounds a condition's estimated worst-case cost (CEL's
+// cost units), checked once when the policy is compiled, so evaluation
+// needs no run-time cost tracking (which doubles its cost): with every
+// string, list and map assumed up to celSizeHint long, nested loops over
+// headers or the query are refused, while comparisons, lookups and single
+// passes are accepted. (CEL has no unbounded loops; at run time the cost
+// is linear in the request's own size, which the proxy bounds.)
+const (
+	conditionCostLimit = 1000000
+	celSizeHint        = 1000
+)
+
+// sizeHints tells CEL's cost estimator how large request values may be.
+type sizeHints struct{}
+
+func (sizeHints) EstimateSize(checker.AstNode) *checker.SizeEstimate {
+	return &checker.SizeEstimate{Min: 0, Max: celSizeHint}
+}
+
+func (sizeHints) EstimateCallCost(string, string, *checker.AstNode, []checker.AstNode) *checker.CallEstimate {
+	return nil
+}
 
 // celEnv is the environment conditions are compiled in:
 //
@@ -68,16 +90,66 @@ func compileCondition(src string) (*condition, error) {
 	if !ast.OutputType().IsExactType(types.BoolType) && !ast.OutputType().IsExactType(types.DynType) {
 		return nil, fmt.Errorf("the condition is of type %s; it must be a bool (e.g. request.method == \"POST\")", ast.OutputType())
 	}
-	prg, err := celEnv.Program(ast, cel.CostLimit(conditionCostLimit), cel.EvalOptions(cel.OptOptimize))
+	est, err := celEnv.EstimateCost(ast, sizeHints{})
+	if err != nil {
+		return nil, fmt.Errorf("the condition's cost cannot be estimated: %v", err)
+	}
+	if est.Max > conditionCostLimit {
+		return nil, fmt.Errorf("the condition may cost up to %d units to evaluate; the limit is %d (avoid loops within loops over headers or the query)", est.Max, conditionCostLimit)
+	}
+	prg, err := celEnv.Program(ast, cel.EvalOptions(cel.OptOptimize))
 	if err != nil {
 		return nil, fmt.Errorf("the condition cannot run: %v", err)
 	}
 	return &condition{src: src, prg: prg}, nil
 }
 
+// activation is what conditions read, built once per decision (lazily:
+// only when a rule with a condition matches) and shared by its rules.
+type activation struct {
+	r    *Request
+	vars interpreter.Activation
+}
+
+// get returns the activation, its values converted to CEL values once
+// (not on every access of every condition).
+func (a *activation) get(rules []string) interpreter.Activation {
+	if a.vars == nil {
+		ss := a.r.Session
+		if ss == nil && a.r.SessionFunc != nil {
+			ss = a.r.SessionFunc()
+		}
+		vars := map[string]any{"request": toCEL(requestMap(a.r)), "session": toCEL(sessionMap(ss, rules))}
+		a.vars, _ = interpreter.NewActivation(vars)
+	}
+	return a.vars
+}
+
+// toCEL converts a map of native values to a CEL map whose values are
+// already CEL values.
+func toCEL(m map[string]any) ref.Val {
+	out := make(map[string]ref.Val, len(m))
+	for k, v := range m {
+		out[k] = types.DefaultTypeAdapter.NativeToValue(v)
+	}
+	return types.NewStringInterfaceMap(types.DefaultTypeAdapter, refMap(out))
+}
+
+func refMap(m map[string]ref.Val) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
 // eval runs the condition for r. A result that is not a bool is an error.
-func (c *condition) eval(r *Request, s *Session) (bool, error) {
-	out, _, err := c.prg.Eval(map[string]any{"request": requestMap(r), "session": sessionMap(s, c.rules)})
+func (c *condition) eval(r *Request, _ *Session) (bool, error) {
+	return c.evalIn(&activation{r: r})
+}
+
+func (c *condition) evalIn(a *activation) (bool, error) {
+	out, _, err := c.prg.Eval(a.get(c.rules))
 	if err != nil {
 		return false, err
 	}

@@ -44,6 +44,9 @@ type Request struct {
 	BodySize int64               // Content-Length; -1 when unknown
 	Time     time.Time           // when the request arrived (zero: now)
 	Session  *Session            // the session so far (nil: zeros)
+	// SessionFunc, when Session is nil, gives it on first use: a
+	// decision whose rules have no condition never builds it.
+	SessionFunc func() *Session
 }
 
 // Decision is a policy verdict.
@@ -505,6 +508,7 @@ func (p *Policy) Decide(ctx context.Context, r *Request) (Decision, error) {
 	}
 
 	var nearMiss *compiledRule
+	act := &activation{r: r}
 	for i := range p.rules {
 		cr := &p.rules[i]
 		if !hostname.Match(cr.host, host) || !slices.Contains(cr.ports, r.Port) {
@@ -514,7 +518,7 @@ func (p *Policy) Decide(ctx context.Context, r *Request) (Decision, error) {
 			if k == kindTCP || cr.matchMethod(method) && cr.matchPath(&rp) {
 				if cr.when != nil {
 					// A deny rule's condition failing to evaluate denies.
-					if ok, err := cr.when.eval(r, r.Session); err == nil && !ok {
+					if ok, err := cr.when.evalIn(act); err == nil && !ok {
 						continue
 					}
 				}
@@ -532,7 +536,7 @@ func (p *Policy) Decide(ctx context.Context, r *Request) (Decision, error) {
 			continue
 		}
 		if cr.when != nil {
-			ok, err := cr.when.eval(r, r.Session)
+			ok, err := cr.when.evalIn(act)
 			if err != nil {
 				// Never fail open: a condition that cannot be evaluated
 				// denies, naming the rule.

@@ -135,7 +135,7 @@ func (t *CompiledTrigger) Fires(r *Request, d Decision) bool {
 	if t.when == nil {
 		return t.After != ""
 	}
-	ok, err := t.when.eval(r, r.Session)
+	ok, err := t.when.evalIn(&activation{r: r})
 	return ok || err != nil
 }
 

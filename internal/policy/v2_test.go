@@ -243,3 +243,16 @@ budgets:
 		t.Fatal(err)
 	}
 }
+
+func TestConditionCostAcceptsSinglePasses(t *testing.T) {
+	for _, when := range []string{
+		`request.headers.exists(k, k.startsWith("x-") && request.headers[k].contains("secret"))`,
+		`request.query.all(k, size(request.query[k]) < 100) && request.path.matches("^/v1/")`,
+		`session.fired.exists(r, session.fired[r] > 10)`,
+	} {
+		src := "version: 2\nrules: [{host: a.example.com, action: allow, when: '" + when + "'}]"
+		if _, err := Parse([]byte(src)); err != nil {
+			t.Errorf("%s: %v", when, err)
+		}
+	}
+}
