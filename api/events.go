@@ -59,6 +59,15 @@ const (
 
 	// EventDropped reports events the daemon dropped under load.
 	EventDropped EventKind = "events.dropped"
+
+	// Live policy (package livepolicy).
+	EventPolicyChanged         EventKind = "policy.changed"
+	EventPolicyTrigger         EventKind = "policy.trigger"
+	EventPolicyBudgetExhausted EventKind = "policy.budget_exhausted"
+	EventPolicyFrozen          EventKind = "policy.frozen"
+	EventPolicyThawed          EventKind = "policy.thawed"
+	EventApprovalPending       EventKind = "approval.pending"
+	EventApprovalDecided       EventKind = "approval.decided"
 )
 
 // EventClass is how the daemon treats an event under load.
@@ -82,7 +91,7 @@ const (
 func (k EventKind) Class() EventClass {
 	area, _, _ := strings.Cut(string(k), ".")
 	switch area {
-	case "sandbox", "secret":
+	case "sandbox", "secret", "policy", "approval":
 		return ClassPriority
 	case "events":
 		return ClassReport
@@ -110,6 +119,8 @@ var eventCatalog = []EventPayload{
 	SecretEnvDelivered{}, SecretUsed{}, SecretRefused{}, SecretAlert{}, SecretError{},
 	SecretExfilSuspect{}, SecretExfilUnscanned{}, SecretReflected{},
 	EgressAllow{}, EgressDeny{}, EgressError{}, DNSQuery{},
+	PolicyChanged{}, PolicyTrigger{}, PolicyBudgetExhausted{}, PolicyFrozen{}, PolicyThawed{},
+	ApprovalPending{}, ApprovalDecided{},
 	EventsDropped{},
 }
 
@@ -183,6 +194,8 @@ type SecretDeleted struct {
 // SecretRevoked: a secret was revoked; sandboxes can no longer use it.
 type SecretRevoked struct {
 	Name string `json:"name"`
+	// By is "trigger:NAME" when a policy trigger revoked it.
+	By string `json:"by,omitempty"`
 }
 
 // SecretUnbound: a secret binding was removed from a running sandbox.
@@ -352,3 +365,66 @@ func (EgressDeny) EventKind() EventKind           { return EventEgressDeny }
 func (EgressError) EventKind() EventKind          { return EventEgressError }
 func (DNSQuery) EventKind() EventKind             { return EventDNSQuery }
 func (EventsDropped) EventKind() EventKind        { return EventDropped }
+
+// PolicyChanged: a sandbox's live policy got a new generation.
+type PolicyChanged struct {
+	Generation int64  `json:"generation"`
+	Actor      string `json:"actor"`
+	Reason     string `json:"reason"`
+	Rules      int    `json:"rules"`
+}
+
+// PolicyTrigger: a policy trigger fired.
+type PolicyTrigger struct {
+	Trigger string   `json:"trigger"`
+	After   string   `json:"after"`
+	Host    string   `json:"host"`
+	Method  string   `json:"method"`
+	Path    string   `json:"path"`
+	Actions []string `json:"actions"`
+}
+
+// PolicyBudgetExhausted: a budget was spent (once per budget).
+type PolicyBudgetExhausted struct {
+	Budget string `json:"budget"`
+	Reason string `json:"reason"`
+	Host   string `json:"host"`
+	Rule   string `json:"rule"`
+}
+
+// PolicyFrozen: a sandbox was cut off the network.
+type PolicyFrozen struct {
+	By    string `json:"by"`
+	Scope string `json:"scope"`
+}
+
+// PolicyThawed: a freeze was lifted.
+type PolicyThawed PolicyFrozen
+
+// ApprovalPending: a request is held for a decision.
+type ApprovalPending struct {
+	ID        string `json:"id"`
+	Rule      string `json:"rule"`
+	Method    string `json:"method"`
+	Host      string `json:"host"`
+	Path      string `json:"path"`
+	TimeoutMS int64  `json:"timeout_ms"`
+}
+
+// ApprovalDecided: a held request was decided, timed out or abandoned.
+type ApprovalDecided struct {
+	ID       string `json:"id"`
+	Rule     string `json:"rule"`
+	State    string `json:"state"`
+	By       string `json:"by"`
+	Reason   string `json:"reason"`
+	Remember bool   `json:"remember"`
+}
+
+func (PolicyChanged) EventKind() EventKind         { return EventPolicyChanged }
+func (PolicyTrigger) EventKind() EventKind         { return EventPolicyTrigger }
+func (PolicyBudgetExhausted) EventKind() EventKind { return EventPolicyBudgetExhausted }
+func (PolicyFrozen) EventKind() EventKind          { return EventPolicyFrozen }
+func (PolicyThawed) EventKind() EventKind          { return EventPolicyThawed }
+func (ApprovalPending) EventKind() EventKind       { return EventApprovalPending }
+func (ApprovalDecided) EventKind() EventKind       { return EventApprovalDecided }

@@ -46,6 +46,9 @@ type CreateSandboxRequest struct {
 	// Allow is a shorthand: one allow rule (ports 443 and 80, any method
 	// and path) per host, added after Policy's rules.
 	Allow []string `json:"allow,omitempty"`
+	// PolicyRef names one of the tenant's named policies (instead of
+	// Policy): the sandbox follows its edits.
+	PolicyRef string `json:"policy_ref,omitempty"`
 	// Secrets are credentials the guest sees only as placeholders.
 	Secrets []SecretBinding `json:"secrets,omitempty"`
 }
@@ -304,4 +307,97 @@ type Secret struct {
 	// AllowEnv: sandboxes may bind it in mode "env" (the real value in
 	// the guest).
 	AllowEnv bool `json:"allow_env"`
+}
+
+// SandboxPolicy is a sandbox's live policy (GET/PUT /v1/sandboxes/{id}/policy).
+type SandboxPolicy struct {
+	// Generation increases by one with every change; send it back as
+	// If-Match to update only the version you read.
+	Generation int64 `json:"generation"`
+	// Policy is the document in force, defaults filled in.
+	Policy json.RawMessage `json:"policy"`
+	// Ref is the named policy the sandbox follows ("" none).
+	Ref    string `json:"ref,omitempty"`
+	Frozen bool   `json:"frozen,omitempty"`
+}
+
+// PolicyPatch edits one rule (PATCH /v1/sandboxes/{id}/policy).
+type PolicyPatch struct {
+	// Op is "add" (Rule at Index, default first), "remove" (the rule
+	// named Name) or "move" (the rule named Name to Index).
+	Op    string          `json:"op"`
+	Rule  json.RawMessage `json:"rule,omitempty"`
+	Name  string          `json:"name,omitempty"`
+	Index *int            `json:"index,omitempty"`
+}
+
+// PolicyVersion is one entry of a sandbox's policy history.
+type PolicyVersion struct {
+	Generation int64           `json:"generation"`
+	Actor      string          `json:"actor"`
+	Reason     string          `json:"reason,omitempty"`
+	CreatedAt  time.Time       `json:"created_at"`
+	Policy     json.RawMessage `json:"policy"`
+}
+
+// BudgetUsage is one budget of a sandbox's policy and what is used of it.
+type BudgetUsage struct {
+	Name      string  `json:"name"`
+	Requests  int64   `json:"requests"`
+	BytesUp   int64   `json:"bytes_up"`
+	BytesDown int64   `json:"bytes_down"`
+	Spend     float64 `json:"spend"`
+	// Limits as the policy sets them (0: no cap).
+	MaxRequests  int64   `json:"max_requests,omitempty"`
+	MaxBytesUp   int64   `json:"max_bytes_up,omitempty"`
+	MaxBytesDown int64   `json:"max_bytes_down,omitempty"`
+	MaxSpend     float64 `json:"max_spend,omitempty"`
+	Rate         float64 `json:"rate,omitempty"`
+	Exhausted    bool    `json:"exhausted"`
+}
+
+// NamedPolicy is a tenant's reusable policy (/v1/policies).
+type NamedPolicy struct {
+	Name       string          `json:"name"`
+	Generation int64           `json:"generation"`
+	Policy     json.RawMessage `json:"policy"`
+	UpdatedAt  time.Time       `json:"updated_at"`
+	// Sandboxes following it that were updated by the last change.
+	Updated []string `json:"updated,omitempty"`
+}
+
+// Approval is a held request (/v1/approvals).
+type Approval struct {
+	ID        string          `json:"id"`
+	Sandbox   string          `json:"sandbox"`
+	Rule      string          `json:"rule"`
+	Request   json.RawMessage `json:"request"`
+	State     string          `json:"state"`
+	DecidedBy string          `json:"decided_by,omitempty"`
+	Reason    string          `json:"reason,omitempty"`
+	Remember  bool            `json:"remember,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+	Deadline  time.Time       `json:"deadline"`
+}
+
+// ApprovalDecision answers a held request (POST /v1/approvals/{id}).
+type ApprovalDecision struct {
+	// Decision is "allow" or "deny".
+	Decision string `json:"decision"`
+	// Remember turns the decision into a rule for the rest of the session.
+	Remember bool   `json:"remember,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// FreezeRequest names what POST /v1/freeze and /v1/thaw apply to: one
+// sandbox, a tenant's sandboxes (admin), or all (admin).
+type FreezeRequest struct {
+	Sandbox string `json:"sandbox,omitempty"`
+	Tenant  string `json:"tenant,omitempty"`
+	All     bool   `json:"all,omitempty"`
+}
+
+// FreezeResult lists the sandboxes a freeze or thaw applied to.
+type FreezeResult struct {
+	Sandboxes []string `json:"sandboxes"`
 }

@@ -284,15 +284,19 @@ func waitPort(port int, d time.Duration) bool {
 // every connection is that sandbox's, to api.example.test (a synthetic
 // address), allowed by policy, upstream at upAddr; hook may be nil.
 func benchProxy(upAddr netip.AddrPort, upPool *x509.CertPool, hook egress.RequestHook) (net.Addr, *egress.CA, func()) {
+	return benchProxyWith(upAddr, upPool, hook, egress.PolicyFunc(func(context.Context, *egress.Request) (egress.Decision, error) {
+		return egress.Decision{Allow: true, Rule: "bench"}, nil
+	}))
+}
+
+// benchProxyWith is benchProxy deciding with pol.
+func benchProxyWith(upAddr netip.AddrPort, upPool *x509.CertPool, hook egress.RequestHook, pol egress.Policy) (net.Addr, *egress.CA, func()) {
 	ca, err := egress.NewCA("bench", time.Hour)
 	if err != nil {
 		fail(err)
 	}
 	synthetic := netip.MustParseAddrPort("198.18.0.2:443")
-	sb := &egress.Sandbox{ID: "bench", Tenant: "bench", CA: ca,
-		Policy: egress.PolicyFunc(func(context.Context, *egress.Request) (egress.Decision, error) {
-			return egress.Decision{Allow: true, Rule: "bench"}, nil
-		}),
+	sb := &egress.Sandbox{ID: "bench", Tenant: "bench", CA: ca, Policy: pol,
 		NameOf: func(a netip.Addr) (string, bool) { return benchName, a == synthetic.Addr() },
 	}
 	px, err := egress.New(egress.Config{

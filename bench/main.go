@@ -40,7 +40,7 @@ func main() {
 	n := flag.Int("n", 30, "cold starts per side")
 	execN := flag.Int("exec", 300, "exec round trips")
 	agent := flag.String("agent", "bin/cagebox-agent", "static cagebox-agent binary")
-	only := flag.String("only", "", "run only \"runtime\", \"egress\" or \"secrets\"")
+	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\" or \"policy\"")
 	egressDur := flag.Duration("egress-time", 4*time.Second, "egress: load duration per client kind")
 	egressConc := flag.Int("egress-conc", 16, "egress: concurrent clients")
 	vmN := flag.Int("vm-n", 5, "cold starts per side for the qemu runtime (TCG boots take seconds)")
@@ -52,6 +52,10 @@ func main() {
 	}
 	if *only == "secrets" {
 		secretsBench(*egressDur, *egressConc, 200)
+		return
+	}
+	if *only == "policy" {
+		policyBench(*egressDur, *egressConc, 250)
 		return
 	}
 	if os.Geteuid() != 0 {

@@ -109,6 +109,7 @@ func run(args []string, stderr io.Writer) int {
 	// that worked is not taken on trust: a probe process started the way
 	// exec starts them must hold nothing, or the agent runs nothing.
 	var dropErr, launchErr error
+	prewarmThreads(spareThreads)
 	if !faultKeepCaps {
 		dropErr = dropCapabilities()
 	}

@@ -591,3 +591,20 @@ func TestReadEnvFile(t *testing.T) {
 		t.Fatal("accepted a bad line")
 	}
 }
+
+// TestPrewarmThreads: the spare threads exist after prewarming (the
+// process's thread count grows by at least n) and stay.
+func TestPrewarmThreads(t *testing.T) {
+	count := func() int {
+		ents, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			t.Skip(err)
+		}
+		return len(ents)
+	}
+	before := count()
+	prewarmThreads(spareThreads)
+	if after := count(); after < spareThreads {
+		t.Fatalf("%d threads after prewarming %d (before: %d)", after, spareThreads, before)
+	}
+}

@@ -273,6 +273,7 @@ type createFlags struct {
 	env                                         []string
 	allow                                       []string
 	policyFile                                  string
+	policyRef                                   string
 	secrets, secretBody, secretEnv, secretSigV4 []string
 	secretHMAC                                  []string
 	secretHeader, secretQuery                   []string
@@ -290,6 +291,7 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().StringArrayVar(&f.allow, "allow", nil, "allow HTTP(S) to this host, e.g. api.github.com or *.example.com (repeatable; default: nothing is reachable)")
 	cmd.Flags().StringVar(&f.policyFile, "policy", "", "egress policy document, YAML or JSON (see docs/policy.md)")
+	cmd.Flags().StringVar(&f.policyRef, "policy-ref", "", "follow the tenant's named policy NAME (cagebox policy create); its edits apply to the sandbox")
 	cmd.Flags().StringArrayVar(&f.secrets, "secret", nil, "credential binding: NAME@HOST[,HOST] takes the value from this CLI's environment variable NAME (never argv); NAME=vault:KEY[@HOST,...] uses a stored secret. The guest's $NAME holds a placeholder (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretBody, "secret-in-body", nil, "also swap NAME's placeholder in request bodies (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretHeader, "secret-header", nil, "NAME:HEADER: also swap NAME's placeholder in request header HEADER, e.g. API_KEY:X-Api-Key (Authorization and the secret's --inject header always; repeatable)")
@@ -468,6 +470,7 @@ func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
 	}
 	req.Timeout, req.IdleTimeout = f.timeout, f.idle
 	req.Allow = f.allow
+	req.PolicyRef = f.policyRef
 	sec, err := f.secretBindings()
 	if err != nil {
 		return nil, err

@@ -93,6 +93,10 @@ func newRoot() *cobra.Command {
 		eventsCmd(g),
 		tenantCmd(g),
 		secretCmd(g),
+		policyCmd(g),
+		approvalsCmd(g),
+		freezeCmd(g, true),
+		freezeCmd(g, false),
 	)
 	return root
 }

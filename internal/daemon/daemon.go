@@ -27,6 +27,8 @@ import (
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/kvm"
 	"github.com/cagebox/cagebox/internal/link"
+	"github.com/cagebox/cagebox/internal/livepolicy"
+	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
@@ -261,7 +263,29 @@ func Run(ctx context.Context, cfg Config) error {
 			log.Error("store queued events", "err", err)
 		}
 	}()
-	gw, err := newGateway(cfg, events.Emit, log)
+	emit := events.Emit
+	hookKey, err := webhookKey(cfg.Home)
+	if err != nil {
+		return err
+	}
+	// The live policy's trigger actions and freeze reach the manager and
+	// the gateway, which are made below; the closures read them then.
+	var (
+		mgr *sandbox.Manager
+		gw  *gateway.Gateway
+		v   *vault.Vault
+	)
+	live := livepolicy.New(livepolicy.Config{
+		Store: st, Emit: emit, Logger: log, WebhookKey: hookKey,
+		CloseConns: func(id string) int { return gw.CloseConns(id) },
+		Act: func(ctx context.Context, id, trigger string, a policy.TriggerAction) error {
+			return triggerAct(ctx, st, v, mgr, id, trigger, a)
+		},
+	})
+	if err := live.Start(ctx); err != nil {
+		return err
+	}
+	gw, err = newGateway(cfg, live, emit, log)
 	if err != nil {
 		return err
 	}
@@ -270,7 +294,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer closeVault()
-	mgr := sandbox.New(sandbox.Config{
+	mgr = sandbox.New(sandbox.Config{
 		Gateway: gw, Vault: v,
 		Store: st, Images: images, StateDir: filepath.Join(cfg.Home, "sandboxes"),
 		AgentPath: cfg.AgentPath, Logger: log, MinIsolation: cfg.MinIsolation,
@@ -376,7 +400,7 @@ func NewAPIKey(tenant string) (string, *store.APIKey) {
 	}
 }
 
-func newGateway(cfg Config, emit func(string, string, api.EventPayload), log *slog.Logger) (*gateway.Gateway, error) {
+func newGateway(cfg Config, live *livepolicy.Registry, emit func(string, string, api.EventPayload), log *slog.Logger) (*gateway.Gateway, error) {
 	n := cfg.Network
 	var roots *x509.CertPool
 	if len(n.UpstreamCAFiles) > 0 {
@@ -392,6 +416,7 @@ func newGateway(cfg Config, emit func(string, string, api.EventPayload), log *sl
 		}
 	}
 	return gateway.New(gateway.Config{
+		Live:     live,
 		StateDir: filepath.Join(cfg.Home, "net"), Pool: n.Pool,
 		ProxyPort: n.ProxyPort, DNSPort: n.DNSPort, TableName: n.TableName, IfPrefix: n.IfPrefix,
 		Resolve: n.Resolve, UpstreamCAs: roots, Emit: emit, Logger: log,

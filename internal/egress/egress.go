@@ -69,6 +69,11 @@ type Request struct {
 	WebSocket   bool
 	ContentType string
 	Accept      string
+	// Query, Header and BodySize (Content-Length, -1 unknown) are for
+	// policy conditions; nil/0 on connection-level questions.
+	Query    map[string][]string
+	Header   map[string][]string
+	BodySize int64
 }
 
 // Decision is a policy's answer. Rule names the rule that decided (shown to
@@ -277,7 +282,7 @@ type Proxy struct {
 	mu         sync.Mutex
 	closed     bool
 	listeners  map[net.Listener]struct{}
-	open       map[net.Conn]struct{} // accepted sandbox connections
+	open       map[net.Conn]string // accepted sandbox connections → sandbox
 	perSandbox map[string]int
 	limits     map[string]*sbState // per sandbox; swept when idle
 	lastSweep  time.Time
@@ -312,7 +317,7 @@ func New(cfg Config) (*Proxy, error) {
 		ctx:        ctx,
 		cancel:     cancel,
 		listeners:  make(map[net.Listener]struct{}),
-		open:       make(map[net.Conn]struct{}),
+		open:       make(map[net.Conn]string),
 		perSandbox: make(map[string]int),
 		limits:     make(map[string]*sbState),
 		served:     make(map[net.Conn]*connInfo),
@@ -485,7 +490,7 @@ func (p *Proxy) acquire(c net.Conn, sandbox string) *sbState {
 		return nil
 	}
 	p.perSandbox[sandbox]++
-	p.open[c] = struct{}{}
+	p.open[c] = sandbox
 	l := p.limits[sandbox]
 	if l == nil {
 		l = p.newSBState()
@@ -502,6 +507,25 @@ func (p *Proxy) acquire(c net.Conn, sandbox string) *sbState {
 		}
 	}
 	return l
+}
+
+// CloseSandbox closes every open connection of a sandbox (a freeze, or a
+// policy that no longer allows what they were for); their handlers end
+// and the guest sees its connections reset. New connections are decided
+// as usual. It returns how many it closed.
+func (p *Proxy) CloseSandbox(sandbox string) int {
+	p.mu.Lock()
+	var cs []net.Conn
+	for c, id := range p.open {
+		if id == sandbox {
+			cs = append(cs, c)
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range cs {
+		_ = c.Close()
+	}
+	return len(cs)
 }
 
 func (p *Proxy) release(c net.Conn, sandbox string) {

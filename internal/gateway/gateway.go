@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/egress"
 	"github.com/cagebox/cagebox/internal/link"
+	"github.com/cagebox/cagebox/internal/livepolicy"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/resolver"
 )
@@ -42,6 +44,8 @@ const (
 
 // Config configures the gateway.
 type Config struct {
+	// Live holds every sandbox's live policy (required).
+	Live *livepolicy.Registry
 	// StateDir holds the link allocations and each sandbox's CA.
 	StateDir  string
 	Pool      netip.Prefix
@@ -92,11 +96,12 @@ type Attachment struct {
 	ID, Tenant string
 	Link       *link.Link
 	CA         *egress.CA
-	Policy     *policy.Live
-	Pool       *resolver.Pool
-	sandbox    *egress.Sandbox
-	dns        *resolver.Server
-	ln         net.Listener
+	// Policy is the sandbox's live policy (package livepolicy).
+	Policy  *livepolicy.Sandbox
+	Pool    *resolver.Pool
+	sandbox *egress.Sandbox
+	dns     *resolver.Server
+	ln      net.Listener
 
 	// Credentials is the sandbox's credential pipeline: the daemon
 	// installs its bindings, the proxy's request hook runs it.
@@ -110,6 +115,9 @@ type Attachment struct {
 
 // New prepares the gateway; Init installs the rules.
 func New(cfg Config) (*Gateway, error) {
+	if cfg.Live == nil {
+		return nil, errors.New("gateway: config: Live is required")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -217,21 +225,41 @@ func (g *Gateway) onProxyEvent(ev egress.Event) {
 		p = api.EgressError(d)
 	}
 	g.cfg.Emit(ev.Tenant, ev.Sandbox, p)
+	if ev.Verdict == egress.VerdictAllow && (ev.BytesUp > 0 || ev.BytesDown > 0) {
+		if a, ok := g.Get(ev.Sandbox); ok {
+			a.Policy.Account(context.Background(), ev.Host, ev.Rule, ev.BytesUp, ev.BytesDown, 0)
+		}
+	}
 }
+
+// Live returns the live policy registry.
+func (g *Gateway) Live() *livepolicy.Registry { return g.cfg.Live }
+
+// CloseConns closes a sandbox's open proxy connections (a freeze).
+func (g *Gateway) CloseConns(id string) int { return g.proxy.CloseSandbox(id) }
 
 func (g *Gateway) caPath(id string) string { return filepath.Join(g.cfg.StateDir, "ca", id+".pem") }
 
 // Attach creates the sandbox's link, CA, resolver and proxy listener.
 // resume is true after a daemon restart: the link exists and the CA is
 // loaded from disk (the guest already trusts it).
-func (g *Gateway) Attach(ctx context.Context, id, tenant string, pol *policy.Policy, resume bool) (_ *Attachment, err error) {
+//
+// doc is the sandbox's policy at create (generation 1) and ref the named
+// policy it follows; on resume the live policy's newest generation is
+// loaded from the store instead.
+func (g *Gateway) Attach(ctx context.Context, id, tenant string, doc *policy.Document, ref string, resume bool) (_ *Attachment, err error) {
 	var undo cleanup.Stack
 	defer func() {
 		if err != nil {
 			undo.Run()
 		}
 	}()
-	a := &Attachment{ID: id, Tenant: tenant, Policy: policy.NewLive(pol),
+	lp, err := g.cfg.Live.Attach(ctx, id, tenant, doc, ref, resume)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	undo.Add(func() { g.cfg.Live.Detach(context.Background(), id, !resume) })
+	a := &Attachment{ID: id, Tenant: tenant, Policy: lp,
 		Credentials: credentials.New(g.cfg.Credentials, func(ev api.EventPayload) { g.cfg.Emit(tenant, id, ev) })}
 	if resume {
 		l, ok := g.links.Get(id)
@@ -329,6 +357,7 @@ func (g *Gateway) Detach(ctx context.Context, id string, keepLink bool) error {
 		a.ln.Close()
 		a.dns.Close()
 	}
+	g.cfg.Live.Detach(ctx, id, !keepLink)
 	if keepLink {
 		return nil
 	}
@@ -358,7 +387,7 @@ func (g *Gateway) Close(ctx context.Context) error {
 
 // policyAdapter lets the egress proxy consult a live policy without the two
 // packages importing each other.
-type policyAdapter struct{ l *policy.Live }
+type policyAdapter struct{ l *livepolicy.Sandbox }
 
 func (p policyAdapter) Decide(ctx context.Context, r *egress.Request) (egress.Decision, error) {
 	if r.Protocol == "http" && r.Method == "" && r.Path == "" {
@@ -370,7 +399,7 @@ func (p policyAdapter) Decide(ctx context.Context, r *egress.Request) (egress.De
 		}
 		// Nothing to this name can be allowed: answer with the rule that
 		// decides a plain GET of "/" (a deny rule's name, or "default").
-		d, err := p.l.Decide(ctx, &policy.Request{Host: r.Host, Port: r.Port, Protocol: "http", Method: "GET", Path: "/"})
+		d, err := p.l.Explain(ctx, &policy.Request{Host: r.Host, Port: r.Port, Protocol: "http", Method: "GET", Path: "/"})
 		if err != nil {
 			return egress.Decision{}, err
 		}
@@ -379,6 +408,7 @@ func (p policyAdapter) Decide(ctx context.Context, r *egress.Request) (egress.De
 	d, err := p.l.Decide(ctx, &policy.Request{
 		Host: r.Host, Port: r.Port, Protocol: r.Protocol, Method: r.Method, Path: r.Path,
 		WebSocket: r.WebSocket, ContentType: r.ContentType, Accept: r.Accept,
+		Query: r.Query, Header: r.Header, BodySize: r.BodySize,
 	})
 	if err != nil {
 		return egress.Decision{}, err
@@ -448,7 +478,43 @@ func (g *Gateway) credentialsHook(sb *egress.Sandbox, r *http.Request) (*egress.
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = refusalBody{r.Body}
 	}
+	if host, rule, ok := g.spendRule(a, r); ok {
+		// The response's usage is read as it streams: ask for it
+		// uncompressed.
+		r.Header.Del("Accept-Encoding")
+		prev := filter
+		filter = func(res *http.Response) error {
+			if prev != nil {
+				if err := prev(res); err != nil {
+					return err
+				}
+			}
+			a.Policy.MeterResponse(r.Context(), res, host, rule)
+			return nil
+		}
+	}
 	return nil, filter
+}
+
+// spendRule says whether r's response counts toward a spend budget, and
+// under which host and deciding rule.
+func (g *Gateway) spendRule(a *Attachment, r *http.Request) (host, rule string, ok bool) {
+	if a.Policy == nil {
+		return "", "", false
+	}
+	host, port, err := net.SplitHostPort(r.Host)
+	if err != nil {
+		host, port = r.Host, "443"
+	}
+	if !a.Policy.Meter(host, "") && !a.Policy.MetersAnyRule() {
+		return "", "", false
+	}
+	p, _ := strconv.Atoi(port)
+	d, err := a.Policy.Explain(r.Context(), &policy.Request{Host: host, Port: p, Method: r.Method, Path: r.URL.EscapedPath(), BodySize: r.ContentLength})
+	if err != nil || !d.Allow || !a.Policy.Meter(host, d.Rule) {
+		return "", "", false
+	}
+	return host, d.Rule, true
 }
 
 // deniedAlert lets the sandbox's pipeline see a request the proxy refused

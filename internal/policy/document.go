@@ -14,13 +14,27 @@ import (
 
 // Document is a sandbox's egress policy as written by an operator.
 type Document struct {
-	// Version is the policy language version: 1 (0 is treated as 1).
+	// Version is the policy language version: 1 or 2 (0 is treated as 1).
+	// Version 2 adds hold rules, rule conditions (when), only, approval,
+	// budgets, prices and triggers.
 	Version int `json:"version" yaml:"version"`
 	// Default decides requests no rule matches: "deny" (the default) or
 	// "allow". "allow" applies to ordinary HTTP(S) requests only.
 	Default string `json:"default,omitempty" yaml:"default,omitempty"`
+	// Only narrows the policy (v2): a request to a host no pattern here
+	// matches is denied (rule "only") before any rule is looked at, and
+	// such names stop resolving. Empty: no narrowing. Triggers set it.
+	Only []string `json:"only,omitempty" yaml:"only,omitempty"`
 	// Rules are evaluated in order; the first that matches decides.
 	Rules []Rule `json:"rules" yaml:"rules"`
+	// Approval configures who decides held requests (v2).
+	Approval *Approval `json:"approval,omitempty" yaml:"approval,omitempty"`
+	// Budgets cap what the sandbox may send and spend (v2).
+	Budgets []Budget `json:"budgets,omitempty" yaml:"budgets,omitempty"`
+	// Prices are USD per million tokens by model, for spend budgets (v2).
+	Prices map[string]Price `json:"prices,omitempty" yaml:"prices,omitempty"`
+	// Triggers change the policy when a rule fires or a condition holds (v2).
+	Triggers []Trigger `json:"triggers,omitempty" yaml:"triggers,omitempty"`
 }
 
 // Rule is one ordered rule of a Document. See the package documentation for
@@ -37,16 +51,24 @@ type Rule struct {
 	Methods []string `json:"methods,omitempty" yaml:"methods,omitempty"`
 	// Paths are globs on the URL path; default any path.
 	Paths []string `json:"paths,omitempty" yaml:"paths,omitempty"`
-	// Action is "allow" or "deny".
+	// Action is "allow", "deny" or (v2) "hold": the request waits for an
+	// approval (see Approval) and is denied when none comes in Timeout.
 	Action string `json:"action" yaml:"action"`
 	// Protocol is "http" (the default), "websocket" or "tcp".
 	Protocol string `json:"protocol,omitempty" yaml:"protocol,omitempty"`
+	// When is a CEL condition (v2) over the request and the session; the
+	// rule matches only when it is true. See the package documentation.
+	When string `json:"when,omitempty" yaml:"when,omitempty"`
+	// Timeout is how long a hold rule waits for a decision (v2; a Go
+	// duration, default 60s).
+	Timeout string `json:"timeout,omitempty" yaml:"timeout,omitempty"`
 }
 
 // Values of Document.Default and Rule.Action.
 const (
 	ActionAllow = "allow"
 	ActionDeny  = "deny"
+	ActionHold  = "hold"
 )
 
 // Values of Rule.Protocol and Request.Protocol.
@@ -249,19 +271,27 @@ func AllowHosts(hosts ...string) (*Document, error) {
 	return d, nil
 }
 
-// clone returns a deep copy of d.
+// clone returns a deep copy of d. Documents are small and cloned only when
+// handed out or edited, so a JSON round trip is simple and cannot miss a
+// field added later.
 func (d *Document) clone() *Document {
-	c := *d
-	if d.Rules != nil {
-		c.Rules = make([]Rule, len(d.Rules))
-		for i, r := range d.Rules {
-			r.Ports = append([]int(nil), r.Ports...)
-			r.Methods = append([]string(nil), r.Methods...)
-			r.Paths = append([]string(nil), r.Paths...)
-			c.Rules[i] = r
-		}
+	b, err := json.Marshal(d)
+	if err != nil {
+		panic("policy: clone: " + err.Error()) // every field marshals
+	}
+	var c Document
+	if err := json.Unmarshal(b, &c); err != nil {
+		panic("policy: clone: " + err.Error())
 	}
 	return &c
+}
+
+// Clone returns a deep copy of d (nil for nil).
+func (d *Document) Clone() *Document {
+	if d == nil {
+		return nil
+	}
+	return d.clone()
 }
 
 func isLowerASCII(s string) bool {

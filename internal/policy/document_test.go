@@ -159,11 +159,11 @@ func TestValidationErrors(t *testing.T) {
 		field string
 		want  string // in the reason
 	}{
-		{"version", &Document{Version: 2}, "version", "version 1"},
+		{"version", &Document{Version: 3}, "version", "versions 1 and 2"},
 		{"default", &Document{Default: "Deny"}, "default", `"allow"`},
 		{"too many rules", many, "rules", "limit is 1000"},
 		{"no action", rule(func(r *Rule) { r.Action = "" }), "rules[1].action", "required"},
-		{"bad action", rule(func(r *Rule) { r.Action = "permit" }), "rules[1].action", `"allow" or "deny"`},
+		{"bad action", rule(func(r *Rule) { r.Action = "permit" }), "rules[1].action", `"allow", "deny" or "hold"`},
 		{"bad protocol", rule(func(r *Rule) { r.Protocol = "udp" }), "rules[1].protocol", `"tcp"`},
 		{"no host", rule(func(r *Rule) { r.Host = "" }), "rules[1].host", "required"},
 		{"ipv4 host", rule(func(r *Rule) { r.Host = "10.0.0.1" }), "rules[1].host", "IP address"},

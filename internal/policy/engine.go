@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -35,6 +36,17 @@ type Request struct {
 	// headers joined with ", "), for DNS-over-HTTPS detection.
 	ContentType string
 	Accept      string
+
+	// For rule conditions (when, version 2) only; none of these change a
+	// decision of a policy without conditions.
+	Query    map[string][]string // the request's query parameters
+	Header   map[string][]string // the request's headers
+	BodySize int64               // Content-Length; -1 when unknown
+	Time     time.Time           // when the request arrived (zero: now)
+	Session  *Session            // the session so far (nil: zeros)
+	// SessionFunc, when Session is nil, gives it on first use: a
+	// decision whose rules have no condition never builds it.
+	SessionFunc func() *Session
 }
 
 // Decision is a policy verdict.
@@ -46,6 +58,11 @@ type Decision struct {
 	Rule string
 	// Reason is a human sentence saying why.
 	Reason string
+	// Hold (version 2) means the rule that decided holds the request for
+	// an approval: Allow is false, and the caller asks for a decision and
+	// waits at most HoldTimeout for it, then denies.
+	Hold        bool
+	HoldTimeout time.Duration
 }
 
 // Engine decides requests. It never fails open: on an error the caller must
@@ -102,9 +119,12 @@ const (
 
 type compiledRule struct {
 	name    string
-	allow   bool
-	proto   string // ProtocolHTTP, ProtocolWebSocket or ProtocolTCP
-	host    string // canonical pattern (see package hostname)
+	allow   bool // allow or hold
+	hold    bool
+	timeout time.Duration // hold only
+	when    *condition    // nil: always
+	proto   string        // ProtocolHTTP, ProtocolWebSocket or ProtocolTCP
+	host    string        // canonical pattern (see package hostname)
 	ports   []int
 	methods []string // nil: any
 	paths   []pathPattern
@@ -167,9 +187,13 @@ func matchAny(pps []pathPattern, segs []string) bool {
 // Policy is a compiled, immutable Document. It implements Engine and is safe
 // for concurrent use.
 type Policy struct {
-	doc          *Document // normalized; never handed out
-	defaultAllow bool
-	rules        []compiledRule
+	doc            *Document // normalized; never handed out
+	defaultAllow   bool
+	rules          []compiledRule
+	only           []string // canonical patterns; nil: no narrowing
+	budgets        []CompiledBudget
+	triggers       []CompiledTrigger
+	webhookTimeout time.Duration
 }
 
 var (
@@ -191,8 +215,15 @@ func compile(d *Document) (*Policy, error) {
 		return nil, &ValidationError{Field: field, Reason: fmt.Sprintf(format, args...)}
 	}
 	n := &Document{Version: 1, Default: ActionDeny}
-	if d.Version != 0 && d.Version != 1 {
-		return bad("version", "version %d is not supported; this cagebox understands version 1", d.Version)
+	switch d.Version {
+	case 0, 1:
+		if f := usesV2(d); f != "" {
+			return bad(f, "%s is a version 2 feature; write version: 2", f)
+		}
+	case 2:
+		n.Version = 2
+	default:
+		return bad("version", "version %d is not supported; this cagebox understands versions 1 and 2", d.Version)
 	}
 	switch d.Default {
 	case "", ActionDeny:
@@ -215,13 +246,34 @@ func compile(d *Document) (*Policy, error) {
 		switch r.Action {
 		case ActionAllow:
 			cr.allow = true
+		case ActionHold:
+			cr.allow, cr.hold = true, true
 		case ActionDeny:
 		case "":
-			return bad(f+".action", "action is required: \"allow\" or \"deny\"")
+			return bad(f+".action", "action is required: \"allow\", \"deny\" or \"hold\"")
 		default:
-			return bad(f+".action", "%q is not an action; write \"allow\" or \"deny\"", r.Action)
+			return bad(f+".action", "%q is not an action; write \"allow\", \"deny\" or \"hold\"", r.Action)
 		}
 		nr.Action = r.Action
+		if r.Timeout != "" && !cr.hold {
+			return bad(f+".timeout", "timeout goes with action \"hold\"")
+		}
+		if cr.hold {
+			t, reason := parseDuration(r.Timeout, DefaultHoldTimeout, MaxHoldTimeout)
+			if reason != "" {
+				return bad(f+".timeout", "%s", reason)
+			}
+			cr.timeout = t
+			nr.Timeout = r.Timeout
+		}
+		if r.When != "" {
+			c, err := compileCondition(r.When)
+			if err != nil {
+				return bad(f+".when", "%v", err)
+			}
+			cr.when = c
+			nr.When = r.When
+		}
 
 		switch r.Protocol {
 		case "", ProtocolHTTP:
@@ -315,6 +367,23 @@ func compile(d *Document) (*Policy, error) {
 
 		n.Rules = append(n.Rules, nr)
 		p.rules = append(p.rules, cr)
+	}
+	if err := compileV2(d, n, p, names); err != nil {
+		return nil, err
+	}
+	ruleNames := make([]string, len(n.Rules))
+	for i := range n.Rules {
+		ruleNames[i] = n.Rules[i].Name
+	}
+	for i := range p.rules {
+		if p.rules[i].when != nil {
+			p.rules[i].when.rules = ruleNames
+		}
+	}
+	for i := range p.triggers {
+		if p.triggers[i].when != nil {
+			p.triggers[i].when.rules = ruleNames
+		}
 	}
 	p.doc = n
 	return p, nil
@@ -434,7 +503,12 @@ func (p *Policy) Decide(ctx context.Context, r *Request) (Decision, error) {
 		}
 	}
 
+	if p.only != nil && !matchesAny(p.only, host) {
+		return deny(RuleOnly, "the policy is narrowed to %s; it denies %s", strings.Join(p.only, ", "), describe(r, k, method))
+	}
+
 	var nearMiss *compiledRule
+	act := &activation{r: r}
 	for i := range p.rules {
 		cr := &p.rules[i]
 		if !hostname.Match(cr.host, host) || !slices.Contains(cr.ports, r.Port) {
@@ -442,6 +516,12 @@ func (p *Policy) Decide(ctx context.Context, r *Request) (Decision, error) {
 		}
 		if !cr.allow {
 			if k == kindTCP || cr.matchMethod(method) && cr.matchPath(&rp) {
+				if cr.when != nil {
+					// A deny rule's condition failing to evaluate denies.
+					if ok, err := cr.when.evalIn(act); err == nil && !ok {
+						continue
+					}
+				}
 				return deny(cr.name, "rule %q denies %s", cr.name, describe(r, k, method))
 			}
 			continue
@@ -454,6 +534,20 @@ func (p *Policy) Decide(ctx context.Context, r *Request) (Decision, error) {
 		}
 		if k != kindTCP && !(cr.matchMethod(method) && cr.matchPath(&rp)) {
 			continue
+		}
+		if cr.when != nil {
+			ok, err := cr.when.evalIn(act)
+			if err != nil {
+				// Never fail open: a condition that cannot be evaluated
+				// denies, naming the rule.
+				return deny(cr.name, "rule %q: its condition could not be evaluated (%v); denied %s", cr.name, err, describe(r, k, method))
+			}
+			if !ok {
+				continue
+			}
+		}
+		if cr.hold {
+			return Decision{Hold: true, HoldTimeout: cr.timeout, Rule: cr.name, Reason: fmt.Sprintf("rule %q holds %s for approval", cr.name, describe(r, k, method))}, nil
 		}
 		return Decision{Allow: true, Rule: cr.name, Reason: fmt.Sprintf("rule %q allows %s", cr.name, describe(r, k, method))}, nil
 	}
@@ -485,7 +579,7 @@ func (p *Policy) AllowsName(name string) bool {
 		return false
 	}
 	host, ok := hostname.Normalize(name)
-	if !ok || isDoHResolver(host) {
+	if !ok || isDoHResolver(host) || p.only != nil && !matchesAny(p.only, host) {
 		return false
 	}
 	if p.defaultAllow {
@@ -507,6 +601,15 @@ var dohPatterns = func() []string {
 	}
 	return ps
 }()
+
+func matchesAny(patterns []string, host string) bool {
+	for _, p := range patterns {
+		if hostname.Match(p, host) {
+			return true
+		}
+	}
+	return false
+}
 
 func isDoHResolver(host string) bool {
 	for _, p := range dohPatterns {
@@ -595,7 +698,7 @@ func (p *Policy) NamesHost(name string) bool {
 		return false
 	}
 	host, ok := hostname.Normalize(name)
-	if !ok || isDoHResolver(host) {
+	if !ok || isDoHResolver(host) || p.only != nil && !matchesAny(p.only, host) {
 		return false
 	}
 	if p.defaultAllow {

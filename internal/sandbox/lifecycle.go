@@ -55,7 +55,21 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	if err := ValidateEnv("env", req.Env); err != nil {
 		return nil, err
 	}
-	doc, pol, err := PolicyOf(req.Policy, req.Allow)
+	rawPolicy := req.Policy
+	if req.PolicyRef != "" {
+		if len(req.Policy) > 0 {
+			return nil, invalid("policy and policy_ref: give one (policy_ref follows a named policy)")
+		}
+		np, err := m.cfg.Store.GetNamedPolicy(ctx, tenant.ID, req.PolicyRef)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, invalid("policy_ref: no policy is named %q; create it with `cagebox policy create %s FILE`", req.PolicyRef, req.PolicyRef)
+		}
+		if err != nil {
+			return nil, err
+		}
+		rawPolicy = np.Document
+	}
+	doc, _, err := PolicyOf(rawPolicy, req.Allow)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +134,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		Hostname:   "sandbox",
 		Resources:  res,
 	}
-	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, Policy: doc, Secrets: bound}
+	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, Policy: doc, PolicyRef: req.PolicyRef, Secrets: bound}
 	specJSON, _ := json.Marshal(sr)
 	now := m.cfg.Now().UTC()
 	if timeout == 0 {
@@ -156,7 +170,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	defer cancel()
 	t0 := time.Now()
 	if gw := m.cfg.Gateway; gw != nil {
-		att, err := gw.Attach(sctx, id, tenant.ID, pol, false)
+		att, err := gw.Attach(sctx, id, tenant.ID, doc, req.PolicyRef, false)
 		if err != nil {
 			return nil, fmt.Errorf("attach network: %w", err)
 		}

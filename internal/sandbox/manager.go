@@ -23,6 +23,7 @@ import (
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/livepolicy"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/vault"
@@ -130,6 +131,7 @@ type specRecord struct {
 	StateDir    string              `json:"state_dir"`
 	IdleTimeout string              `json:"idle_timeout,omitempty"`
 	Policy      *policy.Document    `json:"policy,omitempty"`
+	PolicyRef   string              `json:"policy_ref,omitempty"`
 	Secrets     []boundSecret       `json:"secrets,omitempty"`
 }
 
@@ -209,6 +211,14 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 		}
 	}
 	return v
+}
+
+// Live returns the live policy registry (nil without a network).
+func (m *Manager) Live() *livepolicy.Registry {
+	if m.cfg.Gateway == nil {
+		return nil
+	}
+	return m.cfg.Gateway.Live()
 }
 
 // detach removes a sandbox's network (link, resolver, listener, CA).

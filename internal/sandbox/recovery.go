@@ -9,8 +9,6 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/credentials"
-	"github.com/cagebox/cagebox/internal/gateway"
-	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/isolation"
 )
@@ -100,14 +98,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 			continue
 		}
 		if gw := m.cfg.Gateway; gw != nil {
-			_, pol, err := PolicyOf(nil, nil)
-			if sr.Policy != nil {
-				pol, err = policy.Compile(sr.Policy)
-			}
-			var att *gateway.Attachment
-			if err == nil {
-				att, err = gw.Attach(ctx, r.ID, r.TenantID, pol, true)
-			}
+			// The live policy's newest generation is in the store; the
+			// create-time document is the fallback for older sandboxes.
+			att, err := gw.Attach(ctx, r.ID, r.TenantID, sr.Policy, sr.PolicyRef, true)
 			if err == nil {
 				var creds *credentials.Bindings
 				if creds, err = m.credentialBindings(r.TenantID, sr.Secrets); err == nil {

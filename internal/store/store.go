@@ -159,6 +159,9 @@ type Store interface {
 	// store's write lock for long.
 	DeleteEventsBefore(ctx context.Context, before time.Time, limit int) (int64, error)
 
+	// PolicyStore is the live policy's state.
+	PolicyStore
+
 	// Close releases the store. It does not cancel anything the daemon
 	// runs.
 	Close() error
@@ -168,4 +171,113 @@ type Store interface {
 // (microseconds). Implementations apply it to every time they write.
 func NormTime(t time.Time) time.Time {
 	return t.UTC().Truncate(time.Microsecond)
+}
+
+// PolicyVersion is one generation of a sandbox's live policy. Generation
+// 1 is the policy the sandbox was created with; every change appends the
+// next. The newest is the sandbox's current policy.
+type PolicyVersion struct {
+	SandboxID  string
+	TenantID   string
+	Generation int64
+	Document   json.RawMessage
+	// Actor says who made the change ("api:TENANT", "trigger:NAME",
+	// "policy:NAME" for an edit of a named policy, "approval:ID").
+	Actor     string
+	Reason    string
+	CreatedAt time.Time // set when zero
+}
+
+// NamedPolicy is a tenant's reusable policy document; sandboxes created
+// with it follow its edits.
+type NamedPolicy struct {
+	TenantID   string
+	Name       string
+	Generation int64 // 1 on create, +1 on every update
+	Document   json.RawMessage
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+}
+
+// Approval is a held request waiting for (or given) a decision.
+type Approval struct {
+	ID        string
+	TenantID  string
+	SandboxID string
+	Rule      string
+	// Request describes the held request (method, host, path, preview);
+	// never a real secret value.
+	Request json.RawMessage
+	// State is "pending", "allowed", "denied" or "expired".
+	State     string
+	DecidedBy string
+	Reason    string
+	Remember  bool
+	CreatedAt time.Time
+	Deadline  time.Time
+	DecidedAt *time.Time
+}
+
+// Approval states.
+const (
+	ApprovalPending = "pending"
+	ApprovalAllowed = "allowed"
+	ApprovalDenied  = "denied"
+	ApprovalExpired = "expired"
+)
+
+// BudgetUsage is what a sandbox has used of one budget. Spend is in
+// micro-USD so sums are exact.
+type BudgetUsage struct {
+	SandboxID   string
+	Budget      string
+	Requests    int64
+	BytesUp     int64
+	BytesDown   int64
+	SpendMicros int64
+}
+
+// PolicyStore keeps live policy state: every generation of every
+// sandbox's policy, the tenants' named policies, approvals and budget
+// usage. Tenant isolation follows the Store conventions.
+type PolicyStore interface {
+	// AppendPolicyVersion inserts v (setting CreatedAt when zero).
+	// ErrConflict if the sandbox already has v.Generation: two writers
+	// racing for the same generation, one loses.
+	AppendPolicyVersion(ctx context.Context, v *PolicyVersion) error
+	// ListPolicyVersions returns a sandbox's generations, oldest first
+	// (tenantID "": any tenant).
+	ListPolicyVersions(ctx context.Context, tenantID, sandboxID string) ([]*PolicyVersion, error)
+	// LatestPolicyVersion returns the newest generation, or ErrNotFound.
+	LatestPolicyVersion(ctx context.Context, sandboxID string) (*PolicyVersion, error)
+
+	// PutNamedPolicy creates (ifGeneration 0: ErrConflict if it exists)
+	// or updates (ifGeneration > 0: ErrConflict unless that is the stored
+	// generation; ifGeneration < 0: whatever it is) a named policy, and
+	// sets p.Generation and the times.
+	PutNamedPolicy(ctx context.Context, p *NamedPolicy, ifGeneration int64) error
+	GetNamedPolicy(ctx context.Context, tenantID, name string) (*NamedPolicy, error)
+	ListNamedPolicies(ctx context.Context, tenantID string) ([]*NamedPolicy, error)
+	DeleteNamedPolicy(ctx context.Context, tenantID, name string) error
+
+	// CreateApproval inserts a pending approval.
+	CreateApproval(ctx context.Context, a *Approval) error
+	// DecideApproval moves a pending approval to state; ErrConflict if it
+	// is no longer pending, ErrNotFound if missing (or another tenant's).
+	DecideApproval(ctx context.Context, tenantID, id, state, by, reason string, remember bool) (*Approval, error)
+	GetApproval(ctx context.Context, tenantID, id string) (*Approval, error)
+	// ListApprovals returns approvals newest first, filtered by state and
+	// sandbox when not "", at most limit (<= 0: 1000).
+	ListApprovals(ctx context.Context, tenantID, sandboxID, state string, limit int) ([]*Approval, error)
+	// ExpirePendingApprovals marks every pending approval expired with
+	// reason (a daemon that restarts cannot resume their waiters).
+	ExpirePendingApprovals(ctx context.Context, reason string) (int64, error)
+
+	// AddBudgetUsage adds delta to the sandbox's usage of delta.Budget
+	// and returns the new totals.
+	AddBudgetUsage(ctx context.Context, delta BudgetUsage) (*BudgetUsage, error)
+	ListBudgetUsage(ctx context.Context, sandboxID string) ([]*BudgetUsage, error)
+	// DeletePolicyState removes a sandbox's usage and pending approvals
+	// (its versions stay with its events, for the audit trail).
+	DeletePolicyState(ctx context.Context, sandboxID string) error
 }

@@ -61,4 +61,50 @@ ALTER TABLE tenants ADD COLUMN untrusted INTEGER NOT NULL DEFAULT 0;
 	{Version: 3, Name: "event retention", SQL: `
 CREATE INDEX events_time ON events (time);
 `},
+	{Version: 4, Name: "live policy", SQL: `
+CREATE TABLE policy_versions (
+	sandbox_id TEXT NOT NULL,
+	tenant_id  TEXT NOT NULL,
+	generation INTEGER NOT NULL,
+	document   TEXT NOT NULL,
+	actor      TEXT NOT NULL DEFAULT '',
+	reason     TEXT NOT NULL DEFAULT '',
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (sandbox_id, generation)
+);
+CREATE TABLE named_policies (
+	tenant_id  TEXT NOT NULL REFERENCES tenants(id),
+	name       TEXT NOT NULL,
+	generation INTEGER NOT NULL,
+	document   TEXT NOT NULL,
+	created_at INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL,
+	PRIMARY KEY (tenant_id, name)
+);
+CREATE TABLE approvals (
+	id         TEXT PRIMARY KEY,
+	tenant_id  TEXT NOT NULL,
+	sandbox_id TEXT NOT NULL,
+	rule       TEXT NOT NULL,
+	request    TEXT,
+	state      TEXT NOT NULL,
+	decided_by TEXT NOT NULL DEFAULT '',
+	reason     TEXT NOT NULL DEFAULT '',
+	remember   INTEGER NOT NULL DEFAULT 0,
+	created_at INTEGER NOT NULL,
+	deadline   INTEGER NOT NULL,
+	decided_at INTEGER
+);
+CREATE INDEX approvals_tenant ON approvals (tenant_id, created_at);
+CREATE INDEX approvals_state ON approvals (state);
+CREATE TABLE budget_usage (
+	sandbox_id   TEXT NOT NULL,
+	budget       TEXT NOT NULL,
+	requests     INTEGER NOT NULL DEFAULT 0,
+	bytes_up     INTEGER NOT NULL DEFAULT 0,
+	bytes_down   INTEGER NOT NULL DEFAULT 0,
+	spend_micros INTEGER NOT NULL DEFAULT 0,
+	PRIMARY KEY (sandbox_id, budget)
+);
+`},
 }

@@ -49,6 +49,10 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"ConcurrentWrites", testConcurrentWrites},
 		{"ConcurrentReadWrite", testConcurrentReadWrite},
 		{"CanceledContext", testCanceledContext},
+		{"PolicyVersions", testPolicyVersions},
+		{"NamedPolicies", testNamedPolicies},
+		{"Approvals", testApprovals},
+		{"BudgetUsage", testBudgetUsage},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,97 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/livepolicy"
+	"github.com/cagebox/cagebox/internal/policy"
+	"github.com/cagebox/cagebox/internal/sandbox"
+	"github.com/cagebox/cagebox/internal/store"
+	"github.com/cagebox/cagebox/internal/vault"
+)
+
+// triggerAct carries out what a policy trigger asks beyond editing the
+// document: swap to a named policy, revoke or unbind secrets, pause.
+func triggerAct(ctx context.Context, st store.Store, v *vault.Vault, mgr *sandbox.Manager, id, trigger string, a policy.TriggerAction) error {
+	if mgr == nil {
+		return errors.New("the daemon is still starting")
+	}
+	rec, err := st.GetSandbox(ctx, "", id)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if a.Policy != "" {
+		errs = append(errs, swapNamed(ctx, st, mgr.Live(), rec.TenantID, id, trigger, a.Policy))
+	}
+	for _, name := range a.Revoke {
+		if v == nil {
+			errs = append(errs, fmt.Errorf("revoke %s: no vault", name))
+			continue
+		}
+		if err := v.Revoke(ctx, rec.TenantID, name); err != nil {
+			errs = append(errs, fmt.Errorf("revoke %s: %w", name, err))
+			continue
+		}
+		mgr.Emit(rec.TenantID, "", api.SecretRevoked{Name: name, By: "trigger:" + trigger})
+	}
+	for _, name := range a.Unbind {
+		if _, err := mgr.Unbind(ctx, "", id, name); err != nil {
+			errs = append(errs, fmt.Errorf("unbind %s: %w", name, err))
+		}
+	}
+	if a.Pause {
+		if _, err := mgr.Pause(ctx, "", id); err != nil {
+			errs = append(errs, fmt.Errorf("pause: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func swapNamed(ctx context.Context, st store.Store, reg *livepolicy.Registry, tenant, id, trigger, name string) error {
+	np, err := st.GetNamedPolicy(ctx, tenant, name)
+	if err != nil {
+		return fmt.Errorf("policy %s: %w", name, err)
+	}
+	var doc policy.Document
+	if err := json.Unmarshal(np.Document, &doc); err != nil {
+		return fmt.Errorf("policy %s: %w", name, err)
+	}
+	lp, ok := reg.Get(id)
+	if !ok {
+		return fmt.Errorf("sandbox %s is not running", id)
+	}
+	if _, err := lp.Set(ctx, &doc, 0, "trigger:"+trigger, "swap to named policy "+name); err != nil {
+		return err
+	}
+	lp.SetRef(name)
+	return nil
+}
+
+// webhookKey returns the key approval webhooks are signed with, made on
+// first use (32 random bytes, 0600 in the daemon's home). Receivers get it
+// from the operator (`cat HOME/approval-webhook.key`).
+func webhookKey(home string) ([]byte, error) {
+	p := filepath.Join(home, "approval-webhook.key")
+	b, err := os.ReadFile(p)
+	if err == nil && len(b) >= 32 {
+		return b, nil
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("approval webhook key: %w", err)
+	}
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	enc := []byte(fmt.Sprintf("%x", key))
+	if err := os.WriteFile(p, enc, 0o600); err != nil {
+		return nil, fmt.Errorf("approval webhook key: %w", err)
+	}
+	return enc, nil
+}

@@ -1,0 +1,500 @@
+package livepolicy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/policy"
+	"github.com/cagebox/cagebox/internal/store"
+	"github.com/cagebox/cagebox/internal/store/sqlite"
+)
+
+type recorder struct {
+	mu     sync.Mutex
+	events []api.EventKind
+}
+
+func (r *recorder) emit(_, _ string, ev api.EventPayload) {
+	r.mu.Lock()
+	r.events = append(r.events, ev.EventKind())
+	r.mu.Unlock()
+}
+
+func (r *recorder) has(kind api.EventKind) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range r.events {
+		if k == kind {
+			return true
+		}
+	}
+	return false
+}
+
+func openStore(t testing.TB, path string) *sqlite.Store {
+	t.Helper()
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "cagebox.db")
+	}
+	st, err := sqlite.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+func parse(t testing.TB, src string) *policy.Document {
+	t.Helper()
+	d, err := policy.Parse([]byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func newSandbox(t testing.TB, src string) (*Registry, *Sandbox, *recorder, store.Store) {
+	t.Helper()
+	st := openStore(t, "")
+	rec := &recorder{}
+	g := New(Config{Store: st, Emit: rec.emit, WebhookKey: []byte("k")})
+	s, err := g.Attach(context.Background(), "sb-1", "t1", parse(t, src), "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g, s, rec, st
+}
+
+func get(host, method, path string) *policy.Request {
+	return &policy.Request{Host: host, Port: 443, Method: method, Path: path, BodySize: -1}
+}
+
+func decide(t *testing.T, s *Sandbox, r *policy.Request) policy.Decision {
+	t.Helper()
+	d, err := s.Decide(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestSetAppliesToTheNextRequest(t *testing.T) {
+	_, s, rec, st := newSandbox(t, "version: 1\nrules: [{name: gh, host: api.github.com, action: allow}]")
+	if d := decide(t, s, get("example.com", "GET", "/")); d.Allow {
+		t.Fatal("allowed before the change")
+	}
+	gen, err := s.Set(context.Background(), parse(t, "version: 1\nrules: [{name: ex, host: example.com, action: allow}]"), 1, "api:t1", "")
+	if err != nil || gen != 2 {
+		t.Fatalf("set: %v gen %d", err, gen)
+	}
+	if d := decide(t, s, get("example.com", "GET", "/")); !d.Allow || d.Rule != "ex" {
+		t.Fatalf("after: %+v", d)
+	}
+	if !s.NamesHost("example.com") || s.NamesHost("api.github.com") {
+		t.Fatal("DNS did not follow the change")
+	}
+	// A stale generation is a conflict and changes nothing.
+	_, err = s.Set(context.Background(), parse(t, "version: 1\nrules: []"), 1, "api:t1", "")
+	if !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("stale If-Match: %v", err)
+	}
+	// An invalid document is refused with the field and changes nothing.
+	_, err = s.Update(context.Background(), 0, "api:t1", "", func(d *policy.Document) (*policy.Document, error) {
+		d.Rules = append(d.Rules, policy.Rule{Host: "*.com", Action: "allow"})
+		return d, nil
+	})
+	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "rules[1].host") {
+		t.Fatalf("invalid: %v", err)
+	}
+	doc, gen, _ := s.Policy()
+	if gen != 2 || len(doc.Rules) != 1 {
+		t.Fatalf("after refused edits: gen %d rules %d", gen, len(doc.Rules))
+	}
+	vs, _ := st.ListPolicyVersions(context.Background(), "t1", "sb-1")
+	if len(vs) != 2 || vs[1].Actor != "api:t1" {
+		t.Fatalf("history: %+v", vs)
+	}
+	if !rec.has(api.EventPolicyChanged) {
+		t.Fatal("no policy.changed event")
+	}
+}
+
+func TestConcurrentUpdatesSerialise(t *testing.T) {
+	_, s, _, _ := newSandbox(t, "version: 1\nrules: []")
+	var wg sync.WaitGroup
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := s.Update(context.Background(), 0, "t", "", func(d *policy.Document) (*policy.Document, error) {
+				d.Rules = append(d.Rules, policy.Rule{Host: "h" + strconv.Itoa(len(d.Rules)) + ".example.com", Action: "allow"})
+				return d, nil
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	doc, gen, _ := s.Policy()
+	if gen != 21 || len(doc.Rules) != 20 {
+		t.Fatalf("gen %d, %d rules; want 21, 20 (no edit lost)", gen, len(doc.Rules))
+	}
+}
+
+func TestFreezeAndThaw(t *testing.T) {
+	st := openStore(t, "")
+	var closed []string
+	var mu sync.Mutex
+	g := New(Config{Store: st, CloseConns: func(id string) int { mu.Lock(); closed = append(closed, id); mu.Unlock(); return 1 }})
+	doc := parse(t, "version: 1\nrules: [{host: a.example.com, action: allow}]")
+	a, _ := g.Attach(context.Background(), "sb-a", "t1", doc, "", false)
+	b, _ := g.Attach(context.Background(), "sb-b", "t2", doc, "", false)
+	if ids := g.Freeze(Scope{Tenant: "t1"}, "op"); len(ids) != 1 || ids[0] != "sb-a" {
+		t.Fatalf("freeze tenant: %v", ids)
+	}
+	if d := decide(t, a, get("a.example.com", "GET", "/")); d.Allow || d.Rule != RuleFreeze {
+		t.Fatalf("frozen: %+v", d)
+	}
+	if a.NamesHost("a.example.com") || !b.NamesHost("a.example.com") {
+		t.Fatal("DNS of the frozen tenant must refuse, the other's not")
+	}
+	if d := decide(t, b, get("a.example.com", "GET", "/")); !d.Allow {
+		t.Fatal("another tenant was frozen")
+	}
+	g.Freeze(Scope{All: true}, "op")
+	if d := decide(t, b, get("a.example.com", "GET", "/")); d.Allow {
+		t.Fatal("freeze all")
+	}
+	// A sandbox attached while everything is frozen is frozen too.
+	c, _ := g.Attach(context.Background(), "sb-c", "t3", doc, "", false)
+	if !c.Frozen() {
+		t.Fatal("new sandbox not frozen under freeze all")
+	}
+	g.Thaw(Scope{All: true}, "op")
+	if d := decide(t, a, get("a.example.com", "GET", "/")); !d.Allow {
+		t.Fatalf("after thaw: %+v", d)
+	}
+	g.Freeze(Scope{Sandbox: "sb-b"}, "op")
+	if !b.Frozen() || a.Frozen() {
+		t.Fatal("freeze one")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(closed) != 4 {
+		t.Fatalf("connections closed for %v", closed)
+	}
+}
+
+const holdDoc = `
+version: 2
+rules:
+  - {name: risky, host: api.github.com, methods: [DELETE], action: hold, timeout: 3s}
+  - {name: gh, host: api.github.com, action: allow}
+`
+
+// waitPending returns the id of the sandbox's pending approval.
+func waitPending(t *testing.T, st store.Store) string {
+	t.Helper()
+	for i := 0; i < 300; i++ {
+		as, _ := st.ListApprovals(context.Background(), "", "", store.ApprovalPending, 0)
+		if len(as) > 0 {
+			return as[0].ID
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("no pending approval")
+	return ""
+}
+
+func TestHoldApprovedAndRemembered(t *testing.T) {
+	g, s, rec, st := newSandbox(t, holdDoc)
+	res := make(chan policy.Decision, 1)
+	go func() {
+		d, _ := s.Decide(context.Background(), get("api.github.com", "DELETE", "/repos/a/b"))
+		res <- d
+	}()
+	id := waitPending(t, st)
+	// Another tenant cannot decide it.
+	if _, err := g.Decide(context.Background(), "t2", id, true, false, "api:t2", ""); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("other tenant: %v", err)
+	}
+	if _, err := g.Decide(context.Background(), "t1", id, true, true, "api:t1", "ok"); err != nil {
+		t.Fatal(err)
+	}
+	d := <-res
+	if !d.Allow || d.Rule != "risky" {
+		t.Fatalf("approved: %+v", d)
+	}
+	// Deciding again is a conflict.
+	if _, err := g.Decide(context.Background(), "t1", id, false, false, "api:t1", ""); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("twice: %v", err)
+	}
+	// Remembered: the same request is allowed without a hold now.
+	if d := decide(t, s, get("api.github.com", "DELETE", "/repos/a/b")); !d.Allow || d.Rule != "approval:"+id {
+		t.Fatalf("remembered: %+v", d)
+	}
+	// Another path is still held.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if d, _ := s.Decide(ctx, get("api.github.com", "DELETE", "/repos/a/c")); d.Allow {
+		t.Fatal("another path was not held")
+	}
+	if !rec.has(api.EventApprovalPending) || !rec.has(api.EventApprovalDecided) {
+		t.Fatal("approval events")
+	}
+}
+
+func TestHoldTimesOut(t *testing.T) {
+	_, s, _, st := newSandbox(t, strings.Replace(holdDoc, "3s", "100ms", 1))
+	start := time.Now()
+	d := decide(t, s, get("api.github.com", "DELETE", "/x"))
+	if d.Allow || d.Rule != "risky" || !strings.Contains(d.Reason, "no decision within 100ms") {
+		t.Fatalf("timeout: %+v", d)
+	}
+	if el := time.Since(start); el < 100*time.Millisecond || el > 2*time.Second {
+		t.Fatalf("held %v", el)
+	}
+	as, _ := st.ListApprovals(context.Background(), "t1", "", "", 0)
+	if len(as) != 1 || as[0].State != store.ApprovalExpired {
+		t.Fatalf("approval after timeout: %+v", as)
+	}
+}
+
+func TestHoldByWebhook(t *testing.T) {
+	key := []byte("webhook-key")
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		ts, _ := strconv.ParseInt(r.Header.Get(HeaderTimestamp), 10, 64)
+		if r.Header.Get(HeaderSignature) != Sign(key, ts, body) {
+			http.Error(w, "bad signature", 401)
+			return
+		}
+		var wr WebhookRequest
+		_ = json.Unmarshal(body, &wr)
+		dec := "deny"
+		if strings.HasPrefix(wr.Request.Path, "/ok") {
+			dec = "allow"
+		}
+		_ = json.NewEncoder(w).Encode(WebhookAnswer{Decision: dec})
+	}))
+	defer srv.Close()
+	st := openStore(t, "")
+	g := New(Config{Store: st, WebhookKey: key})
+	s, err := g.Attach(context.Background(), "sb-1", "t1", parse(t, holdDoc+"approval: {webhook: '"+srv.URL+"/hook', timeout: 2s}\n"), "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := decide(t, s, get("api.github.com", "DELETE", "/ok/1")); !d.Allow {
+		t.Fatalf("webhook allow: %+v", d)
+	}
+	if d := decide(t, s, get("api.github.com", "DELETE", "/no")); d.Allow {
+		t.Fatalf("webhook deny: %+v", d)
+	}
+	// A webhook with the wrong key answers 401: denied, not hanging.
+	g.cfg.WebhookKey = []byte("other")
+	if d := decide(t, s, get("api.github.com", "DELETE", "/ok/2")); d.Allow || !strings.Contains(d.Reason, "401") {
+		t.Fatalf("failing webhook: %+v", d)
+	}
+	if calls.Load() != 3 {
+		t.Fatalf("%d webhook calls", calls.Load())
+	}
+}
+
+func TestRestartExpiresPendingApprovals(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cagebox.db")
+	st := openStore(t, path)
+	g := New(Config{Store: st})
+	s, _ := g.Attach(context.Background(), "sb-1", "t1", parse(t, holdDoc), "", false)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _, _ = s.Decide(ctx, get("api.github.com", "DELETE", "/x")) }()
+	id := waitPending(t, st)
+	cancel()
+	// The guest went away: the approval is expired, not left pending.
+	for i := 0; ; i++ {
+		a, _ := st.GetApproval(context.Background(), "", id)
+		if a.State == store.ApprovalExpired {
+			break
+		}
+		if i > 200 {
+			t.Fatalf("state %q after the guest left", a.State)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// A pending approval left by a daemon that died is expired at start.
+	_ = st.CreateApproval(context.Background(), &store.Approval{ID: "ap-old", TenantID: "t1", SandboxID: "sb-1", Rule: "risky", Deadline: time.Now().Add(time.Hour)})
+	g2 := New(Config{Store: st})
+	if err := g2.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := st.GetApproval(context.Background(), "", "ap-old"); a.State != store.ApprovalExpired || !strings.Contains(a.Reason, "restarted") {
+		t.Fatalf("after restart: %+v", a)
+	}
+}
+
+const budgetDoc = `
+version: 2
+prices: {gpt-4o: {input: 2.5, output: 10}}
+rules:
+  - {name: llm, host: api.openai.com, action: allow}
+  - {name: gh, host: api.github.com, action: allow}
+budgets:
+  - {name: calls, hosts: [api.openai.com], requests: 10}
+  - {name: spend, rules: [llm], spend: 0.01}
+`
+
+func TestBudgetExactUnderConcurrencyAndSurvivesRestart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cagebox.db")
+	st := openStore(t, path)
+	rec := &recorder{}
+	g := New(Config{Store: st, Emit: rec.emit})
+	s, err := g.Attach(context.Background(), "sb-1", "t1", parse(t, budgetDoc), "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allowed atomic.Int32
+	var wg sync.WaitGroup
+	for i := 0; i < 50; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if d, _ := s.Decide(context.Background(), get("api.openai.com", "POST", "/v1/chat/completions")); d.Allow {
+				allowed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if allowed.Load() != 10 {
+		t.Fatalf("%d requests allowed with a cap of 10", allowed.Load())
+	}
+	d := decide(t, s, get("api.openai.com", "GET", "/v1/models"))
+	if d.Allow || d.Rule != "budget:calls" || !strings.Contains(d.Reason, "10 of 10 requests") {
+		t.Fatalf("spent: %+v", d)
+	}
+	if !rec.has(api.EventPolicyBudgetExhausted) {
+		t.Fatal("no budget event")
+	}
+	// Other hosts are outside the budget.
+	if d := decide(t, s, get("api.github.com", "GET", "/")); !d.Allow {
+		t.Fatalf("github: %+v", d)
+	}
+	// A restarted daemon still knows.
+	g2 := New(Config{Store: st})
+	s2, err := g2.Attach(context.Background(), "sb-1", "t1", nil, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := decide(t, s2, get("api.openai.com", "GET", "/")); d.Allow || d.Rule != "budget:calls" {
+		t.Fatalf("after restart: %+v", d)
+	}
+}
+
+func TestSpendBudget(t *testing.T) {
+	_, s, _, _ := newSandbox(t, strings.Replace(budgetDoc, "requests: 10", "requests: 1000", 1))
+	r := get("api.openai.com", "POST", "/v1/chat/completions")
+	if d := decide(t, s, r); !d.Allow {
+		t.Fatal(d)
+	}
+	// 1000 input + 1000 output tokens of gpt-4o: $0.0125.
+	s.Account(context.Background(), r.Host, "llm", 100, 200, 12500)
+	d := decide(t, s, r)
+	if d.Allow || d.Rule != "budget:spend" || !strings.Contains(d.Reason, "$0.0125 of $0.01") {
+		t.Fatalf("spend: %+v", d)
+	}
+	us := s.Usage()
+	if len(us) != 2 || us[1].Spent != 0.0125 || us[1].Used.BytesDown != 200 || !us[1].Exhausted {
+		t.Fatalf("usage: %+v", us)
+	}
+}
+
+func TestRateBudget(t *testing.T) {
+	_, s, _, _ := newSandbox(t, "version: 2\nrules: [{host: a.example.com, action: allow}]\nbudgets: [{name: rps, rate: 1, burst: 3}]")
+	n := 0
+	for i := 0; i < 10; i++ {
+		if decide(t, s, get("a.example.com", "GET", "/")).Allow {
+			n++
+		}
+	}
+	if n != 3 {
+		t.Fatalf("%d allowed at once with burst 3", n)
+	}
+}
+
+func TestStripeTrigger(t *testing.T) {
+	_, s, rec, _ := newSandbox(t, `
+version: 2
+rules:
+  - {name: charge, host: api.stripe.com, methods: [POST], paths: [/v1/charges], action: allow}
+  - {name: stripe, host: api.stripe.com, action: allow}
+  - {name: github, host: api.github.com, action: allow}
+triggers:
+  - {name: lock, after: charge, do: {only: [api.stripe.com]}}
+`)
+	if !decide(t, s, get("api.github.com", "GET", "/")).Allow {
+		t.Fatal("github before the charge")
+	}
+	if !decide(t, s, get("api.stripe.com", "POST", "/v1/charges")).Allow {
+		t.Fatal("charge")
+	}
+	if d := decide(t, s, get("api.github.com", "GET", "/")); d.Allow || d.Rule != policy.RuleOnly {
+		t.Fatalf("github after the charge: %+v", d)
+	}
+	if !decide(t, s, get("api.stripe.com", "GET", "/v1/balance")).Allow {
+		t.Fatal("stripe after the charge")
+	}
+	if s.NamesHost("api.github.com") {
+		t.Fatal("github still resolves")
+	}
+	_, gen, _ := s.Policy()
+	if gen != 2 || !rec.has(api.EventPolicyTrigger) {
+		t.Fatalf("gen %d", gen)
+	}
+}
+
+func TestTriggerActsAndFailsClosed(t *testing.T) {
+	st := openStore(t, "")
+	acted := make(chan policy.TriggerAction, 1)
+	g := New(Config{Store: st, Act: func(_ context.Context, _, _ string, a policy.TriggerAction) error {
+		acted <- a
+		if a.Pause {
+			return errors.New("cannot pause")
+		}
+		return nil
+	}})
+	s, _ := g.Attach(context.Background(), "sb-1", "t1", parse(t, `
+version: 2
+rules: [{name: up, host: upload.example.com, action: allow}, {name: other, host: a.example.com, action: allow}]
+triggers: [{name: t, when: 'request.method == "PUT" && request.size > 1000', do: {revoke: [TOKEN], pause: true}}]
+`), "", false)
+	r := get("upload.example.com", "PUT", "/f")
+	r.BodySize = 5000
+	if !decide(t, s, r).Allow {
+		t.Fatal("the request that fires a trigger is allowed")
+	}
+	a := <-acted
+	if len(a.Revoke) != 1 || !a.Pause {
+		t.Fatalf("acted: %+v", a)
+	}
+	// The pause failed: the sandbox is frozen rather than left open.
+	for i := 0; !s.Frozen(); i++ {
+		if i > 200 {
+			t.Fatal("not frozen after a failed trigger")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
