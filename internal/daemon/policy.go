@@ -104,11 +104,10 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request, t *store.Tena
 	if err != nil {
 		return err
 	}
-	if _, err := lp.Set(r.Context(), doc, gen, actor(t), r.URL.Query().Get("reason")); err != nil {
+	// An explicit document replaces the named policy the sandbox followed.
+	if _, err := lp.Replace(r.Context(), doc, gen, actor(t), r.URL.Query().Get("reason"), ""); err != nil {
 		return err
 	}
-	// An explicit document replaces the named policy the sandbox followed.
-	lp.SetRef("")
 	v, err := policyView(lp)
 	if err != nil {
 		return err

@@ -68,11 +68,8 @@ func swapNamed(ctx context.Context, st store.Store, reg *livepolicy.Registry, te
 	if !ok {
 		return fmt.Errorf("sandbox %s is not running", id)
 	}
-	if _, err := lp.Set(ctx, &doc, 0, "trigger:"+trigger, "swap to named policy "+name); err != nil {
-		return err
-	}
-	lp.SetRef(name)
-	return nil
+	_, err = lp.Replace(ctx, &doc, 0, "trigger:"+trigger, "swap to named policy "+name, name)
+	return err
 }
 
 // webhookKey returns the key approval webhooks are signed with, made on

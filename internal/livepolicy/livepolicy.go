@@ -118,6 +118,9 @@ type Sandbox struct {
 	ID, Tenant string
 	g          *Registry
 	live       policy.Live
+	// upd serialises updates (compute, record, swap) so two edits never
+	// compute from the same base. Decide never takes it.
+	upd sync.Mutex
 
 	// mu guards the fields below.
 	mu        sync.Mutex
@@ -147,7 +150,7 @@ func (g *Registry) Attach(ctx context.Context, id, tenant string, doc *policy.Do
 			if err := json.Unmarshal(v.Document, &d); err != nil {
 				return nil, fmt.Errorf("livepolicy: generation %d of %s: %w", v.Generation, id, err)
 			}
-			doc, s.gen = &d, v.Generation
+			doc, s.gen, s.ref = &d, v.Generation, v.Ref
 		case errors.Is(err, store.ErrNotFound):
 		default:
 			return nil, fmt.Errorf("livepolicy: %w", err)
@@ -168,7 +171,7 @@ func (g *Registry) Attach(ctx context.Context, id, tenant string, doc *policy.Do
 		return nil, fmt.Errorf("livepolicy: %w", err)
 	}
 	if s.gen == 0 {
-		if err := s.record(ctx, p.Document(), 1, "create", ""); err != nil {
+		if err := s.record(ctx, p.Document(), 1, "create", "", ref); err != nil {
 			return nil, err
 		}
 		s.gen = 1
@@ -219,12 +222,12 @@ func (s *Sandbox) install(p *policy.Policy) {
 	s.live.Set(p)
 }
 
-func (s *Sandbox) record(ctx context.Context, doc *policy.Document, gen int64, actor, reason string) error {
+func (s *Sandbox) record(ctx context.Context, doc *policy.Document, gen int64, actor, reason, ref string) error {
 	b, err := json.Marshal(doc)
 	if err != nil {
 		return err
 	}
-	err = s.g.cfg.Store.AppendPolicyVersion(ctx, &store.PolicyVersion{SandboxID: s.ID, TenantID: s.Tenant, Generation: gen, Document: b, Actor: actor, Reason: reason})
+	err = s.g.cfg.Store.AppendPolicyVersion(ctx, &store.PolicyVersion{SandboxID: s.ID, TenantID: s.Tenant, Generation: gen, Document: b, Actor: actor, Reason: reason, Ref: ref})
 	if errors.Is(err, store.ErrConflict) {
 		return fmt.Errorf("%w: the policy changed meanwhile (generation %d exists); read it again and retry", errdefs.ErrConflict, gen)
 	}
@@ -253,28 +256,31 @@ var ErrGenerationMismatch = errors.New("generation mismatch")
 // swapped in. ifGen > 0 must equal the current generation (else a
 // conflict). It returns the new generation.
 func (s *Sandbox) Set(ctx context.Context, doc *policy.Document, ifGen int64, actor, reason string) (int64, error) {
-	return s.update(ctx, ifGen, actor, reason, func(*policy.Document) (*policy.Document, error) { return doc, nil })
+	return s.update(ctx, ifGen, actor, reason, nil, func(*policy.Document) (*policy.Document, error) { return doc, nil })
+}
+
+// Replace is Set that also changes which named policy the sandbox follows
+// ("" none), recorded with the generation (a restart keeps it).
+func (s *Sandbox) Replace(ctx context.Context, doc *policy.Document, ifGen int64, actor, reason, ref string) (int64, error) {
+	return s.update(ctx, ifGen, actor, reason, &ref, func(*policy.Document) (*policy.Document, error) { return doc, nil })
 }
 
 // Update applies edit to a copy of the current document and sets the
 // result (see Set). Concurrent updates are serialised: each edit sees the
 // document the previous one made.
 func (s *Sandbox) Update(ctx context.Context, ifGen int64, actor, reason string, edit func(*policy.Document) (*policy.Document, error)) (int64, error) {
-	return s.update(ctx, ifGen, actor, reason, edit)
+	return s.update(ctx, ifGen, actor, reason, nil, edit)
 }
 
-// updateMu serialises updates of one sandbox (compute, record, swap) so
-// two edits never compute from the same base. Decide never takes it.
-var updateMu sync.Map // sandbox id → *sync.Mutex
-
-func (s *Sandbox) update(ctx context.Context, ifGen int64, actor, reason string, edit func(*policy.Document) (*policy.Document, error)) (int64, error) {
-	m, _ := updateMu.LoadOrStore(s.ID, &sync.Mutex{})
-	mu := m.(*sync.Mutex)
-	mu.Lock()
-	defer mu.Unlock()
+func (s *Sandbox) update(ctx context.Context, ifGen int64, actor, reason string, newRef *string, edit func(*policy.Document) (*policy.Document, error)) (int64, error) {
+	s.upd.Lock()
+	defer s.upd.Unlock()
 	s.mu.Lock()
-	gen := s.gen
+	gen, ref := s.gen, s.ref
 	s.mu.Unlock()
+	if newRef != nil {
+		ref = *newRef
+	}
 	if ifGen > 0 && ifGen != gen {
 		return gen, fmt.Errorf("%w: %w: the policy is at generation %d, not %d; read it again and retry", errdefs.ErrConflict, ErrGenerationMismatch, gen, ifGen)
 	}
@@ -286,22 +292,15 @@ func (s *Sandbox) update(ctx context.Context, ifGen int64, actor, reason string,
 	if err != nil {
 		return gen, fmt.Errorf("%w: %w", errdefs.ErrInvalid, err)
 	}
-	if err := s.record(ctx, p.Document(), gen+1, actor, reason); err != nil {
+	if err := s.record(ctx, p.Document(), gen+1, actor, reason, ref); err != nil {
 		return gen, err
 	}
 	s.mu.Lock()
-	s.gen = gen + 1
+	s.gen, s.ref = gen+1, ref
 	s.mu.Unlock()
 	s.install(p)
 	s.g.cfg.Emit(s.Tenant, s.ID, api.PolicyChanged{Generation: gen + 1, Actor: actor, Reason: reason, Rules: len(p.Document().Rules)})
 	return gen + 1, nil
-}
-
-// SetRef records which named policy the sandbox follows.
-func (s *Sandbox) SetRef(ref string) {
-	s.mu.Lock()
-	s.ref = ref
-	s.mu.Unlock()
 }
 
 // Ref returns the named policy the sandbox follows ("" none).

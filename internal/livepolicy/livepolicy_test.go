@@ -498,3 +498,35 @@ triggers: [{name: t, when: 'request.method == "PUT" && request.size > 1000', do:
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestRefSurvivesRestart: which named policy a sandbox follows is recorded
+// with each generation, so a restarted daemon neither forgets it nor
+// brings back one an explicit replace dropped.
+func TestRefSurvivesRestart(t *testing.T) {
+	st := openStore(t, "")
+	g := New(Config{Store: st})
+	doc := parse(t, "version: 1\nrules: [{host: a.example.com, action: allow}]")
+	s, err := g.Attach(context.Background(), "sb-1", "t1", doc, "base", false)
+	if err != nil || s.Ref() != "base" {
+		t.Fatalf("attach: %v ref %q", err, s.Ref())
+	}
+	if _, err := s.Set(context.Background(), doc, 0, "policy:base", ""); err != nil || s.Ref() != "base" {
+		t.Fatalf("a named policy's edit keeps the ref: %v %q", err, s.Ref())
+	}
+	recovered := func() string {
+		s2, err := New(Config{Store: st}).Attach(context.Background(), "sb-1", "t1", nil, "stale", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s2.Ref()
+	}
+	if r := recovered(); r != "base" {
+		t.Fatalf("after restart: %q", r)
+	}
+	if _, err := s.Replace(context.Background(), doc, 0, "api:t1", "", ""); err != nil || s.Ref() != "" {
+		t.Fatalf("replace: %v %q", err, s.Ref())
+	}
+	if r := recovered(); r != "" {
+		t.Fatalf("after an explicit replace and a restart: %q", r)
+	}
+}

@@ -183,8 +183,11 @@ type PolicyVersion struct {
 	Document   json.RawMessage
 	// Actor says who made the change ("api:TENANT", "trigger:NAME",
 	// "policy:NAME" for an edit of a named policy, "approval:ID").
-	Actor     string
-	Reason    string
+	Actor  string
+	Reason string
+	// Ref is the named policy the sandbox follows from this generation on
+	// ("" none).
+	Ref       string
 	CreatedAt time.Time // set when zero
 }
 

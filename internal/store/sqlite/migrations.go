@@ -69,6 +69,7 @@ CREATE TABLE policy_versions (
 	document   TEXT NOT NULL,
 	actor      TEXT NOT NULL DEFAULT '',
 	reason     TEXT NOT NULL DEFAULT '',
+	ref        TEXT NOT NULL DEFAULT '',
 	created_at INTEGER NOT NULL,
 	PRIMARY KEY (sandbox_id, generation)
 );

@@ -17,21 +17,21 @@ func (s *Store) AppendPolicyVersion(ctx context.Context, v *store.PolicyVersion)
 		v.CreatedAt = now()
 	}
 	v.CreatedAt = store.NormTime(v.CreatedAt)
-	_, err := s.w.ExecContext(ctx, `INSERT INTO policy_versions (sandbox_id, tenant_id, generation, document, actor, reason, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		v.SandboxID, v.TenantID, v.Generation, string(v.Document), v.Actor, v.Reason, toNanos(v.CreatedAt))
+	_, err := s.w.ExecContext(ctx, `INSERT INTO policy_versions (sandbox_id, tenant_id, generation, document, actor, reason, ref, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+		v.SandboxID, v.TenantID, v.Generation, string(v.Document), v.Actor, v.Reason, v.Ref, toNanos(v.CreatedAt))
 	if err != nil {
 		return fmt.Errorf("policy generation %d of %q: %w", v.Generation, v.SandboxID, mapErr(err))
 	}
 	return nil
 }
 
-const versionCols = `sandbox_id, tenant_id, generation, document, actor, reason, created_at`
+const versionCols = `sandbox_id, tenant_id, generation, document, actor, reason, ref, created_at`
 
 func scanVersion(r scanner) (*store.PolicyVersion, error) {
 	var v store.PolicyVersion
 	var doc string
 	var at int64
-	if err := r.Scan(&v.SandboxID, &v.TenantID, &v.Generation, &doc, &v.Actor, &v.Reason, &at); err != nil {
+	if err := r.Scan(&v.SandboxID, &v.TenantID, &v.Generation, &doc, &v.Actor, &v.Reason, &v.Ref, &at); err != nil {
 		return nil, err
 	}
 	v.Document, v.CreatedAt = json.RawMessage(doc), fromNanos(at)

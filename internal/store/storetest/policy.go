@@ -15,7 +15,7 @@ func testPolicyVersions(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	mustTenant(t, s, "t1")
 	for g := int64(1); g <= 3; g++ {
-		v := &store.PolicyVersion{SandboxID: "sb-1", TenantID: "t1", Generation: g, Document: json.RawMessage(`{"version":1,"rules":[]}`), Actor: "api:t1"}
+		v := &store.PolicyVersion{SandboxID: "sb-1", TenantID: "t1", Generation: g, Document: json.RawMessage(`{"version":1,"rules":[]}`), Actor: "api:t1", Ref: "base"}
 		if err := s.AppendPolicyVersion(ctx, v); err != nil {
 			t.Fatalf("append %d: %v", g, err)
 		}
@@ -32,7 +32,7 @@ func testPolicyVersions(t *testing.T, s store.Store) {
 		t.Fatal("another tenant sees the history")
 	}
 	latest, err := s.LatestPolicyVersion(ctx, "sb-1")
-	if err != nil || latest.Generation != 3 {
+	if err != nil || latest.Generation != 3 || latest.Ref != "base" {
 		t.Fatalf("latest: %v %+v", err, latest)
 	}
 	if _, err := s.LatestPolicyVersion(ctx, "sb-none"); !errors.Is(err, store.ErrNotFound) {
