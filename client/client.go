@@ -206,6 +206,13 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 	return c.do(ctx, "DELETE", "/v1/sandboxes/"+url.PathEscape(id), nil, nil)
 }
 
+// RemoveAsync asks the daemon to remove a sandbox without waiting for its
+// teardown: it returns once the removal is recorded (the daemon finishes
+// it, also across a restart).
+func (c *Client) RemoveAsync(ctx context.Context, id string) error {
+	return c.do(ctx, "DELETE", "/v1/sandboxes/"+url.PathEscape(id)+"?wait=false", nil, nil)
+}
+
 // Stop stops a sandbox.
 func (c *Client) Stop(ctx context.Context, id string) (*api.Sandbox, error) {
 	var sb api.Sandbox

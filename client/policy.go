@@ -132,4 +132,3 @@ func (c *Client) Thaw(ctx context.Context, req *api.FreezeRequest) (*api.FreezeR
 	var r api.FreezeResult
 	return &r, c.do(ctx, "POST", "/v1/thaw", req, &r)
 }
-

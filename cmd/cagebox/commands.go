@@ -638,9 +638,11 @@ func runCmd(g *globals) *cobra.Command {
 			}
 			if !keep {
 				defer func() {
+					// The exit code is known: the daemon tears the sandbox
+					// down off this path (crash-safe; `rm` waits, run not).
 					rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 					defer cancel()
-					if err := c.Remove(rctx, sb.ID); err != nil {
+					if err := c.RemoveAsync(rctx, sb.ID); err != nil {
 						fmt.Fprintf(os.Stderr, "cagebox: remove %s: %v\n", sb.ID, err)
 					}
 				}()

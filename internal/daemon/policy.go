@@ -348,6 +348,9 @@ func (s *Server) updateNamedPolicy(w http.ResponseWriter, r *http.Request, t *st
 	b, _ := json.Marshal(doc)
 	p := &store.NamedPolicy{TenantID: t.ID, Name: name, Document: b}
 	if err := s.store.PutNamedPolicy(r.Context(), p, gen); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("%w: no policy is named %q; create it with `cagebox policy create %s FILE`", errdefs.ErrNotFound, name, name)
+		}
 		return err
 	}
 	updated, err := s.applyNamed(r.Context(), t.ID, name, doc, p.Generation)

@@ -288,6 +288,18 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, t *store.Ten
 }
 
 func (s *Server) removeSandbox(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	switch r.URL.Query().Get("wait") {
+	case "", "true", "1":
+	case "false", "0":
+		// Off the caller's path: 202 once the removal is recorded.
+		if err := s.mgr.RemoveAsync(r.Context(), scope(t), r.PathValue("id")); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusAccepted)
+		return nil
+	default:
+		return fmt.Errorf("%w: wait=%q: write true (the default) or false", errdefs.ErrInvalid, r.URL.Query().Get("wait"))
+	}
 	if err := s.mgr.Remove(r.Context(), scope(t), r.PathValue("id")); err != nil {
 		return err
 	}

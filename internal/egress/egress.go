@@ -74,6 +74,10 @@ type Request struct {
 	Query    map[string][]string
 	Header   map[string][]string
 	BodySize int64
+	// Peek, on HTTP requests, reads up to n bytes of the body ahead (once;
+	// the body still reaches the upstream whole) for a held request's
+	// preview. The guest's body holds placeholders, never real values.
+	Peek func(n int) []byte
 }
 
 // Decision is a policy's answer. Rule names the rule that decided (shown to

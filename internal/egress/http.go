@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -159,6 +160,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		Method: r.Method, Path: canon, WebSocket: ws,
 		ContentType: r.Header.Get("Content-Type"), Accept: r.Header.Get("Accept"),
 		Query: r.URL.Query(), Header: r.Header, BodySize: r.ContentLength,
+		Peek: peeker(r),
 	}
 	d, verdict := p.decide(r.Context(), info.sb, preq)
 	if verdict != VerdictAllow {
@@ -473,3 +475,35 @@ func (c *countingConn) Write(b []byte) (int, error) {
 	c.down.Add(int64(n))
 	return n, err
 }
+
+// peeker returns a Request.Peek for r: the first call reads up to n bytes
+// of the body (the read is bounded by the body's own time limits) and puts
+// them back in front of the rest.
+func peeker(r *http.Request) func(int) []byte {
+	var (
+		done   bool
+		peeked []byte
+	)
+	return func(n int) []byte {
+		if done || r.Body == nil || r.Body == http.NoBody || n <= 0 {
+			return peeked
+		}
+		done = true
+		buf := make([]byte, n)
+		k, err := io.ReadFull(r.Body, buf)
+		peeked = buf[:k]
+		rest := r.Body
+		if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+			rest = io.NopCloser(errReader{err})
+		}
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(peeked), rest), r.Body}
+		return peeked
+	}
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }

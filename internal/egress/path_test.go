@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/cagebox/cagebox/internal/policy"
@@ -238,4 +240,29 @@ func FuzzCanonicalPath(f *testing.F) {
 			t.Fatalf("%q: sent as %q (opaque %q)", canon, u.RequestURI(), u.Opaque)
 		}
 	})
+}
+
+// TestPeekerKeepsTheBody: a held request's preview reads ahead, and the
+// upstream still receives the whole body.
+func TestPeekerKeepsTheBody(t *testing.T) {
+	body := strings.Repeat("0123456789", 300)
+	r := httptest.NewRequest("POST", "https://api.example.test/x", strings.NewReader(body))
+	peek := peeker(r)
+	if got := string(peek(1024)); got != body[:1024] {
+		t.Fatalf("preview %q", got)
+	}
+	if got := string(peek(1024)); got != body[:1024] {
+		t.Fatal("a second peek differs")
+	}
+	rest, err := io.ReadAll(r.Body)
+	if err != nil || string(rest) != body {
+		t.Fatalf("body after peeking: %d bytes, %v", len(rest), err)
+	}
+	short := httptest.NewRequest("POST", "https://api.example.test/x", strings.NewReader("tiny"))
+	if got := string(peeker(short)(1024)); got != "tiny" {
+		t.Fatalf("short body preview %q", got)
+	}
+	if b, _ := io.ReadAll(short.Body); string(b) != "tiny" {
+		t.Fatalf("short body after peeking %q", b)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cagebox/cagebox/api"
@@ -28,9 +29,8 @@ type verdict struct {
 	remember bool
 }
 
-// HeldRequest is what an approval shows of the request it holds: never a
-// body or header value (the guest's values are placeholders anyway, but a
-// preview is not needed to decide on the host, method and path).
+// HeldRequest is what an approval shows of the request it holds: no header
+// value, and of the body a bounded preview of what the guest sent.
 type HeldRequest struct {
 	Method   string `json:"method"`
 	Host     string `json:"host"`
@@ -38,7 +38,14 @@ type HeldRequest struct {
 	Path     string `json:"path"`
 	BodySize int64  `json:"body_size"`
 	Timeout  string `json:"timeout"`
+	// Preview is the body's first bytes (at most PreviewBytes, invalid
+	// UTF-8 replaced): what the guest sent, placeholders and all — real
+	// values are swapped in only after a request is allowed.
+	Preview string `json:"preview,omitempty"`
 }
+
+// PreviewBytes bounds a held request's body preview.
+const PreviewBytes = 1024
 
 // WebhookRequest is what an approval webhook receives (POST, JSON). The
 // header X-Cagebox-Signature is "sha256=" + hex(HMAC-SHA256(key,
@@ -86,6 +93,9 @@ func (g *Registry) hold(ctx context.Context, s *Sandbox, p *policy.Policy, r *po
 	held := HeldRequest{Method: r.Method, Host: r.Host, Port: r.Port, Path: r.Path, BodySize: r.BodySize, Timeout: timeout.String()}
 	if held.Method == "" {
 		held.Method = "GET"
+	}
+	if r.Peek != nil {
+		held.Preview = strings.ToValidUTF8(string(r.Peek(PreviewBytes)), "\uFFFD")
 	}
 	raw, _ := json.Marshal(held)
 	deadline := g.cfg.Now().Add(timeout)

@@ -288,7 +288,7 @@ func TestHoldByWebhook(t *testing.T) {
 		var wr WebhookRequest
 		_ = json.Unmarshal(body, &wr)
 		dec := "deny"
-		if strings.HasPrefix(wr.Request.Path, "/ok") {
+		if strings.HasPrefix(wr.Request.Path, "/ok") && wr.Request.Preview == "amount=5&token=ph_placeholder" {
 			dec = "allow"
 		}
 		_ = json.NewEncoder(w).Encode(WebhookAnswer{Decision: dec})
@@ -300,7 +300,9 @@ func TestHoldByWebhook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := decide(t, s, get("api.github.com", "DELETE", "/ok/1")); !d.Allow {
+	withBody := get("api.github.com", "DELETE", "/ok/1")
+	withBody.Peek = func(n int) []byte { return []byte("amount=5&token=ph_placeholder")[:min(n, 29)] }
+	if d := decide(t, s, withBody); !d.Allow {
 		t.Fatalf("webhook allow: %+v", d)
 	}
 	if d := decide(t, s, get("api.github.com", "DELETE", "/no")); d.Allow {

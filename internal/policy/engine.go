@@ -47,6 +47,9 @@ type Request struct {
 	// SessionFunc, when Session is nil, gives it on first use: a
 	// decision whose rules have no condition never builds it.
 	SessionFunc func() *Session
+	// Peek reads up to n bytes of the body ahead (nil: none), for a held
+	// request's preview; decisions never read it.
+	Peek func(n int) []byte
 }
 
 // Decision is a policy verdict.

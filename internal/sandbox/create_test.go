@@ -330,3 +330,62 @@ func TestCreateThenRemove(t *testing.T) {
 		t.Errorf("records after remove: %d", len(rs))
 	}
 }
+
+// TestRemoveAsync: a removal accepted off the caller's path is recorded at
+// once, finishes in the background (nothing left: runtime destroyed, agent
+// connections closed, inline secret gone, record deleted), and one that a
+// stopped daemon left unfinished is finished by the next one's Recover.
+func TestRemoveAsync(t *testing.T) {
+	testRuntime.use(createPlan{})
+	m, db, v := newCreateManager(t, "")
+	ctx := context.Background()
+	sb, err := m.Create(ctx, &store.Tenant{ID: "t1"}, createRequest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	made := testRuntime.sandboxes()
+	if err := m.RemoveAsync(ctx, "t2", sb.ID); err == nil {
+		t.Fatal("another tenant removed the sandbox")
+	}
+	if err := m.RemoveAsync(ctx, "t1", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RemoveAsync(ctx, "t1", sb.ID); err != nil {
+		t.Fatalf("removing twice: %v", err)
+	}
+	m.bg.Wait()
+	if destroyed, open, _ := made[len(made)-1].released(); !destroyed || open != 0 {
+		t.Errorf("after the background removal: destroyed %v, %d agent connections open", destroyed, open)
+	}
+	if infos, _ := v.List(ctx, "t1"); len(infos) != 0 {
+		t.Errorf("vault: %d secrets", len(infos))
+	}
+	if rs, _ := db.ListSandboxes(ctx, "t1"); len(rs) != 0 {
+		t.Errorf("records: %d", len(rs))
+	}
+
+	// A removal the daemon accepted but did not finish before it stopped.
+	sb, err = m.Create(ctx, &store.Tenant{ID: "t1"}, createRequest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := db.GetSandbox(ctx, "", sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Status = StatusRemoving
+	if err := db.UpdateSandbox(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	m2 := New(Config{Store: db, Images: m.cfg.Images, Vault: v, StateDir: m.cfg.StateDir, Logger: m.log})
+	t.Cleanup(m2.Close)
+	if err := m2.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rs, _ := db.ListSandboxes(ctx, "t1"); len(rs) != 0 {
+		t.Errorf("records after recovery: %+v", rs[0])
+	}
+	if infos, _ := v.List(ctx, "t1"); len(infos) != 0 {
+		t.Errorf("vault after recovery: %d secrets", len(infos))
+	}
+}

@@ -342,6 +342,45 @@ func (m *Manager) Remove(ctx context.Context, tenant, id string) error {
 	return m.cfg.Store.DeleteSandbox(context.Background(), id)
 }
 
+// RemoveAsync removes a sandbox off the caller's path: it records the
+// sandbox as removing (so a daemon that stops meanwhile finishes the job
+// when it starts again), takes it out of service at once — no exec, files
+// or policy answer for it any more — and destroys it in the background.
+// The sandbox's confinement holds until its runtime has destroyed it; its
+// network is detached with it. Removing a sandbox that is already being
+// removed succeeds.
+func (m *Manager) RemoveAsync(ctx context.Context, tenant, id string) error {
+	r, err := m.cfg.Store.GetSandbox(ctx, tenant, id)
+	if err != nil {
+		return notFound(id, err)
+	}
+	if r.Status == StatusRemoving {
+		return nil
+	}
+	r.Status, r.UpdatedAt = StatusRemoving, m.cfg.Now().UTC()
+	if err := m.cfg.Store.UpdateSandbox(ctx, r); err != nil {
+		return err
+	}
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		m.finishRemoval(r)
+	}()
+	return nil
+}
+
+// finishRemoval destroys a sandbox being removed and deletes its record.
+func (m *Manager) finishRemoval(r *store.Sandbox) {
+	if err := m.destroy(r, "removed"); err != nil {
+		// The record stays "removing": the next daemon start tries again.
+		m.log.Error("background removal", "sandbox", r.ID, "err", err)
+		return
+	}
+	if err := m.cfg.Store.DeleteSandbox(context.Background(), r.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		m.log.Error("background removal: delete record", "sandbox", r.ID, "err", err)
+	}
+}
+
 // destroy tears a sandbox down on the host and marks its record.
 func (m *Manager) destroy(r *store.Sandbox, reason string) error {
 	m.mu.Lock()

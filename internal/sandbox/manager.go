@@ -38,6 +38,9 @@ const (
 	StatusStopped   = "stopped"
 	StatusFailed    = "failed"
 	StatusDestroyed = "destroyed"
+	// StatusRemoving: RemoveAsync accepted the removal and the daemon is
+	// destroying the sandbox (a restart finishes it).
+	StatusRemoving = "removing"
 )
 
 // Config configures a Manager.
@@ -78,7 +81,10 @@ type Manager struct {
 
 	events    *audit.Log
 	ownEvents bool // made by New: Close closes it
-	closeOne  sync.Once
+	// bg counts removals running in the background (RemoveAsync); Close
+	// waits for them.
+	bg       sync.WaitGroup
+	closeOne sync.Once
 }
 
 // entry is a sandbox the daemon is attached to.
@@ -306,6 +312,7 @@ func (m *Manager) attached(ctx context.Context, tenant, id string) (*store.Sandb
 // sandboxes keep running and are re-attached by the next daemon.
 func (m *Manager) Close() {
 	m.closeOne.Do(func() {
+		m.bg.Wait()
 		if m.ownEvents {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			if err := m.events.Close(ctx); err != nil {

@@ -56,6 +56,10 @@ func (m *Manager) Recover(ctx context.Context) error {
 	for _, r := range rs {
 		switch r.Status {
 		case StatusRunning, StatusPaused, StatusCreating:
+		case StatusRemoving:
+			// Accepted for removal before the daemon stopped: finish it.
+			m.finishRemoval(r)
+			continue
 		default:
 			continue
 		}

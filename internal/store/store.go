@@ -256,8 +256,8 @@ type PolicyStore interface {
 
 	// PutNamedPolicy creates (ifGeneration 0: ErrConflict if it exists)
 	// or updates (ifGeneration > 0: ErrConflict unless that is the stored
-	// generation; ifGeneration < 0: whatever it is) a named policy, and
-	// sets p.Generation and the times.
+	// generation; ifGeneration < 0: whatever it is; ErrNotFound if there
+	// is none) a named policy, and sets p.Generation and the times.
 	PutNamedPolicy(ctx context.Context, p *NamedPolicy, ifGeneration int64) error
 	GetNamedPolicy(ctx context.Context, tenantID, name string) (*NamedPolicy, error)
 	ListNamedPolicies(ctx context.Context, tenantID string) ([]*NamedPolicy, error)

@@ -50,7 +50,9 @@ func TestLivePolicy(t *testing.T) {
 		var wr livepolicy.WebhookRequest
 		_ = json.Unmarshal(body, &wr)
 		dec := "deny"
-		if strings.HasPrefix(wr.Request.Path, "/ok") {
+		// The preview is what the guest sent: the placeholder, not the
+		// real value.
+		if strings.HasPrefix(wr.Request.Path, "/ok") && wr.Request.Preview == "note=hello" {
 			dec = "allow"
 		}
 		_ = json.NewEncoder(w).Encode(livepolicy.WebhookAnswer{Decision: dec})
@@ -154,7 +156,7 @@ triggers:
 	cli("policy", "set", id, polFile)
 	cli("policy", "rm-rule", id, "review")
 	cli("policy", "hold", id, "api.example.test", "--method", "POST", "--name", "hooked", "--timeout", "20s")
-	if r := sh("curl -sS -X POST -d x -w '|%{http_code}' https://api.example.test/ok/1"); !strings.HasSuffix(r.stdout, "|200") {
+	if r := sh("curl -sS -X POST -d note=hello -w '|%{http_code}' https://api.example.test/ok/1"); !strings.HasSuffix(r.stdout, "|200") || !strings.Contains(strings.Join(up.requests(), "\n"), "body=note=hello") {
 		t.Fatalf("webhook allow: %+v", r)
 	}
 	if r := sh("curl -sS -X POST -d x -w '|%{http_code}' https://api.example.test/nope"); !strings.HasSuffix(r.stdout, "|403") || !strings.Contains(r.stdout, `"hooked"`) {

@@ -63,6 +63,14 @@ func TestTenantIsolation(t *testing.T) {
 		{"GET", p + "/dir?path=/", ""},
 		{"GET", "/v1/events?sandbox=" + id, ""},
 		{"DELETE", p + "/secrets/ANY", ""},
+		{"GET", p + "/policy", ""},
+		{"PUT", p + "/policy", `{"version":1,"default":"allow","rules":[]}`},
+		{"PATCH", p + "/policy", `{"op":"add","rule":{"host":"evil.test","action":"allow"}}`},
+		{"GET", p + "/policy/history", ""},
+		{"GET", p + "/policy/usage", ""},
+		{"POST", "/v1/freeze", `{"sandbox":"` + id + `"}`},
+		{"POST", "/v1/freeze", `{"tenant":"alpha"}`},
+		{"POST", "/v1/thaw", `{"sandbox":"` + id + `"}`},
 	} {
 		resp, err := b.Raw(ctx, tc.method, tc.path, "application/json", strings.NewReader(tc.body))
 		if err != nil {
@@ -74,6 +82,41 @@ func TestTenantIsolation(t *testing.T) {
 		if resp.StatusCode != http.StatusNotFound {
 			t.Errorf("tenant beta: %s %s answered %d (%s), want 404", tc.method, tc.path, resp.StatusCode, ae.Error)
 		}
+	}
+	// Freezing everything is the admin's.
+	if _, err := b.Freeze(ctx, &api.FreezeRequest{All: true}); err == nil || !strings.Contains(err.Error(), "admin") {
+		t.Errorf("tenant beta froze all: %v", err)
+	}
+	if pol, err := a.Policy(ctx, id); err != nil || pol.Frozen || pol.Generation != 1 {
+		t.Errorf("alpha's policy after beta's attempts: %+v %v", pol, err)
+	}
+	// Named policies are the tenant's own.
+	if _, err := a.CreateNamedPolicy(ctx, "alpha-pol", []byte(`{"version":1,"rules":[]}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ method, path, body string }{
+		{"GET", "/v1/policies/alpha-pol", ""},
+		{"PUT", "/v1/policies/alpha-pol", `{"version":1,"default":"allow","rules":[]}`},
+		{"DELETE", "/v1/policies/alpha-pol", ""},
+		{"POST", "/v1/approvals/ap-0000000000000000", `{"decision":"allow"}`},
+	} {
+		resp, err := b.Raw(ctx, tc.method, tc.path, "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("tenant beta: %s %s answered %d, want 404", tc.method, tc.path, resp.StatusCode)
+		}
+	}
+	if l, err := b.NamedPolicies(ctx); err != nil || len(l) != 0 {
+		t.Errorf("tenant beta lists policies %+v %v", l, err)
+	}
+	if l, err := b.Approvals(ctx, "", ""); err != nil || len(l) != 0 {
+		t.Errorf("tenant beta lists approvals %+v %v", l, err)
+	}
+	if np, err := a.NamedPolicy(ctx, "alpha-pol"); err != nil || np.Generation != 1 {
+		t.Errorf("alpha's named policy after beta's attempts: %+v %v", np, err)
 	}
 	if _, err := a.PutSecret(ctx, &api.PutSecretRequest{Name: "ALPHA_KEY", Value: "alpha-secret-value-1234", Hosts: []string{"api.alpha.test"}}); err != nil {
 		t.Fatal(err)

@@ -69,7 +69,7 @@ func (s *Store) PutNamedPolicy(ctx context.Context, p *store.NamedPolicy, ifGene
 	err = tx.QueryRowContext(ctx, `SELECT generation, created_at FROM named_policies WHERE tenant_id = ? AND name = ?`, p.TenantID, p.Name).Scan(&gen, &created)
 	switch {
 	case err == sql.ErrNoRows:
-		if ifGeneration > 0 {
+		if ifGeneration != 0 {
 			return fmt.Errorf("policy %q: %w", p.Name, store.ErrNotFound)
 		}
 		p.Generation, p.CreatedAt, p.UpdatedAt = 1, t, t

@@ -76,8 +76,13 @@ func testNamedPolicies(t *testing.T, s store.Store) {
 	if err := s.PutNamedPolicy(ctx, u, 1); err != nil || u.Generation != 2 {
 		t.Fatalf("update: %v gen %d", err, u.Generation)
 	}
-	if err := s.PutNamedPolicy(ctx, &store.NamedPolicy{TenantID: "t1", Name: "none", Document: json.RawMessage(`{}`)}, 3); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("update missing: %v", err)
+	for _, gen := range []int64{3, -1} {
+		if err := s.PutNamedPolicy(ctx, &store.NamedPolicy{TenantID: "t1", Name: "none", Document: json.RawMessage(`{}`)}, gen); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("update missing (if generation %d): %v", gen, err)
+		}
+	}
+	if err := s.PutNamedPolicy(ctx, &store.NamedPolicy{TenantID: "admin", Name: "base", Document: json.RawMessage(`{}`)}, -1); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("update of another tenant's: %v", err)
 	}
 	got, err := s.GetNamedPolicy(ctx, "t1", "base")
 	if err != nil || got.Generation != 2 || string(got.Document) != `{"version":2}` {
