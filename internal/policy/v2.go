@@ -190,16 +190,9 @@ func compileV2(d, n *Document, p *Policy, ruleNames map[string]int) error {
 	budgetNames := map[string]bool{}
 	for i, b := range d.Budgets {
 		f := fmt.Sprintf("budgets[%d]", i)
-		if b.Name == "" {
-			return bad(f+".name", "a budget needs a name (it is shown in denials and usage)")
-		}
-		if reason := nameProblem(b.Name); reason != "" {
+		if reason := uniqueNameProblem("budget", "it is shown in denials and usage", b.Name, budgetNames); reason != "" {
 			return bad(f+".name", "%s", reason)
 		}
-		if budgetNames[b.Name] {
-			return bad(f+".name", "budget %q is defined twice", b.Name)
-		}
-		budgetNames[b.Name] = true
 		cb := CompiledBudget{Budget: b}
 		cb.Hosts, cb.Rules = nil, append([]string(nil), b.Rules...)
 		for j, h := range b.Hosts {
@@ -246,16 +239,9 @@ func compileV2(d, n *Document, p *Policy, ruleNames map[string]int) error {
 	trigNames := map[string]bool{}
 	for i, t := range d.Triggers {
 		f := fmt.Sprintf("triggers[%d]", i)
-		if t.Name == "" {
-			return bad(f+".name", "a trigger needs a name (it is shown in events and history)")
-		}
-		if reason := nameProblem(t.Name); reason != "" {
+		if reason := uniqueNameProblem("trigger", "it is shown in events and history", t.Name, trigNames); reason != "" {
 			return bad(f+".name", "%s", reason)
 		}
-		if trigNames[t.Name] {
-			return bad(f+".name", "trigger %q is defined twice", t.Name)
-		}
-		trigNames[t.Name] = true
 		if t.After == "" && t.When == "" {
 			return bad(f, "a trigger needs after (a rule name) or when (a condition)")
 		}
@@ -295,6 +281,21 @@ func compileV2(d, n *Document, p *Policy, ruleNames map[string]int) error {
 		p.triggers = append(p.triggers, ct)
 	}
 	return nil
+}
+
+// uniqueNameProblem checks the name of a budget or trigger: given, valid
+// and not used by another of its kind (recorded in seen).
+func uniqueNameProblem(kind, why, name string, seen map[string]bool) string {
+	switch {
+	case name == "":
+		return fmt.Sprintf("a %s needs a name (%s)", kind, why)
+	case nameProblem(name) != "":
+		return nameProblem(name)
+	case seen[name]:
+		return fmt.Sprintf("%s %q is defined twice", kind, name)
+	}
+	seen[name] = true
+	return ""
 }
 
 func finiteNonNeg(f float64) bool { return f >= 0 && !math.IsInf(f, 0) && !math.IsNaN(f) }

@@ -256,3 +256,16 @@ func TestConditionCostAcceptsSinglePasses(t *testing.T) {
 		}
 	}
 }
+
+func TestBudgetAndTriggerNamesUnique(t *testing.T) {
+	base := "version: 2\nrules: [{name: r, host: a.example.com, action: allow}]\n"
+	for src, want := range map[string]string{
+		base + "budgets: [{name: b, requests: 1}, {name: b, requests: 2}]":                                  `budget "b" is defined twice`,
+		base + "triggers: [{name: t, after: r, do: {pause: true}}, {name: t, after: r, do: {pause: true}}]": `trigger "t" is defined twice`,
+		base + "budgets: [{name: default, requests: 1}]":                                                    "reserved",
+	} {
+		if _, err := Parse([]byte(src)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", src, err, want)
+		}
+	}
+}
