@@ -30,7 +30,7 @@ func (l livePolicy) Decide(ctx context.Context, r *egress.Request) (egress.Decis
 		return egress.Decision{Allow: l.s.AllowsName(r.Host), Rule: "connection"}, nil
 	}
 	d, err := l.s.Decide(ctx, &policy.Request{Host: r.Host, Port: r.Port, Protocol: r.Protocol, Method: r.Method, Path: r.Path,
-		WebSocket: r.WebSocket, ContentType: r.ContentType, Accept: r.Accept, Query: r.Query, Header: r.Header, BodySize: r.BodySize})
+		WebSocket: r.WebSocket, ContentType: r.ContentType, Accept: r.Accept, RawQuery: r.RawQuery, Header: r.Header, BodySize: r.BodySize})
 	return egress.Decision{Allow: d.Allow, Rule: d.Rule, Reason: d.Reason}, err
 }
 

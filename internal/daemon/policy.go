@@ -40,13 +40,17 @@ func (s *Server) livePolicy(r *http.Request, t *store.Tenant) (*livepolicy.Sandb
 	return lp, nil
 }
 
-func policyView(lp *livepolicy.Sandbox) (*api.SandboxPolicy, error) {
+// writePolicy answers with the sandbox's policy in force, its generation
+// also as the ETag (what If-Match takes).
+func writePolicy(w http.ResponseWriter, lp *livepolicy.Sandbox) error {
 	doc, gen, ref := lp.Policy()
 	b, err := json.Marshal(doc)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return &api.SandboxPolicy{Generation: gen, Policy: b, Ref: ref, Frozen: lp.Frozen()}, nil
+	w.Header().Set("ETag", strconv.FormatInt(gen, 10))
+	writeJSON(w, 200, &api.SandboxPolicy{Generation: gen, Policy: b, Ref: ref, Frozen: lp.Frozen()})
+	return nil
 }
 
 func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
@@ -54,13 +58,7 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request, t *store.Tena
 	if err != nil {
 		return err
 	}
-	v, err := policyView(lp)
-	if err != nil {
-		return err
-	}
-	w.Header().Set("ETag", strconv.FormatInt(v.Generation, 10))
-	writeJSON(w, 200, v)
-	return nil
+	return writePolicy(w, lp)
 }
 
 // ifMatch reads If-Match: a generation (optionally quoted); 0 if absent.
@@ -108,12 +106,7 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request, t *store.Tena
 	if _, err := lp.Replace(r.Context(), doc, gen, actor(t), r.URL.Query().Get("reason"), ""); err != nil {
 		return err
 	}
-	v, err := policyView(lp)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, 200, v)
-	return nil
+	return writePolicy(w, lp)
 }
 
 func (s *Server) patchPolicy(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
@@ -136,12 +129,7 @@ func (s *Server) patchPolicy(w http.ResponseWriter, r *http.Request, t *store.Te
 	if _, err := lp.Update(r.Context(), gen, actor(t), p.Op+" rule", edit); err != nil {
 		return err
 	}
-	v, err := policyView(lp)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, 200, v)
-	return nil
+	return writePolicy(w, lp)
 }
 
 // patchEdit turns a PATCH into an edit of the document.

@@ -71,7 +71,7 @@ type Request struct {
 	Accept      string
 	// Query, Header and BodySize (Content-Length, -1 unknown) are for
 	// policy conditions; nil/0 on connection-level questions.
-	Query    map[string][]string
+	RawQuery string // parsed only if a condition reads it
 	Header   map[string][]string
 	BodySize int64
 	// Peek, on HTTP requests, reads up to n bytes of the body ahead (once;

@@ -159,7 +159,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		Host: info.name, Port: int(info.dst.Port()), Protocol: "http",
 		Method: r.Method, Path: canon, WebSocket: ws,
 		ContentType: r.Header.Get("Content-Type"), Accept: r.Header.Get("Accept"),
-		Query: r.URL.Query(), Header: r.Header, BodySize: r.ContentLength,
+		RawQuery: r.URL.RawQuery, Header: r.Header, BodySize: r.ContentLength,
 		Peek: peeker(r),
 	}
 	d, verdict := p.decide(r.Context(), info.sb, preq)

@@ -408,7 +408,7 @@ func (p policyAdapter) Decide(ctx context.Context, r *egress.Request) (egress.De
 	d, err := p.l.Decide(ctx, &policy.Request{
 		Host: r.Host, Port: r.Port, Protocol: r.Protocol, Method: r.Method, Path: r.Path,
 		WebSocket: r.WebSocket, ContentType: r.ContentType, Accept: r.Accept,
-		Query: r.Query, Header: r.Header, BodySize: r.BodySize, Peek: r.Peek,
+		RawQuery: r.RawQuery, Header: r.Header, BodySize: r.BodySize, Peek: r.Peek,
 	})
 	if err != nil {
 		return egress.Decision{}, err

@@ -46,7 +46,6 @@ import (
 const (
 	RuleFreeze  = "freeze"
 	RuleBudget  = "budget:" // + budget name
-	RuleHold    = "hold"    // a hold's outcome keeps the hold rule's name
 	RuleStoreDB = "builtin:store"
 )
 

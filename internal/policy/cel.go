@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -162,7 +163,11 @@ func (c *condition) evalIn(a *activation) (bool, error) {
 
 func requestMap(r *Request) map[string]any {
 	q := map[string]string{}
-	for k, vs := range r.Query {
+	query := r.Query
+	if query == nil && r.RawQuery != "" {
+		query, _ = url.ParseQuery(r.RawQuery)
+	}
+	for k, vs := range query {
 		if len(vs) > 0 {
 			q[k] = vs[0]
 		}

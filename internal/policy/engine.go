@@ -40,6 +40,7 @@ type Request struct {
 	// For rule conditions (when, version 2) only; none of these change a
 	// decision of a policy without conditions.
 	Query    map[string][]string // the request's query parameters
+	RawQuery string              // parsed into Query when Query is nil and a condition runs
 	Header   map[string][]string // the request's headers
 	BodySize int64               // Content-Length; -1 when unknown
 	Time     time.Time           // when the request arrived (zero: now)

@@ -269,3 +269,15 @@ func TestBudgetAndTriggerNamesUnique(t *testing.T) {
 		}
 	}
 }
+
+// TestConditionReadsRawQuery: the proxy passes the raw query; a condition
+// reading request.query sees it parsed.
+func TestConditionReadsRawQuery(t *testing.T) {
+	p := mustPolicy(t, "version: 2\nrules: [{name: dry, host: a.example.com, when: 'request.query[\"dry_run\"] == \"1\"', action: allow}]")
+	if d := decide(t, p, &Request{Host: "a.example.com", RawQuery: "x=2&dry_run=1"}); !d.Allow {
+		t.Fatalf("dry run: %+v", d)
+	}
+	if d := decide(t, p, &Request{Host: "a.example.com", RawQuery: "dry_run=0"}); d.Allow {
+		t.Fatalf("not a dry run: %+v", d)
+	}
+}
