@@ -65,7 +65,7 @@ func (s *Server) prepare(er *ExecRequest) (*plan, *ExecResult) {
 			userEnv = append(userEnv, "USER="+u.Name, "LOGNAME="+u.Name)
 		}
 	}
-	base := s.BaseEnv
+	base := s.baseEnv()
 	if base == nil {
 		base = DefaultEnv
 	}

@@ -186,6 +186,7 @@ const (
 	opReadFile  = "read_file"
 	opListDir   = "list_dir"
 	opSignal    = "signal"
+	opClaim     = "claim"
 )
 
 // request is the first frame of every stream.
@@ -197,4 +198,6 @@ type request struct {
 	Mode   uint32       `json:"mode,omitempty"`   // write_file: os.FileMode
 	Max    int64        `json:"max,omitempty"`    // read_file
 	Signal int          `json:"signal,omitempty"` // signal
+	// Claim is the claim operation's Claim.
+	Claim json.RawMessage `json:"claim,omitempty"`
 }

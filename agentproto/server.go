@@ -66,11 +66,44 @@ type Server struct {
 	// capabilities): the handshake announces it and every exec and file
 	// operation fails with it (ErrRefused). Set it before serving.
 	Refused string
+	// AwaitClaim makes the agent wait to be claimed (Claim): until then it
+	// answers health checks and the claim and refuses everything else.
+	AwaitClaim bool
+	// OnClaim applies a claim's guest-side effects (files, network,
+	// entropy, clock) before the server switches to the claim's token and
+	// environment. Without it, claims are refused.
+	OnClaim func(*Claim) error
 
-	// mu guards procs and closing.
+	// claimMu serialises claims.
+	claimMu sync.Mutex
+
+	// mu guards procs, closing, claimed, and Token and BaseEnv once the
+	// server serves (a claim changes them).
 	mu      sync.Mutex
 	procs   map[*process]struct{}
 	closing bool
+	claimed bool
+}
+
+// token is the token connections must present now.
+func (s *Server) token() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Token
+}
+
+// baseEnv is the base environment of processes now.
+func (s *Server) baseEnv() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.BaseEnv
+}
+
+// unclaimed reports whether the server waits for its claim.
+func (s *Server) unclaimed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.AwaitClaim && !s.claimed
 }
 
 func (s *Server) logger() *slog.Logger {
@@ -85,7 +118,7 @@ func (s *Server) logger() *slog.Logger {
 // the processes it started have been killed and reaped; it closes conn.
 func (s *Server) ServeConn(conn net.Conn) error {
 	defer conn.Close()
-	if s.Token == "" {
+	if s.token() == "" {
 		return errors.New("agentproto: server has no token")
 	}
 	timer := time.AfterFunc(handshakeTimeout, func() { conn.Close() })
@@ -140,7 +173,7 @@ func (s *Server) handshake(conn net.Conn) error {
 	if h.Proto != ProtocolVersion {
 		return fail(fmt.Sprintf("unsupported protocol version %d (agent speaks %d)", h.Proto, ProtocolVersion))
 	}
-	if !tokenEqual(h.Token, s.Token) {
+	if !tokenEqual(h.Token, s.token()) {
 		return fail("bad token")
 	}
 	p, err = json.Marshal(helloOK{Proto: ProtocolVersion, Version: Version, Refused: s.Refused})
@@ -305,7 +338,13 @@ func (c *serverConn) handle(st *yamux.Stream) {
 		sendError(fw, fmt.Errorf("%w: %s", ErrRefused, c.s.Refused))
 		return
 	}
+	if c.s.unclaimed() && req.Op != opHealth && req.Op != opClaim {
+		sendError(fw, fmt.Errorf("%w: the agent waits to be claimed", ErrRefused))
+		return
+	}
 	switch req.Op {
+	case opClaim:
+		c.claim(fw, req.Claim)
 	case opHealth:
 		sendReply(fw, &Health{Version: Version, PID: os.Getpid(), Uptime: time.Since(startTime), Procs: c.s.Procs()})
 	case opExec:

@@ -122,6 +122,11 @@ type Spec struct {
 	// gateway's per-sandbox interception CA). It is added to the guest's
 	// system bundle and written to GuestCAPath and GuestCABundlePath.
 	TrustedCAPEM []byte
+	// AwaitClaim starts the agent waiting for the host's claim
+	// (agentproto.Claim): it answers to AgentToken, runs nothing, and
+	// takes the sandbox's token, environment and guest files when claimed.
+	// A pool fills with such sandboxes before it knows whose they will be.
+	AwaitClaim bool
 }
 
 // Guest paths of the trusted CA files (every runtime writes them as
@@ -179,6 +184,27 @@ type Sandbox interface {
 	DialAgent(ctx context.Context) (net.Conn, error)
 	// Destroy is idempotent and leaves nothing behind on the host.
 	Destroy(ctx context.Context) error
+}
+
+// Claimable is implemented by sandboxes whose agent may start as
+// something other than the sandbox the spec describes — a microVM restored
+// from a template boots as the template — and must be claimed
+// (agentproto.Claim) before it runs anything.
+type Claimable interface {
+	// ClaimInfo says how to claim the agent; a zero Token means there is
+	// nothing to claim beyond what the spec asked for.
+	ClaimInfo() ClaimInfo
+}
+
+// ClaimInfo is how the host claims a sandbox's agent.
+type ClaimInfo struct {
+	// Token is the token the agent answers to until it is claimed.
+	Token string
+	// GuestNet: the guest configures its own network from the claim (a VM
+	// guest restored without the sandbox's address).
+	GuestNet bool
+	// MAC is the hardware address the guest's NIC takes, if it changes.
+	MAC string
 }
 
 // OOMCounter is implemented by sandboxes that can tell how many processes

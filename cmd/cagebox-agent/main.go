@@ -60,6 +60,7 @@ func run(args []string, stderr io.Writer) int {
 	tokenFile := fs.String("token-file", envOr("CAGEBOX_AGENT_TOKEN_FILE", ""), "file holding the connection token; removed once read")
 	envFile := fs.String("env-file", envOr("CAGEBOX_AGENT_ENV_FILE", ""), "base environment for processes, KEY=VALUE lines (default: PATH, HOME=/root, LANG=C.UTF-8)")
 	graceStr := fs.String("grace", envOr("CAGEBOX_AGENT_GRACE", "10s"), "on SIGTERM, how long processes get to exit before they are killed")
+	awaitClaim := fs.Bool("await-claim", envOr("CAGEBOX_AGENT_AWAIT_CLAIM", "") == "1", "run nothing until the host claims the agent for a sandbox (pools, VM templates); capabilities are dropped at the claim")
 	logLevel := fs.String("log-level", envOr("CAGEBOX_AGENT_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -110,7 +111,10 @@ func run(args []string, stderr io.Writer) int {
 	// exec starts them must hold nothing, or the agent runs nothing.
 	var dropErr, launchErr error
 	prewarmThreads(spareThreads)
-	if !faultKeepCaps {
+	// An agent that awaits its claim keeps its capabilities until then (a
+	// VM's applies the claim's network, entropy and clock with them); it
+	// runs nothing before the claim.
+	if !faultKeepCaps && !*awaitClaim {
 		dropErr = dropCapabilities()
 	}
 	launch, launchErr := newLauncher(!faultKeepCaps)
@@ -118,7 +122,26 @@ func run(args []string, stderr io.Writer) int {
 	if err != nil {
 		log.Warn("no reaper; orphans will not be reaped", "err", err)
 	}
-	srv := &agentproto.Server{Token: token, BaseEnv: env, Logger: log, Reaper: reaper, StartProcess: launch.startProcess}
+	srv := &agentproto.Server{Token: token, BaseEnv: env, Logger: log, Reaper: reaper, StartProcess: launch.startProcess, AwaitClaim: *awaitClaim}
+	if *awaitClaim {
+		srv.OnClaim = func(cl *agentproto.Claim) error {
+			if claimPlatform != nil {
+				if err := claimPlatform(cl); err != nil {
+					return err
+				}
+			}
+			if err := applyClaimFiles("/", cl); err != nil {
+				return err
+			}
+			if !faultKeepCaps {
+				if err := dropCapabilities(); err != nil {
+					log.Warn("the agent's own threads keep capabilities (a static build, CGO_ENABLED=0, drops them); the processes it starts hold none", "err", err)
+				}
+			}
+			log.Info("claimed", "claim", cl.String())
+			return nil
+		}
+	}
 	if err := checkChildren(context.Background(), srv, selfProbeArgv); err != nil {
 		if launchErr != nil {
 			err = fmt.Errorf("%w (dropping them failed: %v)", err, launchErr)

@@ -25,8 +25,8 @@ const (
 	DefaultHostname = "sandbox"
 )
 
-// maxSystemBundle bounds what is read of the image's CA bundle.
-const maxSystemBundle = 8 << 20
+// MaxSystemBundle bounds what is read of the image's CA bundle.
+const MaxSystemBundle = 8 << 20
 
 // Guest is what a guest's files say about it.
 type Guest struct {
@@ -60,6 +60,16 @@ func Hostname(h string) string {
 // CA added, as cagebox's bundle and as the system bundle, which the
 // writable layer takes; the image is untouched).
 func (g Guest) Files(root string) []File {
+	var system []byte
+	if len(g.TrustedCAPEM) > 0 {
+		system, _ = ReadFile(root, SystemBundle, MaxSystemBundle)
+	}
+	return g.FilesOver(system)
+}
+
+// FilesOver is Files with the image's system bundle given (read by the
+// caller: the agent reads its own root).
+func (g Guest) FilesOver(system []byte) []File {
 	host := Hostname(g.Hostname)
 	files := []File{
 		{"/etc/hostname", []byte(host + "\n"), 0o644},
@@ -69,7 +79,6 @@ func (g Guest) Files(root string) []File {
 		files = append(files, File{"/etc/resolv.conf", []byte("nameserver " + g.Nameserver + "\noptions ndots:0 attempts:2 timeout:2\n"), 0o644})
 	}
 	if len(g.TrustedCAPEM) > 0 {
-		system, _ := ReadFile(root, SystemBundle, maxSystemBundle)
 		bundle := string(system)
 		if bundle != "" && !strings.HasSuffix(bundle, "\n") {
 			bundle += "\n"
