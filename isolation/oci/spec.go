@@ -75,16 +75,20 @@ func Spec(s *isolation.Spec, o BundleOptions) *specs.Spec {
 	if listen == "" {
 		listen = fmt.Sprintf("fd:%d", GuestListenFD)
 	}
+	args := []string{GuestAgentPath,
+		"--listen", listen,
+		"--token-file", rootfs.TokenFile,
+		"--env-file", rootfs.EnvFile,
+	}
+	if s.AwaitClaim {
+		args = append(args, "--await-claim")
+	}
 	noFile := nofileLimit()
 	return &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
-			Args: []string{GuestAgentPath,
-				"--listen", listen,
-				"--token-file", rootfs.TokenFile,
-				"--env-file", rootfs.EnvFile,
-			},
+			Args: args,
 			Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 			Cwd: "/",
 			Capabilities: &specs.LinuxCapabilities{
