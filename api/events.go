@@ -68,6 +68,12 @@ const (
 	EventPolicyThawed          EventKind = "policy.thawed"
 	EventApprovalPending       EventKind = "approval.pending"
 	EventApprovalDecided       EventKind = "approval.decided"
+
+	// Warm pools (package pool and the sandbox manager).
+	EventPoolClaimed    EventKind = "pool.claimed"
+	EventPoolMissed     EventKind = "pool.missed"
+	EventPoolFilled     EventKind = "pool.filled"
+	EventPoolFillFailed EventKind = "pool.fill_failed"
 )
 
 // EventClass is how the daemon treats an event under load.
@@ -91,7 +97,7 @@ const (
 func (k EventKind) Class() EventClass {
 	area, _, _ := strings.Cut(string(k), ".")
 	switch area {
-	case "sandbox", "secret", "policy", "approval":
+	case "sandbox", "secret", "policy", "approval", "pool":
 		return ClassPriority
 	case "events":
 		return ClassReport
@@ -121,7 +127,37 @@ var eventCatalog = []EventPayload{
 	EgressAllow{}, EgressDeny{}, EgressError{}, DNSQuery{},
 	PolicyChanged{}, PolicyTrigger{}, PolicyBudgetExhausted{}, PolicyFrozen{}, PolicyThawed{},
 	ApprovalPending{}, ApprovalDecided{},
+	PoolClaimed{}, PoolMissed{}, PoolFilled{}, PoolFillFailed{},
 	EventsDropped{},
+}
+
+// PoolClaimed: a create was served from a warm pool (the event's
+// sandbox is the new sandbox).
+type PoolClaimed struct {
+	Class string `json:"class"`
+	// SetupMs is how long binding the pooled sandbox took.
+	SetupMs int64 `json:"setup_ms"`
+}
+
+// PoolMissed: a create of a pooled class found no ready sandbox, or the
+// one it claimed could not be bound, and was made cold.
+type PoolMissed struct {
+	Class  string `json:"class"`
+	Reason string `json:"reason"`
+}
+
+// PoolFilled: the daemon added a sandbox to a pool (the event's sandbox is
+// the pooled one's future id; it has no tenant).
+type PoolFilled struct {
+	Class      string `json:"class"`
+	Ready      int    `json:"ready"`
+	DurationMs int64  `json:"duration_ms"`
+}
+
+// PoolFillFailed: making a pooled sandbox failed; the pool backs off.
+type PoolFillFailed struct {
+	Class string `json:"class"`
+	Error string `json:"error"`
 }
 
 // SandboxCreated: a sandbox is running.
@@ -428,3 +464,7 @@ func (PolicyFrozen) EventKind() EventKind          { return EventPolicyFrozen }
 func (PolicyThawed) EventKind() EventKind          { return EventPolicyThawed }
 func (ApprovalPending) EventKind() EventKind       { return EventApprovalPending }
 func (ApprovalDecided) EventKind() EventKind       { return EventApprovalDecided }
+func (PoolClaimed) EventKind() EventKind           { return EventPoolClaimed }
+func (PoolMissed) EventKind() EventKind            { return EventPoolMissed }
+func (PoolFilled) EventKind() EventKind            { return EventPoolFilled }
+func (PoolFillFailed) EventKind() EventKind        { return EventPoolFillFailed }

@@ -401,3 +401,37 @@ type FreezeRequest struct {
 type FreezeResult struct {
 	Sandboxes []string `json:"sandboxes"`
 }
+
+// PoolStatus is one warm pool (GET /v1/pools).
+type PoolStatus struct {
+	// Class is RUNTIME:IMAGE[:MEMORY]: what makes its sandboxes
+	// interchangeable.
+	Class       string `json:"class"`
+	Runtime     string `json:"runtime"`
+	Image       string `json:"image"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	// Target is how many sandboxes the daemon keeps ready; Ready how many
+	// are; Filling whether one is being made.
+	Target  int  `json:"target"`
+	Ready   int  `json:"ready"`
+	Filling bool `json:"filling"`
+	// Claims and Misses count creates of the class served from the pool
+	// and made cold; Fills and Failures count the pool's own creates.
+	Claims   uint64 `json:"claims"`
+	Misses   uint64 `json:"misses"`
+	Fills    uint64 `json:"fills"`
+	Failures uint64 `json:"failures"`
+	// LastError is why the last fill failed (empty after a success).
+	LastError string `json:"last_error,omitempty"`
+	// LastFillMs is how long the last successful fill took.
+	LastFillMs int64 `json:"last_fill_ms"`
+}
+
+// Pools is the answer of GET /v1/pools.
+type Pools struct {
+	Pools []PoolStatus `json:"pools"`
+	// MemoryBudget bounds the memory of all pooled sandboxes together;
+	// MemoryUsed is what the ready ones hold (their classes' limits).
+	MemoryBudget int64 `json:"memory_budget"`
+	MemoryUsed   int64 `json:"memory_used"`
+}

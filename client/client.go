@@ -322,6 +322,12 @@ func (c *Client) Tenants(ctx context.Context) ([]api.Tenant, error) {
 	return out, c.do(ctx, "GET", "/v1/tenants", nil, &out)
 }
 
+// Pools describes the daemon's warm pools (admin only).
+func (c *Client) Pools(ctx context.Context) (*api.Pools, error) {
+	var out api.Pools
+	return &out, c.do(ctx, "GET", "/v1/pools", nil, &out)
+}
+
 // CreateKey creates an API key for a tenant (admin only).
 func (c *Client) CreateKey(ctx context.Context, tenant string) (*api.APIKey, error) {
 	var k api.APIKey

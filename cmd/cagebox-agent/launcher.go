@@ -36,6 +36,12 @@ func newLauncher(confineIt bool) (*launcher, error) {
 	return l, <-errc
 }
 
+// stop ends the launcher: its goroutine returns while locked to its
+// thread, so the runtime ends the thread too (an agent that awaits its
+// claim checks its children with a launcher it then stops, so that every
+// thread left holds the same credentials when the claim drops them all).
+func (l *launcher) stop() { close(l.reqs) }
+
 // startProcess is os.StartProcess on the launcher's thread.
 func (l *launcher) startProcess(name string, argv []string, attr *os.ProcAttr) (*os.Process, error) {
 	type started struct {

@@ -123,7 +123,26 @@ func run(args []string, stderr io.Writer) int {
 		log.Warn("no reaper; orphans will not be reaped", "err", err)
 	}
 	srv := &agentproto.Server{Token: token, BaseEnv: env, Logger: log, Reaper: reaper, StartProcess: launch.startProcess, AwaitClaim: *awaitClaim}
-	if *awaitClaim {
+	if err := checkChildren(context.Background(), srv, selfProbeArgv); err != nil {
+		if launchErr != nil {
+			err = fmt.Errorf("%w (dropping them failed: %v)", err, launchErr)
+		}
+		srv.Refused = err.Error()
+		log.Error("refusing to run processes", "err", err)
+	} else if dropErr != nil {
+		// In a cgo build AllThreadsSyscall is unavailable (ENOTSUP).
+		log.Warn("the agent's own threads keep capabilities (a static build, CGO_ENABLED=0, drops them); the processes it starts hold none", "err", dropErr)
+	} else {
+		log.Debug("processes start with no capabilities")
+	}
+	if *awaitClaim && srv.Refused == "" {
+		// The check proved the launcher confines what it starts. Until the
+		// claim nothing is started; the launcher's thread (confined
+		// already) ends, so that the claim drops the capabilities of
+		// threads that all hold the same ones, and a new launcher is made
+		// after the drop, exactly as at an ordinary start.
+		launch.stop()
+		srv.StartProcess = nil
 		srv.OnClaim = func(cl *agentproto.Claim) error {
 			if claimPlatform != nil {
 				if err := claimPlatform(cl); err != nil {
@@ -138,21 +157,19 @@ func run(args []string, stderr io.Writer) int {
 					log.Warn("the agent's own threads keep capabilities (a static build, CGO_ENABLED=0, drops them); the processes it starts hold none", "err", err)
 				}
 			}
+			// As at an ordinary start, what decides is whether children
+			// hold capabilities, which the check at start answered for this
+			// guest (gVisor refuses some of the steps yet confines them).
+			l, err := newLauncher(!faultKeepCaps)
+			if err != nil {
+				log.Debug("confining the launcher's thread", "err", err)
+			}
+			// Exec is refused until the claim completes, which orders this
+			// write before any exec reads it.
+			srv.StartProcess = l.startProcess
 			log.Info("claimed", "claim", cl.String())
 			return nil
 		}
-	}
-	if err := checkChildren(context.Background(), srv, selfProbeArgv); err != nil {
-		if launchErr != nil {
-			err = fmt.Errorf("%w (dropping them failed: %v)", err, launchErr)
-		}
-		srv.Refused = err.Error()
-		log.Error("refusing to run processes", "err", err)
-	} else if dropErr != nil {
-		// In a cgo build AllThreadsSyscall is unavailable (ENOTSUP).
-		log.Warn("the agent's own threads keep capabilities (a static build, CGO_ENABLED=0, drops them); the processes it starts hold none", "err", dropErr)
-	} else {
-		log.Debug("processes start with no capabilities")
 	}
 
 	ctx, stop := context.WithCancel(context.Background())

@@ -25,6 +25,7 @@ import (
 	"github.com/cagebox/cagebox/internal/daemon"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/policy"
+	"github.com/cagebox/cagebox/internal/pool"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/isolation"
 )
@@ -86,7 +87,7 @@ func (g *globals) ensureDaemon(ctx context.Context) (*client.Client, error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var listen, agent, minIso, timeout, logLevel, pool, defRuntime string
+	var listen, agent, minIso, timeout, logLevel, linkPool, defRuntime string
 	var resolve, upstreamCAs, hostPublic []string
 	var tlsCert, tlsKey string
 	var insecureListen bool
@@ -96,6 +97,8 @@ func daemonCmd(g *globals) *cobra.Command {
 	var eventRetention string
 	var eventRate float64
 	var eventBurst int
+	var pools []string
+	var poolMem string
 	cmd := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the cagebox daemon",
@@ -126,10 +129,10 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			netCfg := daemon.NetworkConfig{ProxyPort: proxyPort, DNSPort: dnsPort, UpstreamCAFiles: upstreamCAs,
 				TableName: netCfgTable, IfPrefix: netCfgPrefix, Resolve: map[string]netip.AddrPort{}, Exfil: exfil}
-			if pool != "" {
-				p, err := netip.ParsePrefix(pool)
+			if linkPool != "" {
+				p, err := netip.ParsePrefix(linkPool)
 				if err != nil {
-					return fmt.Errorf("--link-pool: %q is not a prefix such as 10.201.0.0/16", pool)
+					return fmt.Errorf("--link-pool: %q is not a prefix such as 10.201.0.0/16", linkPool)
 				}
 				netCfg.Pool = p
 			}
@@ -154,8 +157,19 @@ func daemonCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			targets, err := pool.ParseTargets(pools...)
+			if err != nil {
+				return fmt.Errorf("--pool: %w", err)
+			}
+			var poolBytes int64
+			if poolMem != "" {
+				if poolBytes, err = pool.ParseSize(poolMem); err != nil {
+					return fmt.Errorf("--pool-memory: %w", err)
+				}
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{
+				Pools: targets, PoolMemory: poolBytes,
 				Home: g.home, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, InsecureListen: insecureListen, AgentPath: agent, MinIsolation: floor, DefaultRuntime: defRuntime,
 				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey, Events: events,
 			})
@@ -173,7 +187,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().StringArrayVar(&resolve, "resolve", nil, "send sandboxes' traffic for HOST:PORT to ADDR:PORT (HOST:PORT=ADDR:PORT, repeatable; the only way a name may reach a loopback or private address)")
 	cmd.Flags().StringArrayVar(&upstreamCAs, "upstream-ca", nil, "extra CA certificate (PEM) trusted when verifying upstream servers (repeatable)")
-	cmd.Flags().StringVar(&pool, "link-pool", os.Getenv("CAGEBOX_LINK_POOL"), "address pool for sandbox links (default 10.201.0.0/16, one /30 each; env CAGEBOX_LINK_POOL)")
+	cmd.Flags().StringVar(&linkPool, "link-pool", os.Getenv("CAGEBOX_LINK_POOL"), "address pool for sandbox links (default 10.201.0.0/16, one /30 each; env CAGEBOX_LINK_POOL)")
 	cmd.Flags().StringVar(&netCfgTable, "net-table", os.Getenv("CAGEBOX_NET_TABLE"), "nftables table the daemon owns (default cagebox; env CAGEBOX_NET_TABLE)")
 	cmd.Flags().StringVar(&netCfgPrefix, "net-ifprefix", os.Getenv("CAGEBOX_NET_IFPREFIX"), "prefix of host-side sandbox interfaces, 1-3 characters (default cbx; env CAGEBOX_NET_IFPREFIX)")
 	cmd.Flags().Uint16Var(&proxyPort, "proxy-port", 0, "port of the transparent proxy on each sandbox's gateway address (default 15001)")
@@ -183,6 +197,8 @@ func daemonCmd(g *globals) *cobra.Command {
 	cmd.Flags().Uint16Var(&dnsPort, "dns-port", 0, "port of the synthetic DNS resolver on each gateway address (default 15053)")
 	cmd.Flags().StringVar(&eventRetention, "event-retention", "7d", "how long audit events are kept, e.g. 7d, 36h; 0 keeps them forever")
 	cmd.Flags().Float64Var(&eventRate, "event-rate", audit.DefaultRate, "events a second each sandbox may emit (egress and DNS; lifecycle and secret events have a budget of their own); over it events are dropped and counted in events.dropped; 0 = no limit")
+	cmd.Flags().StringArrayVar(&pools, "pool", nil, "keep warm sandboxes that creates claim: RUNTIME:IMAGE[:MEMORY]=N, comma-separated or repeated, e.g. container:busybox=4,qemu:default:1g=2 (a create matches a pool when its runtime, image and resources equal the pool's; others are made cold)")
+	cmd.Flags().StringVar(&poolMem, "pool-memory", "", "memory the pools' ready sandboxes may hold together (their memory limits), e.g. 4g (default a quarter of the host's memory)")
 	cmd.Flags().IntVar(&eventBurst, "event-burst", audit.DefaultBurst, "events a sandbox may emit at once above --event-rate")
 	return cmd
 }

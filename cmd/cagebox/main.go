@@ -92,6 +92,7 @@ func newRoot() *cobra.Command {
 		imageCmd(g),
 		eventsCmd(g),
 		tenantCmd(g),
+		poolCmd(g),
 		secretCmd(g),
 		policyCmd(g),
 		approvalsCmd(g),

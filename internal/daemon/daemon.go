@@ -19,6 +19,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/audit"
 	"github.com/cagebox/cagebox/internal/credentials"
@@ -29,6 +31,7 @@ import (
 	"github.com/cagebox/cagebox/internal/link"
 	"github.com/cagebox/cagebox/internal/livepolicy"
 	"github.com/cagebox/cagebox/internal/policy"
+	"github.com/cagebox/cagebox/internal/pool"
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
@@ -71,6 +74,10 @@ type Config struct {
 	MasterKeyFile string
 	// Events bounds the event path: per-sandbox rate, retention.
 	Events EventConfig
+	// Pools are the warm pools to keep; PoolMemory bounds the memory of
+	// their ready sandboxes (0: a quarter of the host's memory).
+	Pools      []pool.Target
+	PoolMemory int64
 }
 
 // EventConfig configures audit events (package audit).
@@ -299,7 +306,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Store: st, Images: images, StateDir: filepath.Join(cfg.Home, "sandboxes"),
 		AgentPath: cfg.AgentPath, Logger: log, MinIsolation: cfg.MinIsolation,
 		DefaultTimeout: cfg.DefaultTimeout, DefaultRuntime: cfg.DefaultRuntime,
-		Events: events,
+		Events: events, Pools: cfg.Pools, PoolMemory: poolMemory(cfg.PoolMemory),
 	})
 	if err := os.MkdirAll(filepath.Join(cfg.Home, "sandboxes"), 0o700); err != nil {
 		return err
@@ -308,6 +315,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	// Pooled sandboxes a stopped daemon left are ours, and none is kept.
+	ours = append(ours, sandbox.PoolIDs(filepath.Join(cfg.Home, "sandboxes"))...)
 	if err := gw.Init(ctx, keep, ours); err != nil {
 		return err
 	}
@@ -322,6 +331,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
 	defer mgr.Close()
+	mgr.RecoverPool(ctx)
+	if err := mgr.StartPool(); err != nil {
+		return fmt.Errorf("--pool: %w", err)
+	}
 	srv := NewServer(st, mgr, images, v, log)
 
 	// The socket is created 0600 from the start (umask), not chmod-ed after.
@@ -423,6 +436,19 @@ func newGateway(cfg Config, live *livepolicy.Registry, emit func(string, string,
 		HostAddrs:   n.HostPublicAddrs,
 		Credentials: credentials.Config{Exfil: n.Exfil, ExfilScan: n.ExfilScan}, Limits: n.Limits,
 	})
+}
+
+// poolMemory is the pools' memory budget: n, or a quarter of the host's
+// memory.
+func poolMemory(n int64) int64 {
+	if n > 0 {
+		return n
+	}
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return 2 << 30
+	}
+	return int64(si.Totalram) * int64(si.Unit) / 4
 }
 
 // keepSandbox says which sandboxes' links survive a restart (those the

@@ -88,6 +88,7 @@ func Routes() []Route {
 		{Method: "POST", Path: "/v1/tenants", Admin: true, handler: (*Server).createTenant},
 		{Method: "GET", Path: "/v1/tenants", Admin: true, handler: (*Server).listTenants},
 		{Method: "POST", Path: "/v1/tenants/{id}/keys", Admin: true, handler: (*Server).createKey},
+		{Method: "GET", Path: "/v1/pools", Admin: true, handler: (*Server).listPools},
 	}
 }
 
@@ -654,6 +655,11 @@ func validName(s string) bool {
 		}
 	}
 	return true
+}
+
+func (s *Server) listPools(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	writeJSON(w, 200, s.mgr.Pools())
+	return nil
 }
 
 func (s *Server) listTenants(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {

@@ -240,14 +240,28 @@ func (g *Gateway) CloseConns(id string) int { return g.proxy.CloseSandbox(id) }
 
 func (g *Gateway) caPath(id string) string { return filepath.Join(g.cfg.StateDir, "ca", id+".pem") }
 
-// Attach creates the sandbox's link, CA, resolver and proxy listener.
-// resume is true after a daemon restart: the link exists and the CA is
-// loaded from disk (the guest already trusts it).
+// AttachMode says what of a sandbox's network exists when Attach is called.
+type AttachMode int
+
+const (
+	// AttachNew: nothing; Attach makes the link and a new CA.
+	AttachNew AttachMode = iota
+	// AttachResume: after a daemon restart the link exists and the CA is
+	// loaded from disk (the guest already trusts it).
+	AttachResume
+	// AttachClaim: the link exists (PrepareLink made it for a pooled
+	// sandbox); Attach makes a new CA and everything else.
+	AttachClaim
+)
+
+// Attach creates the sandbox's link (AttachNew), CA, resolver and proxy
+// listener, binding them to the tenant and policy.
 //
 // doc is the sandbox's policy at create (generation 1) and ref the named
 // policy it follows; on resume the live policy's newest generation is
 // loaded from the store instead.
-func (g *Gateway) Attach(ctx context.Context, id, tenant string, doc *policy.Document, ref string, resume bool) (_ *Attachment, err error) {
+func (g *Gateway) Attach(ctx context.Context, id, tenant string, doc *policy.Document, ref string, mode AttachMode) (_ *Attachment, err error) {
+	resume := mode == AttachResume
 	var undo cleanup.Stack
 	defer func() {
 		if err != nil {
@@ -275,12 +289,20 @@ func (g *Gateway) Attach(ctx context.Context, id, tenant string, doc *policy.Doc
 			return nil, fmt.Errorf("gateway: load CA of %s: %w", id, err)
 		}
 	} else {
-		l, err := g.links.Create(ctx, id)
-		if err != nil {
-			return nil, fmt.Errorf("gateway: create link: %w", err)
+		if mode == AttachClaim {
+			l, ok := g.links.Get(id)
+			if !ok {
+				return nil, fmt.Errorf("gateway: no link was prepared for %s", id)
+			}
+			a.Link = l
+		} else {
+			l, err := g.links.Create(ctx, id)
+			if err != nil {
+				return nil, fmt.Errorf("gateway: create link: %w", err)
+			}
+			undo.Add(func() { _ = g.links.Destroy(context.Background(), id) })
+			a.Link = l
 		}
-		undo.Add(func() { _ = g.links.Destroy(context.Background(), id) })
-		a.Link = l
 		if a.CA, err = egress.NewCA(id, caValidity); err != nil {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
@@ -336,6 +358,24 @@ func (g *Gateway) Attach(ctx context.Context, id, tenant string, doc *policy.Doc
 		}
 	}()
 	return a, nil
+}
+
+// PrepareLink makes the link of a sandbox that is not attached yet (a
+// pooled sandbox: its guest starts on the link, and Attach with
+// AttachClaim binds the gateway to it when a tenant claims it). Until
+// then nothing listens on the link's gateway address: the guest reaches
+// nothing. DropLink removes it.
+func (g *Gateway) PrepareLink(ctx context.Context, id string) (*link.Link, error) {
+	l, err := g.links.Create(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: create link: %w", err)
+	}
+	return l, nil
+}
+
+// DropLink removes a link PrepareLink made (idempotent).
+func (g *Gateway) DropLink(ctx context.Context, id string) error {
+	return g.links.Destroy(ctx, id)
 }
 
 // Get returns a sandbox's attachment.

@@ -2,8 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,7 +13,9 @@ import (
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/isolation"
 )
@@ -30,8 +30,34 @@ const (
 	MaxEnvBytes = 256 << 10
 )
 
-// Create creates and starts a sandbox for tenant.
-func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (_ *api.Sandbox, err error) {
+// createParams is a create request, checked and resolved.
+type createParams struct {
+	req           *api.CreateSandboxRequest
+	timeout, idle time.Duration
+	doc           *policy.Document
+	rt            isolation.Runtime
+	img           *image.Image
+	res           isolation.Resources
+}
+
+// Create creates and starts a sandbox for tenant: from a warm pool when
+// one holds the request's class, cold otherwise.
+func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (*api.Sandbox, error) {
+	p, err := m.prepare(ctx, tenant, req)
+	if err != nil {
+		return nil, err
+	}
+	m.creating.Add(1)
+	defer m.creating.Add(-1)
+	if v, err, ok := m.fromPool(ctx, tenant, p); ok {
+		return v, err
+	}
+	return m.createCold(ctx, tenant, p)
+}
+
+// prepare checks a create request and resolves its policy, runtime and
+// image.
+func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (*createParams, error) {
 	if req.MemoryBytes != 0 && req.MemoryBytes < MinMemory {
 		return nil, invalid("memory: %d bytes is below the minimum of %d MiB", req.MemoryBytes, MinMemory>>20)
 	}
@@ -95,6 +121,13 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 		return nil, fmt.Errorf("image %s: %w", imgName, err)
 	}
 
+	res := isolation.Resources{MemoryBytes: req.MemoryBytes, CPUs: req.CPUs, PIDs: req.PIDs, DiskBytes: req.DiskBytes}
+	return &createParams{req: req, timeout: timeout, idle: idle, doc: doc, rt: rt, img: img, res: res.WithDefaults()}, nil
+}
+
+// createCold makes a sandbox from nothing.
+func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *createParams) (_ *api.Sandbox, err error) {
+	req, rt, img, doc, timeout, idle := p.req, p.rt, p.img, p.doc, p.timeout, p.idle
 	id := newID()
 	// Every step that makes something registers its undo; a failure at any
 	// point runs them, last made first, on a context of their own (a setup
@@ -120,16 +153,13 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	if err != nil {
 		return nil, fmt.Errorf("%w: secrets: %v", errdefs.ErrInvalid, err)
 	}
-	tok := make([]byte, 32)
-	_, _ = rand.Read(tok)
-	res := isolation.Resources{MemoryBytes: req.MemoryBytes, CPUs: req.CPUs, PIDs: req.PIDs, DiskBytes: req.DiskBytes}
-	res = res.WithDefaults()
+	res := p.res
 	spec := &isolation.Spec{
 		ID:         id,
 		StateDir:   filepath.Join(m.cfg.StateDir, id),
 		RootFS:     img.Path,
 		AgentPath:  m.cfg.AgentPath,
-		AgentToken: hex.EncodeToString(tok),
+		AgentToken: newToken(),
 		Env:        append(append([]string(nil), req.Env...), secretEnv...),
 		Hostname:   "sandbox",
 		Resources:  res,
@@ -170,7 +200,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	defer cancel()
 	t0 := time.Now()
 	if gw := m.cfg.Gateway; gw != nil {
-		att, err := gw.Attach(sctx, id, tenant.ID, doc, req.PolicyRef, false)
+		att, err := gw.Attach(sctx, id, tenant.ID, doc, req.PolicyRef, gateway.AttachNew)
 		if err != nil {
 			return nil, fmt.Errorf("attach network: %w", err)
 		}
@@ -198,46 +228,25 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	// the agent runs, overlapping the runtime's own exit.
 	t1 := time.Now()
 	e := &entry{id: id, tenant: tenant.ID, sb: sb, token: spec.AgentToken, active: now, persisted: now, started: make(chan struct{})}
-	actx, acancel := context.WithCancel(sctx)
-	defer acancel()
-	agentErr := make(chan error, 1)
-	agentDone := make(chan struct{})
-	go func() {
-		defer close(agentDone)
-		c, err := e.agent(actx)
-		if err == nil {
-			// The agent found that the processes it would start keep
-			// capabilities: it runs nothing, and the sandbox is not made.
-			err = c.Refused()
-		}
-		agentErr <- err
-	}()
-	undo.Add(func() {
-		acancel()
-		<-agentDone
-		e.dropAll()
-	})
-	err = sb.Start(sctx)
-	close(e.started)
-	if err != nil {
-		return nil, fmt.Errorf("start %s sandbox: %w", rt.Name(), err)
+	// A sandbox restored from a template answers to the template's token
+	// until it is claimed as this sandbox.
+	info := claimInfo(sb)
+	if info.Token != "" {
+		e.token = info.Token
+	}
+	undo.Add(e.dropAll)
+	if err := startAgent(sctx, rt.Name(), sb, e); err != nil {
+		return nil, err
 	}
 	tStart := time.Since(t1)
-	var aerr error
-	select {
-	case aerr = <-agentErr:
-	case <-time.After(agentStartTimeout):
-		// An agent that died at start never answers: do not hold the
-		// caller for the whole setup budget.
-		acancel()
-		<-agentErr
-		aerr = fmt.Errorf("no answer within %s", agentStartTimeout)
-	}
-	if aerr != nil {
-		if errors.Is(aerr, agentproto.ErrRefused) {
-			return nil, fmt.Errorf("the sandbox's %w", aerr)
+	if info.Token != "" {
+		cl, err := newClaim(spec, info)
+		if err != nil {
+			return nil, err
 		}
-		return nil, fmt.Errorf("sandbox started but its agent does not answer: %w", aerr)
+		if err := m.claimAgent(sctx, e, cl); err != nil {
+			return nil, err
+		}
 	}
 	rec.Status = StatusRunning
 	rec.UpdatedAt = m.cfg.Now().UTC()
@@ -248,15 +257,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	m.mu.Lock()
 	m.live[id] = e
 	m.mu.Unlock()
-	var envMode []string
-	for _, b := range bound {
-		if b.Mode == ModeEnv {
-			envMode = append(envMode, b.Name)
-		}
-	}
-	if len(envMode) > 0 {
-		m.Emit(tenant.ID, id, api.SecretEnvDelivered{Names: envMode, Warning: "real values are inside the guest"})
-	}
+	m.emitEnvSecrets(tenant.ID, id, bound)
 	log.Info("sandbox running", "image", img.Name, "setup", tCreate, "start", tStart, "agent_ready", time.Since(t1))
 	m.Emit(tenant.ID, id, api.SandboxCreated{Runtime: rt.Name(), Image: img.Name})
 	return m.view(rec), nil
@@ -419,5 +420,48 @@ func (m *Manager) destroy(r *store.Sandbox, reason string) error {
 	}
 	m.Emit(r.TenantID, r.ID, api.SandboxDestroyed{Reason: reason})
 	m.log.Info("sandbox destroyed", "sandbox", r.ID, "reason", reason)
+	return nil
+}
+
+// startAgent starts sb and waits until its agent (e's token) answers. The
+// agent's socket exists before Start (the runtime made it), so the
+// handshake is started alongside the runtime: it completes the moment the
+// agent runs, overlapping the runtime's own exit.
+func startAgent(ctx context.Context, runtime string, sb isolation.Sandbox, e *entry) error {
+	actx, acancel := context.WithCancel(ctx)
+	defer acancel()
+	agentErr := make(chan error, 1)
+	go func() {
+		c, err := e.agent(actx)
+		if err == nil {
+			// The agent found that the processes it would start keep
+			// capabilities: it runs nothing, and the sandbox is not made.
+			err = c.Refused()
+		}
+		agentErr <- err
+	}()
+	err := sb.Start(ctx)
+	close(e.started)
+	if err != nil {
+		acancel()
+		<-agentErr
+		return fmt.Errorf("start %s sandbox: %w", runtime, err)
+	}
+	var aerr error
+	select {
+	case aerr = <-agentErr:
+	case <-time.After(agentStartTimeout):
+		// An agent that died at start never answers: do not hold the
+		// caller for the whole setup budget.
+		acancel()
+		<-agentErr
+		aerr = fmt.Errorf("no answer within %s", agentStartTimeout)
+	}
+	if aerr != nil {
+		if errors.Is(aerr, agentproto.ErrRefused) {
+			return fmt.Errorf("the sandbox's %w", aerr)
+		}
+		return fmt.Errorf("sandbox started but its agent does not answer: %w", aerr)
+	}
 	return nil
 }

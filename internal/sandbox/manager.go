@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cagebox/cagebox/agentproto"
@@ -25,6 +26,7 @@ import (
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/livepolicy"
 	"github.com/cagebox/cagebox/internal/policy"
+	"github.com/cagebox/cagebox/internal/pool"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/vault"
 	"github.com/cagebox/cagebox/isolation"
@@ -65,6 +67,10 @@ type Config struct {
 	Gateway *gateway.Gateway
 	// Vault holds credentials for secret bindings; nil = no bindings.
 	Vault *vault.Vault
+	// Pools are the warm pools to keep (StartPool), and PoolMemory bounds
+	// the memory of their ready sandboxes together.
+	Pools      []pool.Target
+	PoolMemory int64
 	// Events is the event path (the daemon's, shared with the gateway);
 	// nil = one of the manager's own with the defaults, closed by Close.
 	Events *audit.Log
@@ -85,6 +91,10 @@ type Manager struct {
 	// waits for them.
 	bg       sync.WaitGroup
 	closeOne sync.Once
+	// pool keeps warm sandboxes (nil: none); creating counts creates in
+	// progress, which refills wait for.
+	pool     *pool.Pool
+	creating atomic.Int64
 }
 
 // entry is a sandbox the daemon is attached to.
@@ -312,6 +322,9 @@ func (m *Manager) attached(ctx context.Context, tenant, id string) (*store.Sandb
 // sandboxes keep running and are re-attached by the next daemon.
 func (m *Manager) Close() {
 	m.closeOne.Do(func() {
+		if m.pool != nil {
+			m.pool.Close()
+		}
 		m.bg.Wait()
 		if m.ownEvents {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

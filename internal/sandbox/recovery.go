@@ -9,6 +9,7 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/credentials"
+	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/isolation"
 )
@@ -104,7 +105,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		if gw := m.cfg.Gateway; gw != nil {
 			// The live policy's newest generation is in the store; the
 			// create-time document is the fallback for older sandboxes.
-			att, err := gw.Attach(ctx, r.ID, r.TenantID, sr.Policy, sr.PolicyRef, true)
+			att, err := gw.Attach(ctx, r.ID, r.TenantID, sr.Policy, sr.PolicyRef, gateway.AttachResume)
 			if err == nil {
 				var creds *credentials.Bindings
 				if creds, err = m.credentialBindings(r.TenantID, sr.Secrets); err == nil {

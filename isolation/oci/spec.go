@@ -89,8 +89,8 @@ func Spec(s *isolation.Spec, o BundleOptions) *specs.Spec {
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
 			Args: args,
-			Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-			Cwd: "/",
+			Env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			Cwd:  "/",
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding:  agentCaps,
 				Effective: agentCaps,
