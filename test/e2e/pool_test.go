@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cagebox/cagebox/api"
+)
+
+// pools reads `cagebox pool ls --json`.
+func (e *env) pools() api.Pools {
+	e.t.Helper()
+	r := e.cli("", "pool", "ls", "--json")
+	if r.code != 0 {
+		e.t.Fatalf("pool ls: %+v", r)
+	}
+	var p api.Pools
+	if err := json.Unmarshal([]byte(r.stdout), &p); err != nil {
+		e.t.Fatalf("pool ls --json: %v: %s", err, r.stdout)
+	}
+	return p
+}
+
+func (e *env) waitPoolReady(class string, n int) api.PoolStatus {
+	e.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		for _, s := range e.pools().Pools {
+			if s.Class == class && s.Ready >= n {
+				return s
+			}
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("pool %s never had %d ready: %+v", class, n, e.pools())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func eventKinds(e *env, id string) []string {
+	var evs []api.Event
+	_ = json.Unmarshal([]byte(e.cli("", "events", "--json", id).stdout), &evs)
+	var k []string
+	for _, ev := range evs {
+		k = append(k, string(ev.Kind))
+	}
+	return k
+}
+
+// TestWarmPool: a create of a pooled class is served from the pool and is
+// a full sandbox — its own gateway, CA, policy and credential swap, no
+// capabilities, nothing left of the warm-up — while other classes are made
+// cold; a daemon killed with sandboxes in its pool leaves nothing behind.
+func TestWarmPool(t *testing.T) {
+	e := newDebianEnv(t)
+	up := newUpstream(t, "api.example.test")
+	rt := e2eRuntime()
+	class := rt + ":default"
+	e.startDaemon(append(up.daemonArgs("api.example.test"), "--pool", class+"=2")...)
+	st := e.waitPoolReady(class, 2)
+	if st.Target != 2 || st.Runtime != rt || st.Image != "default" || st.Failures != 0 {
+		t.Fatalf("pool status %+v", st)
+	}
+	// Pooled sandboxes count toward no tenant.
+	if r := e.cli("", "ls"); strings.Count(r.stdout, "sb-") != 0 {
+		t.Fatalf("pooled sandboxes are listed: %s", r.stdout)
+	}
+
+	const real = "ghp_R3alT0kenThatMustNeverEnterTheGuest01"
+	os.Setenv("GITHUB_TOKEN", real)
+	defer os.Unsetenv("GITHUB_TOKEN")
+	var ids []string
+	for i := 0; i < 2; i++ {
+		r := e.cli("", "create", "--allow", "api.example.test", "--secret", "GITHUB_TOKEN@api.example.test", "--env", "WHO=claim"+string(rune('0'+i)))
+		if r.code != 0 {
+			t.Fatalf("create: %+v", r)
+		}
+		ids = append(ids, strings.TrimSpace(r.stdout))
+	}
+	cas := map[string]bool{}
+	for i, id := range ids {
+		e.waitEvent(id, "pool.claimed", func(ev api.Event) bool { return ev.Kind == api.EventPoolClaimed })
+		e.waitEvent(id, "sandbox.created", func(ev api.Event) bool { return ev.Kind == api.EventSandboxCreated })
+		sh := func(script string) result { t.Helper(); return e.cli("", "exec", id, "--", "sh", "-c", script) }
+		// Its own environment, and the credential swap through its own
+		// gateway with its own CA (curl verifies the proxy's certificate).
+		if r := sh(`echo "$WHO"`); strings.TrimSpace(r.stdout) != "claim"+string(rune('0'+i)) {
+			t.Errorf("%s: env WHO = %q", id, r.stdout)
+		}
+		n0 := len(up.requests())
+		if r := sh(`curl -sS -H "Authorization: Bearer $GITHUB_TOKEN" https://api.example.test/pooled`); r.code != 0 || strings.Contains(r.stdout, "denied") {
+			t.Errorf("%s: request through the gateway: %+v", id, r)
+		}
+		if got := up.requests(); len(got) != n0+1 || !strings.Contains(got[len(got)-1], "auth=Bearer "+real) {
+			t.Errorf("%s: upstream saw %q: want the real token swapped in", id, got[n0:])
+		}
+		if r := sh(`printf %s "$GITHUB_TOKEN"`); r.stdout == real || !strings.HasPrefix(r.stdout, "ghp_") {
+			t.Errorf("%s: guest holds %q", id, r.stdout)
+		}
+		// Policy is this sandbox's: anything else is refused.
+		if r := sh(`curl -sS https://other.example.test/ 2>&1; echo rc=$?`); !strings.Contains(r.stdout, "rc=6") && !strings.Contains(r.stdout, "denied") {
+			t.Errorf("%s: a host the policy does not allow: %+v", id, r)
+		}
+		// Nameserver is its own gateway; the CA is its own.
+		sb, err := e.client().Get(context.Background(), id)
+		if err != nil || sb.Network == nil {
+			t.Fatalf("inspect %s: %v %+v", id, err, sb)
+		}
+		if r := sh(`cat /etc/resolv.conf`); !strings.Contains(r.stdout, "nameserver "+sb.Network.Gateway+"\n") {
+			t.Errorf("%s: resolv.conf %q, want its gateway %s", id, r.stdout, sb.Network.Gateway)
+		}
+		ca := sh(`cat /etc/cagebox/ca.crt`).stdout
+		if !strings.Contains(ca, "BEGIN CERTIFICATE") || cas[ca] {
+			t.Errorf("%s: CA %q is missing or shared with another sandbox", id, ca)
+		}
+		cas[ca] = true
+		// Nothing of the warm-up: no capabilities, no token file, no
+		// process but the agent and this shell's.
+		if r := sh(`grep CapEff /proc/self/status; ls /.cagebox/run/; ls /proc | grep -c '^[0-9]'`); !strings.Contains(r.stdout, "CapEff:\t0000000000000000") || strings.Contains(r.stdout, "token") {
+			t.Errorf("%s: guest state %q", id, r.stdout)
+		}
+	}
+	// Another size is another class: made cold, not from the pool.
+	r := e.cli("", "create", "--memory", "256m")
+	if r.code != 0 {
+		t.Fatalf("create 256m: %+v", r)
+	}
+	cold := strings.TrimSpace(r.stdout)
+	e.waitEvent(cold, "sandbox.created", func(ev api.Event) bool { return ev.Kind == api.EventSandboxCreated })
+	if k := eventKinds(e, cold); contains(k, "pool.claimed") {
+		t.Errorf("a 256m create was served from the default-size pool: %v", k)
+	}
+	st = e.waitPoolReady(class, 2)
+	if st.Claims+st.Misses != 2 || st.Claims == 0 || st.Fills < 2+st.Claims {
+		t.Errorf("pool counters %+v after 2 creates", st)
+	}
+	var pooled []string
+	for _, s := range poolRecordIDs(e) {
+		pooled = append(pooled, s)
+	}
+	if len(pooled) != 2 {
+		t.Fatalf("pool records %v, want 2", pooled)
+	}
+
+	// Kill the daemon with two sandboxes in the pool: the next start
+	// destroys them (state dir, link, container) and re-attaches the
+	// claimed ones.
+	if n := len(hostIfs()); n != 5 {
+		t.Errorf("%d sandbox interfaces before the restart, want 5 (3 sandboxes, 2 pooled)", n)
+	}
+	e.stopDaemon(syscall.SIGKILL)
+	e.startDaemon(up.daemonArgs("api.example.test")...)
+	if left := poolRecordIDs(e); len(left) != 0 {
+		t.Errorf("pool records after restart: %v", left)
+	}
+	for _, id := range pooled {
+		if _, err := os.Stat(filepath.Join(e.home, "sandboxes", id)); err == nil {
+			t.Errorf("state dir of pooled %s left after restart", id)
+		}
+	}
+	if n := len(hostIfs()); n != 3 {
+		t.Errorf("%d sandbox interfaces after the restart, want 3: %v", n, hostIfs())
+	}
+	if got := len(e.pools().Pools); got != 0 {
+		t.Errorf("a daemon started without --pool has %d pools", got)
+	}
+	if r := e.cli("", "exec", ids[0], "--", "sh", "-c", `curl -sS -H "Authorization: Bearer $GITHUB_TOKEN" https://api.example.test/after-restart`); r.code != 0 || strings.Contains(r.stdout, "denied") {
+		t.Errorf("claimed sandbox after a restart: %+v", r)
+	}
+}
+
+// TestPoolFlagErrors: a bad --pool stops the daemon with a message that
+// says what to write.
+func TestPoolFlagErrors(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct{ arg, want string }{
+		{"container=2", "RUNTIME:IMAGE"},
+		{"container:busybox=x", "RUNTIME:IMAGE"},
+		{"nosuch:busybox=1", `no runtime "nosuch"`},
+		{"container:nosuchimage=1", "image"},
+	} {
+		r := e.cli("", "daemon", "--agent", filepath.Join(binDir, "cagebox-agent"), "--pool", tc.arg)
+		if r.code == 0 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("--pool %s: %+v (want an error mentioning %q)", tc.arg, r, tc.want)
+		}
+	}
+}
+
+func poolRecordIDs(e *env) []string {
+	ents, _ := os.ReadDir(filepath.Join(e.home, "sandboxes", "pool"))
+	var out []string
+	for _, en := range ents {
+		if id, ok := strings.CutSuffix(en.Name(), ".json"); ok {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// hostIfs lists the host's sandbox interfaces (this run's prefix).
+func hostIfs() []string {
+	ifs, _ := net.Interfaces()
+	var out []string
+	for _, i := range ifs {
+		if strings.HasPrefix(i.Name, os.Getenv("CAGEBOX_NET_IFPREFIX")) {
+			out = append(out, i.Name)
+		}
+	}
+	return out
+}
+
+func contains(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
