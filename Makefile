@@ -18,8 +18,8 @@ test: build
 E2E_RUNTIMES ?= gvisor qemu
 test-runtimes: build
 	@for rt in $(E2E_RUNTIMES); do \
-	  echo "test-runtimes: egress, credential, scrub, path-attack and live-policy end-to-end tests on $$rt"; \
-	  CAGEBOX_E2E_RUNTIME=$$rt $(GO) test -count=1 -timeout 30m -run 'TestEgress$$|TestCredentialSwap$$|TestHMACResign$$|TestResponseScrub$$|TestEgressPathAttacks$$' ./test/e2e/ || exit 1; \
+	  echo "test-runtimes: egress, credential, scrub, path-attack and warm-pool end-to-end tests on $$rt"; \
+	  CAGEBOX_E2E_RUNTIME=$$rt $(GO) test -count=1 -timeout 30m -run 'TestEgress$$|TestCredentialSwap$$|TestHMACResign$$|TestResponseScrub$$|TestEgressPathAttacks$$|TestWarmPool$$' ./test/e2e/ || exit 1; \
 	done
 
 bench: build
