@@ -40,7 +40,8 @@ func main() {
 	n := flag.Int("n", 30, "cold starts per side")
 	execN := flag.Int("exec", 300, "exec round trips")
 	agent := flag.String("agent", "bin/cagebox-agent", "static cagebox-agent binary")
-	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\" or \"policy\"")
+	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\", \"policy\" or \"pool\"")
+	sustained := flag.Int("sustained", 200, "pool: `cagebox run -- true` back to back per runtime")
 	egressDur := flag.Duration("egress-time", 4*time.Second, "egress: load duration per client kind")
 	egressConc := flag.Int("egress-conc", 16, "egress: concurrent clients")
 	vmN := flag.Int("vm-n", 5, "cold starts per side for the qemu runtime (TCG boots take seconds)")
@@ -67,6 +68,10 @@ func main() {
 	}
 	if _, err := os.Stat(agentPath); err != nil {
 		fail(fmt.Errorf("%v: run `make build` first", err))
+	}
+	if *only == "pool" {
+		poolBench(agentPath, *n, *vmN, *sustained, *runtimes)
+		return
 	}
 	home, err := os.MkdirTemp("", "cbx-bench")
 	if err != nil {

@@ -111,10 +111,13 @@ func run(args []string, stderr io.Writer) int {
 	// exec starts them must hold nothing, or the agent runs nothing.
 	var dropErr, launchErr error
 	prewarmThreads(spareThreads)
-	// An agent that awaits its claim keeps its capabilities until then (a
-	// VM's applies the claim's network, entropy and clock with them); it
-	// runs nothing before the claim.
-	if !faultKeepCaps && !*awaitClaim {
+	// A VM guest's agent that awaits its claim keeps its capabilities
+	// until then: it applies the claim's network, entropy and clock with
+	// them. It runs nothing before the claim. A container's needs none
+	// (the host owns its network and kernel) and drops them now, as at an
+	// ordinary start.
+	deferDrop := *awaitClaim && claimPlatform != nil
+	if !faultKeepCaps && !deferDrop {
 		dropErr = dropCapabilities()
 	}
 	launch, launchErr := newLauncher(!faultKeepCaps)
@@ -136,13 +139,15 @@ func run(args []string, stderr io.Writer) int {
 		log.Debug("processes start with no capabilities")
 	}
 	if *awaitClaim && srv.Refused == "" {
-		// The check proved the launcher confines what it starts. Until the
-		// claim nothing is started; the launcher's thread (confined
-		// already) ends, so that the claim drops the capabilities of
-		// threads that all hold the same ones, and a new launcher is made
-		// after the drop, exactly as at an ordinary start.
-		launch.stop()
-		srv.StartProcess = nil
+		if deferDrop {
+			// The check proved the launcher confines what it starts. Until
+			// the claim nothing is started; the launcher's thread (confined
+			// already) ends, so that the claim drops the capabilities of
+			// threads that all hold the same ones, and a new launcher is
+			// made after the drop, exactly as at an ordinary start.
+			launch.stop()
+			srv.StartProcess = nil
+		}
 		srv.OnClaim = func(cl *agentproto.Claim) error {
 			if claimPlatform != nil {
 				if err := claimPlatform(cl); err != nil {
@@ -151,6 +156,10 @@ func run(args []string, stderr io.Writer) int {
 			}
 			if err := applyClaimFiles("/", cl); err != nil {
 				return err
+			}
+			if !deferDrop {
+				log.Info("claimed", "claim", cl.String())
+				return nil
 			}
 			if !faultKeepCaps {
 				if err := dropCapabilities(); err != nil {

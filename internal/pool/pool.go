@@ -185,6 +185,9 @@ type Config struct {
 	// Backoff is the first wait after a failed fill of a class (doubling
 	// up to a minute; default 1s).
 	Backoff time.Duration
+	// Fills is how many fills may run at once (default 2: a pool keeps up
+	// with creates that come faster than one fill takes).
+	Fills int
 }
 
 // Pool keeps warm sandboxes.
@@ -207,7 +210,7 @@ type Pool struct {
 type class struct {
 	target                          int
 	ready                           []Item
-	filling                         bool
+	filling                         int
 	claims, misses, fills, failures uint64
 	lastErr                         string
 	retryAt                         time.Time
@@ -231,6 +234,9 @@ func New(cfg Config) (*Pool, error) {
 	}
 	if cfg.Backoff <= 0 {
 		cfg.Backoff = time.Second
+	}
+	if cfg.Fills <= 0 {
+		cfg.Fills = 2
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Pool{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), ctx: ctx, stop: cancel,
@@ -316,7 +322,7 @@ func (p *Pool) Status() []api.PoolStatus {
 		cl := p.classes[c]
 		out = append(out, api.PoolStatus{
 			Class: c.String(), Runtime: c.Runtime, Image: c.Image,
-			MemoryBytes: c.Resources.MemoryBytes, Target: cl.target, Ready: len(cl.ready), Filling: cl.filling,
+			MemoryBytes: c.Resources.MemoryBytes, Target: cl.target, Ready: len(cl.ready), Filling: cl.filling > 0,
 			Claims: cl.claims, Misses: cl.misses, Fills: cl.fills, Failures: cl.failures,
 			LastError: cl.lastErr, LastFillMs: cl.fillTime.Milliseconds(),
 		})
@@ -335,10 +341,7 @@ func (p *Pool) Memory() (budget, used int64) {
 func (p *Pool) usedLocked() int64 {
 	var n int64
 	for c, cl := range p.classes {
-		k := len(cl.ready)
-		if cl.filling {
-			k++
-		}
+		k := len(cl.ready) + cl.filling
 		n += int64(k) * c.Resources.MemoryBytes
 	}
 	return n
@@ -357,7 +360,7 @@ func (p *Pool) nextLocked(now time.Time) (Class, bool, time.Duration) {
 	used := p.usedLocked()
 	for _, c := range p.order {
 		cl := p.classes[c]
-		if cl.filling || len(cl.ready) >= cl.target {
+		if len(cl.ready)+cl.filling >= cl.target {
 			continue
 		}
 		if now.Before(cl.retryAt) {
@@ -377,38 +380,55 @@ func (p *Pool) nextLocked(now time.Time) (Class, bool, time.Duration) {
 }
 
 func (p *Pool) run() {
-	defer close(p.done)
+	var wg sync.WaitGroup
+	defer func() {
+		wg.Wait()
+		close(p.done)
+	}()
+	inflight := 0
+	finished := make(chan struct{}, p.cfg.Fills)
 	for {
-		p.mu.Lock()
-		c, ok, wait := p.nextLocked(time.Now())
-		if ok {
-			p.classes[c].filling = true
+		var (
+			c    Class
+			ok   bool
+			wait time.Duration
+		)
+		if inflight < p.cfg.Fills {
+			p.mu.Lock()
+			if c, ok, wait = p.nextLocked(time.Now()); ok {
+				p.classes[c].filling++
+			}
+			p.mu.Unlock()
 		}
-		p.mu.Unlock()
-		if !ok {
-			var (
-				timer <-chan time.Time
-				t     *time.Timer
-			)
-			if wait > 0 {
-				t = time.NewTimer(wait)
-				timer = t.C
-			}
-			select {
-			case <-p.ctx.Done():
-			case <-p.wake:
-			case <-timer:
-			}
-			if t != nil {
-				t.Stop()
-			}
-			if p.ctx.Err() != nil {
-				return
-			}
+		if ok {
+			inflight++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.deferToCreates()
+				p.fill(c)
+				finished <- struct{}{}
+			}()
 			continue
 		}
-		p.deferToCreates()
-		p.fill(c)
+		var (
+			timer <-chan time.Time
+			t     *time.Timer
+		)
+		if wait > 0 {
+			t = time.NewTimer(wait)
+			timer = t.C
+		}
+		select {
+		case <-p.ctx.Done():
+		case <-p.wake:
+		case <-finished:
+			inflight--
+		case <-timer:
+		}
+		if t != nil {
+			t.Stop()
+		}
 		if p.ctx.Err() != nil {
 			return
 		}
@@ -432,7 +452,7 @@ func (p *Pool) fill(c Class) {
 	d := time.Since(t0)
 	p.mu.Lock()
 	cl := p.classes[c]
-	cl.filling = false
+	cl.filling--
 	if err != nil {
 		cl.failures++
 		cl.lastErr = err.Error()
@@ -442,10 +462,10 @@ func (p *Pool) fill(c Class) {
 			cl.backoff = time.Minute
 		}
 		cl.retryAt = time.Now().Add(cl.backoff)
-		closed := p.closed
+		closed, backoff := p.closed, cl.backoff
 		p.mu.Unlock()
 		if !closed {
-			p.log.Warn("pool fill failed", "class", c.String(), "err", err, "retry_in", cl.backoff)
+			p.log.Warn("pool fill failed", "class", c.String(), "err", err, "retry_in", backoff)
 			p.cfg.Emit("", "", api.PoolFillFailed{Class: c.String(), Error: err.Error()})
 		}
 		return

@@ -352,6 +352,7 @@ func (m *Manager) claim(ctx context.Context, tenant *store.Tenant, p *createPara
 		spec.TrustedCAPEM = att.CA.CertPEM()
 		spec.Env = append(isolation.CAEnv(), spec.Env...)
 	}
+	tAttach := time.Since(t0)
 	cl, err := newClaim(spec, pd.info)
 	if err != nil {
 		return nil, err
@@ -359,6 +360,7 @@ func (m *Manager) claim(ctx context.Context, tenant *store.Tenant, p *createPara
 	if err := m.claimAgent(sctx, pd.e, cl); err != nil {
 		return nil, err
 	}
+	tAgent := time.Since(t0)
 	now := m.cfg.Now().UTC()
 	sr := specRecord{Resources: p.res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: filepath.Join(m.cfg.StateDir, id),
 		IdleTimeout: req.IdleTimeout, Policy: p.doc, PolicyRef: req.PolicyRef, Secrets: bound}
@@ -380,6 +382,7 @@ func (m *Manager) claim(ctx context.Context, tenant *store.Tenant, p *createPara
 	if err := m.cfg.Store.CreateSandbox(sctx, rec); err != nil {
 		return nil, fmt.Errorf("record sandbox: %w", err)
 	}
+	tStore := time.Since(t0)
 	undo.Release()
 	m.dropPoolRecord(id)
 	e := pd.e
@@ -391,7 +394,7 @@ func (m *Manager) claim(ctx context.Context, tenant *store.Tenant, p *createPara
 	m.mu.Unlock()
 	m.emitEnvSecrets(tenant.ID, id, bound)
 	setup := time.Since(t0)
-	m.log.Info("sandbox running", "sandbox", id, "tenant", tenant.ID, "runtime", p.rt.Name(), "image", p.img.Name, "pool", pd.class.String(), "claim", setup)
+	m.log.Info("sandbox running", "sandbox", id, "tenant", tenant.ID, "runtime", p.rt.Name(), "image", p.img.Name, "pool", pd.class.String(), "claim", setup, "attached", tAttach, "agent", tAgent, "stored", tStore)
 	m.Emit(tenant.ID, id, api.SandboxCreated{Runtime: p.rt.Name(), Image: p.img.Name})
 	m.Emit(tenant.ID, id, api.PoolClaimed{Class: pd.class.String(), SetupMs: setup.Milliseconds()})
 	return m.view(rec), nil
