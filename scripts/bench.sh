@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up (including the egress peers: Debian's squid-openssl, run with
-# ssl_bump, and mitmproxy) and runs every benchmark, printing each figure
+# ssl_bump, and mitmproxy; podman for the CLI comparison) and runs every benchmark, printing each figure
 # beside its baselines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 
 need=()
 command -v mitmdump >/dev/null || need+=(mitmproxy)
+# The warm-pool benchmark times `cagebox run` against podman (runc).
+command -v podman >/dev/null || need+=(podman)
 if ! command -v squid >/dev/null; then
   need+=(squid-openssl)
 elif [ ! -x /usr/lib/squid/security_file_certgen ]; then
