@@ -183,11 +183,20 @@ type SandboxExec struct {
 	TimedOut  bool   `json:"timed_out"`
 }
 
-// SandboxPaused, SandboxResumed, SandboxStopped and SandboxReattached
-// carry no data.
+// SandboxPaused: a sandbox was frozen; Reason says why when it was not
+// an API call (the idle timeout).
+type SandboxPaused struct {
+	Reason string `json:"reason,omitempty"`
+}
+
+// SandboxResumed: a sandbox was thawed; Reason says why when it was not
+// an API call (an exec or file operation woke it from an idle pause).
+type SandboxResumed struct {
+	Reason string `json:"reason,omitempty"`
+}
+
+// SandboxStopped and SandboxReattached carry no data.
 type (
-	SandboxPaused     struct{}
-	SandboxResumed    struct{}
 	SandboxStopped    struct{}
 	SandboxReattached struct{}
 )

@@ -36,8 +36,13 @@ type CreateSandboxRequest struct {
 	// Timeout is the maximum lifetime (Go duration, e.g. "10m"); the
 	// daemon destroys the sandbox when it passes. Empty = the daemon's default.
 	Timeout string `json:"timeout,omitempty"`
-	// IdleTimeout destroys the sandbox after this long without API activity.
+	// IdleTimeout acts on the sandbox (IdleAction) after this long
+	// without API activity.
 	IdleTimeout string `json:"idle_timeout,omitempty"`
+	// IdleAction is what the idle timeout does: "destroy" (the default) or
+	// "pause" (frozen in memory; the next exec or file operation resumes
+	// it).
+	IdleAction string `json:"idle_action,omitempty"`
 	// Env is the base environment of every process (KEY=VALUE).
 	Env []string `json:"env,omitempty"`
 	// Policy is the sandbox's egress policy document (JSON form of the
@@ -146,6 +151,7 @@ type Sandbox struct {
 	// ExpiresAt is when the maximum lifetime ends.
 	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
 	IdleTimeout string     `json:"idle_timeout,omitempty"`
+	IdleAction  string     `json:"idle_action,omitempty"`
 	LastActive  time.Time  `json:"last_active"`
 	// Network is the sandbox's link: its address and gateway.
 	Network *Network `json:"network,omitempty"`

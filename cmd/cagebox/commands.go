@@ -284,6 +284,7 @@ func defaultAgentPath() string {
 
 type createFlags struct {
 	runtime, image, memory, timeout, idle, disk string
+	idleAction                                  string
 	cpus                                        float64
 	pids                                        int64
 	env                                         []string
@@ -303,7 +304,8 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().Int64Var(&f.pids, "pids", 0, "process limit (default 512)")
 	cmd.Flags().StringVar(&f.disk, "disk", "", "size of the writable layer, e.g. 1G (default 1G)")
 	cmd.Flags().StringVar(&f.timeout, "timeout", "", "maximum lifetime, e.g. 10m; the daemon destroys the sandbox after it")
-	cmd.Flags().StringVar(&f.idle, "idle-timeout", "", "destroy the sandbox after this long without activity, e.g. 5m")
+	cmd.Flags().StringVar(&f.idle, "idle-timeout", "", "after this long without activity, take the --idle-action, e.g. 5m")
+	cmd.Flags().StringVar(&f.idleAction, "idle-action", "", "what --idle-timeout does: destroy (default) or pause (frozen in memory; the next exec or file operation resumes it)")
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().StringArrayVar(&f.allow, "allow", nil, "allow HTTP(S) to this host, e.g. api.github.com or *.example.com (repeatable; default: nothing is reachable)")
 	cmd.Flags().StringVar(&f.policyFile, "policy", "", "egress policy document, YAML or JSON (see docs/policy.md)")
@@ -484,7 +486,7 @@ func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
 			return nil, fmt.Errorf("%s: %q is not a duration such as 30s, 10m or 2h", d.flag, d.v)
 		}
 	}
-	req.Timeout, req.IdleTimeout = f.timeout, f.idle
+	req.Timeout, req.IdleTimeout, req.IdleAction = f.timeout, f.idle, f.idleAction
 	req.Allow = f.allow
 	req.PolicyRef = f.policyRef
 	sec, err := f.secretBindings()

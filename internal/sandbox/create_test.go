@@ -38,6 +38,7 @@ type createPlan struct {
 	createErr error  // rt.Create fails
 	startErr  error  // Start fails
 	refused   string // the agent refuses to run processes
+	claimErr  error  // the agent's claim fails (pooled sandboxes)
 }
 
 const createRuntimeName = "createtest"
@@ -61,7 +62,9 @@ func (r *createRuntime) Create(_ context.Context, spec *isolation.Spec) (isolati
 	if r.plan.createErr != nil {
 		return nil, r.plan.createErr
 	}
-	sb := &createSandbox{id: spec.ID, startErr: r.plan.startErr, srv: &agentproto.Server{Token: spec.AgentToken, Refused: r.plan.refused}}
+	claimErr := r.plan.claimErr
+	sb := &createSandbox{id: spec.ID, token: spec.AgentToken, startErr: r.plan.startErr, srv: &agentproto.Server{Token: spec.AgentToken, Refused: r.plan.refused,
+		AwaitClaim: spec.AwaitClaim, OnClaim: func(*agentproto.Claim) error { return claimErr }}}
 	r.made = append(r.made, sb)
 	return sb, nil
 }
@@ -81,22 +84,34 @@ func (r *createRuntime) sandboxes() []*createSandbox {
 
 type createSandbox struct {
 	id       string
+	token    string // the spec's agent token
 	srv      *agentproto.Server
 	startErr error
 
-	// mu guards conns and destroyed.
-	mu        sync.Mutex
-	conns     []*trackedConn
-	destroyed bool
+	// mu guards conns, destroyed, pauses and resumes.
+	mu              sync.Mutex
+	conns           []*trackedConn
+	destroyed       bool
+	pauses, resumes int
 }
 
 func (s *createSandbox) ID() string { return s.id }
 func (s *createSandbox) State() isolation.State {
 	return isolation.State{ID: s.id, Runtime: createRuntimeName}
 }
-func (s *createSandbox) Start(context.Context) error               { return s.startErr }
-func (s *createSandbox) Pause(context.Context) error               { return nil }
-func (s *createSandbox) Resume(context.Context) error              { return nil }
+func (s *createSandbox) Start(context.Context) error { return s.startErr }
+func (s *createSandbox) Pause(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pauses++
+	return nil
+}
+func (s *createSandbox) Resume(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.resumes++
+	return nil
+}
 func (s *createSandbox) Stop(context.Context, time.Duration) error { return nil }
 func (s *createSandbox) Destroy(context.Context) error {
 	s.mu.Lock()

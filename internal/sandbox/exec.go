@@ -87,11 +87,12 @@ func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequ
 		}
 		return nil, fmt.Errorf("%w: sandbox %s is not running", errdefs.ErrConflict, id)
 	}
-	e.mu.Lock()
-	if e.paused {
-		e.mu.Unlock()
-		return nil, fmt.Errorf("%w: sandbox %s is paused: cagebox resume %s", errdefs.ErrConflict, id, id)
+	// Activity first, so the reaper does not pause it again at once.
+	e.touch(m.cfg.Now())
+	if err := m.wake(ctx, e, "exec"); err != nil {
+		return nil, err
 	}
+	e.mu.Lock()
 	e.execs++
 	e.mu.Unlock()
 	defer func() {
@@ -210,7 +211,12 @@ func (m *Manager) agentOf(ctx context.Context, tenant, id string) (*agentproto.C
 	if err != nil {
 		return nil, err
 	}
+	// A frozen guest would never answer: wake an idle-paused one, refuse
+	// one paused through the API.
 	e.touch(m.cfg.Now())
+	if err := m.wake(ctx, e, "files"); err != nil {
+		return nil, err
+	}
 	c, err := e.agent(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: agent of %s: %v", errdefs.ErrUnavailable, id, err)

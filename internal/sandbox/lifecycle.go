@@ -78,6 +78,16 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 	if err != nil {
 		return nil, err
 	}
+	switch req.IdleAction {
+	case "", IdleDestroy, IdlePause:
+	case "hibernate":
+		return nil, invalid("idle_action: hibernate is not available on any runtime yet; use pause (frozen in memory) or destroy")
+	default:
+		return nil, invalid("idle_action: %q is not destroy or pause", req.IdleAction)
+	}
+	if req.IdleAction != "" && idle == 0 {
+		return nil, invalid("idle_action: give idle_timeout too (the action is taken after that long without API activity)")
+	}
 	if err := ValidateEnv("env", req.Env); err != nil {
 		return nil, err
 	}
@@ -164,7 +174,7 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 		Hostname:   "sandbox",
 		Resources:  res,
 	}
-	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, Policy: doc, PolicyRef: req.PolicyRef, Secrets: bound}
+	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: doc, PolicyRef: req.PolicyRef, Secrets: bound}
 	specJSON, _ := json.Marshal(sr)
 	now := m.cfg.Now().UTC()
 	if timeout == 0 {
@@ -277,6 +287,50 @@ func (m *Manager) Resume(ctx context.Context, tenant, id string) (*api.Sandbox, 
 	})
 }
 
+// idlePause freezes a sandbox whose idle timeout passed (idle action
+// pause); the next exec or file operation wakes it.
+func (m *Manager) idlePause(r *store.Sandbox, reason string) error {
+	_, err := m.transition(context.Background(), "", r.ID, StatusRunning, StatusPaused, api.SandboxPaused{Reason: reason}, func(ctx context.Context, e *entry) error {
+		if err := e.sb.Pause(ctx); err != nil {
+			return err
+		}
+		e.mu.Lock()
+		e.idlePaused = true
+		e.mu.Unlock()
+		return nil
+	})
+	return err
+}
+
+// wake resumes e if the idle timeout paused it (why: what woke it); a
+// sandbox paused through the API stays paused (ErrConflict).
+func (m *Manager) wake(ctx context.Context, e *entry, why string) error {
+	e.mu.Lock()
+	paused, idle := e.paused, e.idlePaused
+	e.mu.Unlock()
+	if !paused {
+		return nil
+	}
+	if !idle {
+		return fmt.Errorf("%w: sandbox %s is paused: cagebox resume %s", errdefs.ErrConflict, e.id, e.id)
+	}
+	e.wakeMu.Lock()
+	defer e.wakeMu.Unlock()
+	e.mu.Lock()
+	paused = e.paused
+	e.mu.Unlock()
+	if !paused {
+		return nil // another caller woke it
+	}
+	_, err := m.transition(ctx, "", e.id, StatusPaused, StatusRunning, api.SandboxResumed{Reason: why}, func(ctx context.Context, e *entry) error {
+		return e.sb.Resume(ctx)
+	})
+	if err != nil {
+		return fmt.Errorf("wake idle-paused sandbox %s: %w", e.id, err)
+	}
+	return nil
+}
+
 func (m *Manager) transition(ctx context.Context, tenant, id, from, to string, ev api.EventPayload, fn func(context.Context, *entry) error) (*api.Sandbox, error) {
 	r, e, err := m.attached(ctx, tenant, id)
 	if err != nil {
@@ -292,6 +346,9 @@ func (m *Manager) transition(ctx context.Context, tenant, id, from, to string, e
 	}
 	e.mu.Lock()
 	e.paused = to == StatusPaused
+	if !e.paused {
+		e.idlePaused = false
+	}
 	e.mu.Unlock()
 	r.Status = to
 	r.UpdatedAt = m.cfg.Now().UTC()

@@ -45,6 +45,12 @@ const (
 	StatusRemoving = "removing"
 )
 
+// Idle actions (api.CreateSandboxRequest.IdleAction).
+const (
+	IdleDestroy = "destroy"
+	IdlePause   = "pause"
+)
+
 // Config configures a Manager.
 type Config struct {
 	Store  store.Store
@@ -112,6 +118,11 @@ type entry struct {
 	client *agentproto.Client
 	execs  int
 	paused bool
+	// idlePaused: the idle timeout paused it, and the next exec or file
+	// operation resumes it (wake).
+	idlePaused bool
+	// wakeMu serialises wakes.
+	wakeMu sync.Mutex
 	// active is the last API activity; persisted is the value last written
 	// to the store (the reaper writes it back, so execs cost no store write).
 	active, persisted time.Time
@@ -146,6 +157,7 @@ type specRecord struct {
 	AgentToken  string              `json:"agent_token"`
 	StateDir    string              `json:"state_dir"`
 	IdleTimeout string              `json:"idle_timeout,omitempty"`
+	IdleAction  string              `json:"idle_action,omitempty"`
 	Policy      *policy.Document    `json:"policy,omitempty"`
 	PolicyRef   string              `json:"policy_ref,omitempty"`
 	Secrets     []boundSecret       `json:"secrets,omitempty"`
@@ -211,6 +223,10 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 	}
 	if r.IdleTimeout > 0 {
 		v.IdleTimeout = r.IdleTimeout.String()
+		v.IdleAction = sr.IdleAction
+		if v.IdleAction == "" {
+			v.IdleAction = IdleDestroy
+		}
 	}
 	if sr.Policy != nil {
 		v.Policy, _ = json.Marshal(sr.Policy)

@@ -363,7 +363,7 @@ func (m *Manager) claim(ctx context.Context, tenant *store.Tenant, p *createPara
 	tAgent := time.Since(t0)
 	now := m.cfg.Now().UTC()
 	sr := specRecord{Resources: p.res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: filepath.Join(m.cfg.StateDir, id),
-		IdleTimeout: req.IdleTimeout, Policy: p.doc, PolicyRef: req.PolicyRef, Secrets: bound}
+		IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: p.doc, PolicyRef: req.PolicyRef, Secrets: bound}
 	specJSON, _ := json.Marshal(sr)
 	timeout := p.timeout
 	if timeout == 0 {

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -76,6 +77,17 @@ func (m *Manager) Reap(ctx context.Context) {
 			reason = "maximum lifetime reached"
 		} else if r.IdleTimeout > 0 && now.Sub(m.lastActive(r)) > r.IdleTimeout && !m.busy(r.ID) {
 			reason = fmt.Sprintf("idle for more than %s", r.IdleTimeout)
+			var sr specRecord
+			_ = json.Unmarshal(r.Spec, &sr)
+			if sr.IdleAction == IdlePause {
+				// Paused sandboxes (idle or not) wait for the next call.
+				if r.Status == StatusRunning {
+					if err := m.idlePause(r, reason); err != nil {
+						m.log.Error("idle pause", "sandbox", r.ID, "err", err)
+					}
+				}
+				continue
+			}
 		}
 		if reason != "" {
 			if err := m.destroy(r, reason); err != nil {

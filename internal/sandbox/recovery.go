@@ -125,7 +125,10 @@ func (m *Manager) Recover(ctx context.Context) error {
 			}
 		}
 		m.mu.Lock()
-		m.live[r.ID] = &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken, paused: r.Status == StatusPaused}
+		// A paused sandbox whose idle action is pause is taken as paused by
+		// its idle timeout: the next call wakes it.
+		m.live[r.ID] = &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken, paused: r.Status == StatusPaused,
+			idlePaused: r.Status == StatusPaused && sr.IdleAction == IdlePause}
 		m.mu.Unlock()
 		m.Emit(r.TenantID, r.ID, api.SandboxReattached{})
 		log.Info("re-attached sandbox after restart", "status", r.Status)
