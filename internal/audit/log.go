@@ -215,6 +215,11 @@ func (l *Log) Emit(tenant, sandbox string, ev api.EventPayload) {
 			l.log.Warn("event data not encodable", "kind", kind, "sandbox", sandbox, "err", err)
 			raw = json.RawMessage(`{"truncated":true,"unencodable":true}`)
 		}
+		if string(raw) == "{}" {
+			// Every field is optional and unset (a pause through the
+			// API): no data, as for a payload without fields.
+			raw = nil
+		}
 	}
 	sev := &store.Event{Time: now.UTC(), TenantID: tenant, SandboxID: sandbox, Kind: string(kind), Data: raw}
 

@@ -444,8 +444,8 @@ func BenchmarkEmitOverLimit(b *testing.B) {
 	}
 }
 
-// TestEmitNoData: a payload with no fields (sandbox.paused) is stored with
-// no data at all, as before the catalog.
+// TestEmitNoData: a payload with no fields set (sandbox.paused through the
+// API) is stored with no data at all, as before the catalog.
 func TestEmitNoData(t *testing.T) {
 	st := openStore(t)
 	l := New(Config{Store: st, Logger: quiet})
