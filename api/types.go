@@ -441,3 +441,75 @@ type Pools struct {
 	MemoryBudget int64 `json:"memory_budget"`
 	MemoryUsed   int64 `json:"memory_used"`
 }
+
+// Tool is a named, registered command that callers run with an input
+// (POST /v1/tools/{name}/execute) without knowing where it runs: each
+// execute is a fresh sandbox (a warm-pool claim where a pool holds the
+// class), gone when the result is back.
+type Tool struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	// Argv is the command; the input arrives on its stdin, or as the
+	// file InputFile names.
+	Argv      []string `json:"argv"`
+	InputFile string   `json:"input_file,omitempty"`
+	// Image, Runtime ("" or "auto": the strongest available) and
+	// RuntimeFloor (an isolation class: namespaces, app-kernel,
+	// hypervisor) choose where it runs; the tenant's floor applies too.
+	Image        string `json:"image,omitempty"`
+	Runtime      string `json:"runtime,omitempty"`
+	RuntimeFloor string `json:"runtime_floor,omitempty"`
+	// Egress: Allow hosts and/or PolicyRef (a named policy); none: deny.
+	Allow     []string `json:"allow,omitempty"`
+	PolicyRef string   `json:"policy_ref,omitempty"`
+	// Secrets bind stored secrets (by reference only: inline values are
+	// refused) as placeholders, as for a sandbox.
+	Secrets []SecretBinding `json:"secrets,omitempty"`
+	Env     []string        `json:"env,omitempty"`
+	// Timeout bounds one execute (default 60s, at most 1h).
+	Timeout     string  `json:"timeout,omitempty"`
+	MemoryBytes int64   `json:"memory_bytes,omitempty"`
+	CPUs        float64 `json:"cpus,omitempty"`
+	// InputSchema is the JSON Schema of the input (MCP clients show it);
+	// default: a string.
+	InputSchema json.RawMessage `json:"input_schema,omitempty"`
+	CreatedAt   time.Time       `json:"created_at"`
+}
+
+// ExecuteRequest runs a tool once.
+type ExecuteRequest struct {
+	// Input is given to the tool's command (stdin, or its InputFile).
+	Input string `json:"input"`
+	// MaxOutput bounds stdout and stderr each (default and at most 1 MiB);
+	// beyond it the output is cut and marked truncated.
+	MaxOutput int64 `json:"max_output,omitempty"`
+}
+
+// ExecuteResult is how one execute went.
+type ExecuteResult struct {
+	Tool    string `json:"tool"`
+	Sandbox string `json:"sandbox"`
+	Runtime string `json:"runtime"`
+	// Pooled: the sandbox came from a warm pool.
+	Pooled          bool   `json:"pooled"`
+	ExitCode        int    `json:"exit_code"`
+	TimedOut        bool   `json:"timed_out,omitempty"`
+	OOMKilled       bool   `json:"oom_killed,omitempty"`
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	DurationMs      int64  `json:"duration_ms"`
+	// Egress lists the gateway's decisions on the tool's requests.
+	Egress []EgressDecision `json:"egress"`
+}
+
+// EgressDecision is one request the gateway decided during an execute.
+type EgressDecision struct {
+	Host    string `json:"host"`
+	Method  string `json:"method,omitempty"`
+	Path    string `json:"path,omitempty"`
+	Allowed bool   `json:"allowed"`
+	Rule    string `json:"rule,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+}
