@@ -1,0 +1,395 @@
+"""The SDK against a real daemon with real sandboxes (container runtime,
+busybox image). Skips, saying why, without root or without `make build`."""
+
+import io
+import os
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+from harness import UPSTREAM_HOST, cagebox  # noqa: E402
+
+D = None
+
+
+def setUpModule():
+    global D
+    reason = harness.skip_reason()
+    if reason:
+        raise unittest.SkipTest(reason)
+    D = harness.Daemon()
+    try:
+        D.start()
+    except BaseException:
+        print(D.log(), file=sys.stderr)
+        D.stop()
+        raise
+
+
+def tearDownModule():
+    if D is not None:
+        D.stop()
+
+
+FETCH = f"wget -q -O- http://{UPSTREAM_HOST}/x"
+
+
+class DaemonTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cb = D.client
+
+    def new(self, **kw):
+        kw.setdefault("image", "busybox")
+        sb = self.cb.create(**kw)
+        self.addCleanup(self._remove, sb)
+        return sb
+
+    @staticmethod
+    def _remove(sb):
+        try:
+            sb.remove()
+        except cagebox.NotFound:
+            pass
+
+    def wait_for(self, what, fn, timeout=15):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            v = fn()
+            if v:
+                return v
+            time.sleep(0.1)
+        self.fail(f"timed out waiting for {what}")
+
+
+class TestBasics(DaemonTest):
+    def test_health_runtimes_images_pools(self):
+        h = self.cb.health()
+        self.assertEqual(h.tenant, "admin")
+        self.assertTrue(h.version)
+        rts = {r.name: r for r in self.cb.runtimes()}
+        self.assertTrue(rts["container"].available, rts["container"])
+        self.assertLessEqual({"busybox", "default"}, {i.name for i in self.cb.images()})
+        p = self.cb.pools()
+        self.assertEqual(p.pools, [])
+
+    def test_create_inspect_list(self):
+        sb = self.new(env={"GREETING": "hi"}, memory="128M", timeout=600, idle_timeout="5m", idle_action="pause")
+        self.assertEqual((sb.status, sb.info.runtime, sb.info.image), ("running", "container", "busybox"))
+        self.assertEqual(sb.info.resources.memory_bytes, 128 << 20)
+        self.assertEqual((sb.info.idle_timeout, sb.info.idle_action), ("5m0s", "pause"))
+        self.assertIn(sb.id, [s.id for s in self.cb.sandboxes()])
+        self.assertEqual(self.cb.sandbox(sb.id).id, sb.id)
+        self.assertEqual(sb.inspect().status, "running")
+        self.assertEqual(sb.exec("echo $GREETING").stdout, b"hi\n")
+
+    def test_default_image(self):
+        sb = self.new(image=None)
+        self.assertEqual(sb.info.image, "default")
+
+
+class TestExec(DaemonTest):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.sb = cls.cb.create(image="busybox")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.sb.remove()
+
+    def test_exit_codes_and_output(self):
+        r = self.sb.exec("echo out; echo err >&2; exit 3")
+        self.assertEqual((r.exit_code, r.stdout, r.stderr, r.ok), (3, b"out\n", b"err\n", False))
+        r = self.sb.exec(["/bin/echo", "a b", "c"])
+        self.assertEqual((r.exit_code, r.stdout_text), (0, "a b c\n"))
+        r = self.sb.exec("kill -9 $$")
+        self.assertEqual(r.signal, "SIGKILL")
+        self.assertNotEqual(r.exit_code, 0)
+
+    def test_streaming_arrives_before_exit(self):
+        seen = []
+        start = time.monotonic()
+        r = self.sb.exec("echo one; sleep 1.5; echo two >&2",
+                         on_stdout=lambda b: seen.append(("out", b, time.monotonic() - start)),
+                         on_stderr=lambda b: seen.append(("err", b, time.monotonic() - start)))
+        total = time.monotonic() - start
+        self.assertEqual([(s, b) for s, b, _ in seen], [("out", b"one\n"), ("err", b"two\n")])
+        self.assertLess(seen[0][2], total - 1.0, "stdout came only with the exit: not streamed")
+        self.assertEqual(r.exit_code, 0)
+        with self.sb.exec_stream("for i in 1 2 3; do echo $i; done") as st:
+            got = b"".join(o.data for o in st)
+        self.assertEqual(got, b"1\n2\n3\n")
+        self.assertEqual(st.result.exit_code, 0)
+
+    def test_stdin(self):
+        for stdin in [b"bytes\n", "text\n", io.BytesIO(b"file\n"), iter([b"gen", b"erator\n"])]:
+            r = self.sb.exec("cat", stdin=stdin)
+            self.assertEqual(r.exit_code, 0)
+            self.assertTrue(r.stdout.endswith(b"\n") and len(r.stdout) > 1, r.stdout)
+        # Full duplex: 4 MiB through cat, more than any socket buffer holds.
+        data = os.urandom(1 << 20) * 4
+        r = self.sb.exec(["cat"], stdin=data)
+        self.assertEqual((r.exit_code, len(r.stdout)), (0, len(data)))
+        self.assertEqual(r.stdout, data)
+        # No stdin: the command reads EOF at once.
+        self.assertEqual(self.sb.exec("wc -c").stdout.strip(), b"0")
+
+    def test_timeout_env_cwd(self):
+        t = time.monotonic()
+        r = self.sb.exec("sleep 30", timeout=0.5)
+        self.assertTrue(r.timed_out)
+        self.assertLess(time.monotonic() - t, 10)
+        r = self.sb.exec("echo $A-$B; pwd", env={"A": "1", "B": "2"}, cwd="/tmp")
+        self.assertEqual(r.stdout, b"1-2\n/tmp\n")
+
+    def test_files(self):
+        blob = bytes(range(256)) * 100
+        self.sb.files.write("/tmp/sdk/dir/blob.bin", blob, mode=0o600)
+        self.assertEqual(self.sb.files.read("/tmp/sdk/dir/blob.bin"), blob)
+        self.sb.files.write("/tmp/sdk/hello.txt", "héllo")
+        self.assertEqual(self.sb.files.read_text("/tmp/sdk/hello.txt"), "héllo")
+        ents = {e.name: e for e in self.sb.files.list("/tmp/sdk")}
+        self.assertTrue(ents["dir"].is_dir)
+        self.assertEqual(ents["hello.txt"].size, len("héllo".encode()))
+        self.assertEqual(self.sb.files.list("/tmp/sdk/dir")[0].mode, "-rw-------")
+        self.assertEqual(self.sb.exec("cat /tmp/sdk/hello.txt").stdout_text, "héllo")
+        with self.assertRaises(cagebox.NotFound):
+            self.sb.files.read("/tmp/sdk/missing")
+        with self.assertRaises(cagebox.Invalid):
+            self.sb.files.read("relative/path")
+
+
+class TestLifecycle(DaemonTest):
+    def test_pause_resume_stop_remove(self):
+        sb = self.new()
+        self.assertEqual(sb.pause().status, "paused")
+        self.assertEqual(sb.inspect().status, "paused")
+        self.assertEqual(sb.resume().status, "running")
+        self.assertEqual(sb.exec("echo back").stdout, b"back\n")
+        self.assertEqual(sb.stop(grace=1).status, "stopped")
+        sb.remove()
+        with self.assertRaises(cagebox.NotFound):
+            sb.inspect()
+
+    def test_context_manager_removes(self):
+        with self.cb.create(image="busybox") as sb:
+            sid = sb.id
+            self.assertEqual(sb.exec("true").exit_code, 0)
+        with self.assertRaises(cagebox.NotFound):
+            self.cb.sandbox(sid)
+        # Also when the block raises; the error is the caller's.
+        with self.assertRaises(ZeroDivisionError):
+            with self.cb.create(image="busybox") as sb:
+                sid = sb.id
+                1 / 0
+        with self.assertRaises(cagebox.NotFound):
+            self.cb.sandbox(sid)
+
+    def test_remove_async(self):
+        sb = self.cb.create(image="busybox")
+        sb.remove(wait=False)
+        self.wait_for("the removal", lambda: sb.id not in [s.id for s in self.cb.sandboxes()])
+
+
+class TestErrors(DaemonTest):
+    def test_kinds(self):
+        with self.assertRaises(cagebox.NotFound) as c:
+            self.cb.sandbox("sb-0000000000000000")
+        self.assertEqual((c.exception.status, c.exception.kind), (404, "not_found"))
+        with self.assertRaises(cagebox.NotFound):
+            cagebox.Sandbox(self.cb, {"id": "sb-0000000000000000"}).exec("true")
+        with self.assertRaises(cagebox.Invalid) as c:
+            self.cb.create(image="busybox", timeout="forever")
+        self.assertEqual((c.exception.status, c.exception.kind), (400, "invalid"))
+        self.assertIn("timeout", str(c.exception))
+        with self.assertRaises(cagebox.Invalid):
+            self.cb.create(image="busybox", idle_action="explode")
+        with self.assertRaises(cagebox.NotFound):
+            self.cb.create(image="no-such-image")
+        with self.assertRaises(cagebox.NotFound):
+            self.cb.secrets.get("NO_SUCH_SECRET")
+        self.cb.policies.create("dup-policy", {"version": 1, "rules": []})
+        self.addCleanup(self.cb.policies.delete, "dup-policy")
+        with self.assertRaises(cagebox.Conflict) as c:
+            self.cb.policies.create("dup-policy", {"version": 1, "rules": []})
+        self.assertEqual(c.exception.status, 409)
+
+
+class TestPolicy(DaemonTest):
+    def test_live_allow_deny(self):
+        sb = self.new(allow=[UPSTREAM_HOST])
+        r = sb.exec(FETCH)
+        self.assertEqual(r.exit_code, 0, r)
+        self.assertIn(b"upstream says hello to /x", r.stdout)
+        g0 = sb.policy.get().generation
+        p = sb.policy.deny(UPSTREAM_HOST, name="block")
+        self.assertEqual(p.generation, g0 + 1)
+        self.assertEqual(p.policy.rules[0].name, "block")
+        r = sb.exec(FETCH)
+        self.assertNotEqual(r.exit_code, 0)
+        self.assertIn(b"403", r.stderr)
+        sb.policy.remove_rule("block")
+        self.assertEqual(sb.exec(FETCH).exit_code, 0)
+        # Path rules: deny one path, the rest stays allowed.
+        sb.policy.deny(UPSTREAM_HOST, path="/secret/**", name="nosecret")
+        self.assertNotEqual(sb.exec(f"wget -q -O- http://{UPSTREAM_HOST}/secret/a").exit_code, 0)
+        self.assertEqual(sb.exec(FETCH).exit_code, 0)
+        hist = sb.policy.history()
+        self.assertGreaterEqual(len(hist), 4)
+        self.assertEqual(hist[-1].generation if hist[-1].generation > hist[0].generation else hist[0].generation,
+                         sb.policy.get().generation)
+        self.assertIsInstance(sb.policy.usage(), list)
+
+    def test_set_and_if_generation(self):
+        sb = self.new()
+        self.assertNotEqual(sb.exec(FETCH).exit_code, 0)  # default: deny everything
+        g = sb.policy.get().generation
+        sb.policy.set(f"version: 1\nrules:\n  - {{name: up, host: {UPSTREAM_HOST}, action: allow}}\n", if_generation=g)
+        self.assertEqual(sb.exec(FETCH).exit_code, 0)
+        with self.assertRaises(cagebox.Conflict):
+            sb.policy.set({"version": 1, "rules": []}, if_generation=g)
+
+    def test_hold_and_approve(self):
+        sb = self.new(policy={"version": 2, "rules": []})
+        sb.policy.hold(UPSTREAM_HOST, name="ask", timeout=30)
+        box = {}
+        t = threading.Thread(target=lambda: box.update(r=sb.exec(FETCH)))
+        t.start()
+        pending = self.wait_for("a pending approval", lambda: sb.approvals())
+        self.assertEqual(pending[0].rule, "ask")
+        a = self.cb.approvals.approve(pending[0].id, reason="sdk test")
+        self.assertEqual(a.state, "allowed")
+        t.join(30)
+        self.assertEqual(box["r"].exit_code, 0, box["r"])
+        self.assertIn(a.id, [x.id for x in self.cb.approvals.list(state=None, sandbox=sb.id)])
+
+    def test_named_policy_and_freeze(self):
+        self.cb.policies.create("sdk-up", f"version: 1\nrules:\n  - {{host: {UPSTREAM_HOST}, action: allow}}\n")
+        self.addCleanup(self.cb.policies.delete, "sdk-up")
+        sb = self.new(policy_ref="sdk-up")
+        self.assertEqual(sb.policy.get().ref, "sdk-up")
+        self.assertIn("sdk-up", [p.name for p in self.cb.policies.list()])
+        self.assertEqual(sb.exec(FETCH).exit_code, 0)
+        u = self.cb.policies.update("sdk-up", {"version": 1, "rules": []})
+        self.assertIn(sb.id, u.updated)
+        self.assertNotEqual(sb.exec(FETCH).exit_code, 0)
+        self.cb.policies.update("sdk-up", {"version": 1, "rules": [{"host": UPSTREAM_HOST, "action": "allow"}]})
+        self.assertEqual(self.cb.policies.get("sdk-up").generation, 3)
+        self.assertEqual(sb.freeze().sandboxes, [sb.id])
+        self.assertTrue(sb.policy.get().frozen)
+        self.assertNotEqual(sb.exec(FETCH).exit_code, 0)
+        sb.thaw()
+        self.assertEqual(sb.exec(FETCH).exit_code, 0)
+
+
+class TestSecretsAndEvents(DaemonTest):
+    def test_secrets(self):
+        s = self.cb.secrets.put("SDK_TOKEN", "ghp_" + "a" * 36, [UPSTREAM_HOST])
+        self.addCleanup(lambda: self.cb.secrets.delete("SDK_TOKEN") if "SDK_TOKEN" in
+                        [x.name for x in self.cb.secrets.list()] else None)
+        self.assertEqual((s.name, s.version), ("SDK_TOKEN", 1))
+        self.assertNotIn("a" * 36, repr(s))
+        sb = self.new(secrets={"GH": "SDK_TOKEN"}, allow=[UPSTREAM_HOST])
+        self.assertEqual(sb.info.secrets[0].name, "GH")
+        seen = sb.exec("echo $GH").stdout_text.strip()
+        self.assertTrue(seen and "a" * 36 not in seen, "the guest must see a placeholder, not the value")
+        self.assertEqual(self.cb.secrets.rotate("SDK_TOKEN", "ghp_" + "b" * 36).version, 2)
+        self.assertEqual(self.cb.secrets.get("SDK_TOKEN").version, 2)
+        self.assertTrue(self.cb.secrets.revoke("SDK_TOKEN").revoked_at)
+        self.assertEqual(sb.unbind("GH").info.get("secrets"), None)
+        sb.remove()
+        self.cb.secrets.delete("SDK_TOKEN")
+        with self.assertRaises(cagebox.NotFound):
+            self.cb.secrets.get("SDK_TOKEN")
+
+    def test_events_list_and_follow(self):
+        sb = self.new()
+        kinds = [e.kind for e in sb.events()]
+        self.assertIn("sandbox.created", kinds)
+        last = max(e.seq for e in sb.events())
+        got = []
+        st = sb.follow_events(after=last, timeout=30)
+
+        def read():
+            for e in st:
+                got.append(e)
+                if e.kind == "sandbox.resumed":
+                    return
+
+        t = threading.Thread(target=read)
+        t.start()
+        sb.pause()
+        sb.resume()
+        t.join(20)
+        st.close()
+        self.assertFalse(t.is_alive(), "follow did not deliver sandbox.resumed")
+        self.assertEqual([e.kind for e in got][:2], ["sandbox.paused", "sandbox.resumed"])
+        self.assertTrue(all(e.sandbox == sb.id and e.seq > last for e in got))
+        self.assertEqual(st.last_seq, got[-1].seq)
+        # All of the tenant's events, filtered by after.
+        self.assertTrue(all(e.seq > last for e in self.cb.events(after=last)))
+
+
+class TestTCP(DaemonTest):
+    def test_api_key(self):
+        self.cb.tenants.create("sdk-team")
+        self.assertIn("sdk-team", [t.name for t in self.cb.tenants.list()])
+        key = self.cb.tenants.create_key("sdk-team")
+        self.assertTrue(key.key.startswith(key.prefix))
+        tcp = cagebox.Cagebox(host=D.url, api_key=key.key)
+        self.assertEqual(tcp.health().tenant, "sdk-team")
+        with tcp.create(image="busybox") as sb:
+            self.assertEqual(sb.info.tenant, "sdk-team")
+            self.assertEqual(sb.exec("cat", stdin=b"over tcp").stdout, b"over tcp")
+            sb.files.write("/tmp/f", b"x")
+            self.assertEqual(sb.files.read("/tmp/f"), b"x")
+            # The tenant sees its own sandboxes only; the admin sees all.
+            self.assertEqual([s.id for s in tcp.sandboxes()], [sb.id])
+            self.assertIn(sb.id, [s.id for s in self.cb.sandboxes()])
+        with self.assertRaises(cagebox.Denied) as c:
+            tcp.pools()
+        self.assertEqual(c.exception.status, 403)
+        with self.assertRaises(cagebox.Unauthorized):
+            cagebox.Cagebox(host=D.url, api_key="cbk_wrong").health()
+        with self.assertRaises(cagebox.Unauthorized):
+            cagebox.Cagebox(host=D.url, api_key="").health()
+        # The same environment variables as the CLI and the Go client.
+        saved = {k: os.environ.get(k) for k in ("CAGEBOX_HOST", "CAGEBOX_API_KEY")}
+        os.environ.update(CAGEBOX_HOST=D.url, CAGEBOX_API_KEY=key.key)
+        try:
+            self.assertEqual(cagebox.Cagebox().health().tenant, "sdk-team")
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k, None)
+                if v is not None:
+                    os.environ[k] = v
+
+
+class TestTools(DaemonTest):
+    def setUp(self):
+        try:
+            self.cb.tools.list()
+        except cagebox.NotFound as e:
+            self.skipTest(f"this daemon has no tools API yet ({e})")
+
+    def test_tools_execute(self):
+        t = self.cb.tools.add("sdk-upper", ["tr", "a-z", "A-Z"], description="upper-cases its input", image="busybox")
+        self.addCleanup(lambda: self.cb.tools.remove("sdk-upper"))
+        self.assertEqual(t.name, "sdk-upper")
+        self.assertIn("sdk-upper", [x.name for x in self.cb.tools.list()])
+        self.assertEqual(self.cb.tools.get("sdk-upper").argv, ["tr", "a-z", "A-Z"])
+        r = self.cb.execute("sdk-upper", "hello")
+        self.assertEqual((r.exit_code, r.stdout, r.tool), (0, "HELLO", "sdk-upper"))
+        with self.assertRaises(cagebox.NotFound):
+            self.cb.execute("no-such-tool", "x")
+        with self.assertRaises(cagebox.Invalid):
+            self.cb.tools.add("bad", [])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,112 @@
+"""Tests of the SDK's own logic, with no daemon."""
+
+import datetime
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import cagebox  # noqa: E402
+from cagebox import client, errors  # noqa: E402
+from cagebox._transport import route_path  # noqa: E402
+
+
+class TestHelpers(unittest.TestCase):
+    def test_duration(self):
+        for given, want in [(None, None), ("10m", "10m"), (30, "30s"), (1.5, "1.5s"), (0.25, "0.25s"),
+                            (datetime.timedelta(minutes=2), "120s"), (0, "0s")]:
+            self.assertEqual(client.duration(given), want, given)
+        with self.assertRaises(ValueError):
+            client.duration(-1)
+        with self.assertRaises(TypeError):
+            client.duration([1])
+
+    def test_size(self):
+        for given, want in [(None, None), (1024, 1024), ("512M", 512 << 20), ("2g", 2 << 30), ("1.5GiB", 3 << 29),
+                            ("64k", 64 << 10), ("100", 100)]:
+            self.assertEqual(client.size(given), want, given)
+        with self.assertRaises(ValueError):
+            client.size("lots")
+
+    def test_argv_and_env(self):
+        self.assertEqual(client.argv_of("echo hi"), ["/bin/sh", "-c", "echo hi"])
+        self.assertEqual(client.argv_of(["ls", "-l"]), ["ls", "-l"])
+        with self.assertRaises(ValueError):
+            client.argv_of([])
+        self.assertEqual(client.env_list({"A": "1", "B": "x=y"}), ["A=1", "B=x=y"])
+        self.assertEqual(client.env_list(["A=1"]), ["A=1"])
+        with self.assertRaises(TypeError):
+            client.env_list("A=1")
+
+    def test_route_path_escapes(self):
+        self.assertEqual(route_path("GET /v1/sandboxes/{id}", {"id": "a/b c"}), ("GET", "/v1/sandboxes/a%2Fb%20c"))
+        self.assertEqual(route_path("DELETE /v1/sandboxes/{id}/secrets/{name}", {"id": "sb-1", "name": "T"}),
+                         ("DELETE", "/v1/sandboxes/sb-1/secrets/T"))
+        with self.assertRaises(ValueError):
+            route_path("GET /v1/secrets/{name}", {"name": ""})
+
+    def test_error_kinds(self):
+        for status, kind, cls in [(404, "not_found", cagebox.NotFound), (400, "invalid", cagebox.Invalid),
+                                  (401, "unauthorized", cagebox.Unauthorized), (403, "denied", cagebox.Denied),
+                                  (409, "conflict", cagebox.Conflict), (503, "unavailable", cagebox.Unavailable),
+                                  (500, "internal", cagebox.InternalError), (504, "internal", cagebox.InternalError),
+                                  (404, "", cagebox.NotFound), (418, "", cagebox.InternalError)]:
+            e = errors.error_for(status, kind, "msg")
+            self.assertIs(type(e), cls, (status, kind))
+            self.assertIsInstance(e, cagebox.CageboxError)
+            self.assertEqual((e.status, str(e)), (status, "msg"))
+
+    def test_policy_doc(self):
+        self.assertEqual(client.policy_doc('{"version": 1}'), {"version": 1})
+        with self.assertRaises(ValueError):
+            client.policy_doc("version: 1")
+        self.assertEqual(client.doc_bytes("version: 1\n")[1], "application/yaml")
+        self.assertEqual(client.doc_bytes({"version": 1})[1], "application/json")
+
+    def test_record(self):
+        r = client.Record.of({"a": {"b": [{"c": 1}]}})
+        self.assertEqual(r.a.b[0].c, 1)
+        with self.assertRaises(AttributeError):
+            r.nope
+
+
+class TestResolution(unittest.TestCase):
+    def setUp(self):
+        self.saved = {k: os.environ.pop(k, None) for k in ("CAGEBOX_HOST", "CAGEBOX_API_KEY", "CAGEBOX_CA_CERT", "CAGEBOX_HOME")}
+
+    def tearDown(self):
+        for k, v in self.saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+
+    def test_default_socket(self):
+        self.assertEqual(cagebox.Cagebox()._t.socket_path, "/var/lib/cagebox/cagebox.sock")
+        os.environ["CAGEBOX_HOME"] = "/srv/cb"
+        self.assertEqual(cagebox.Cagebox()._t.socket_path, "/srv/cb/cagebox.sock")
+        self.assertEqual(cagebox.Cagebox(home="/h")._t.socket_path, "/h/cagebox.sock")
+
+    def test_host_from_env(self):
+        os.environ["CAGEBOX_HOST"] = "http://127.0.0.1:7070"
+        os.environ["CAGEBOX_API_KEY"] = "cbk_test"
+        t = cagebox.Cagebox()._t
+        self.assertIsNone(t.socket_path)
+        self.assertEqual((t.where, t._key), ("http://127.0.0.1:7070", "cbk_test"))
+
+    def test_bad_urls(self):
+        for u in ["ftp://x:1", "http://", "http://u:p@h:1", "http://h:1/path", "http://h:1?q=1"]:
+            with self.assertRaises(ValueError, msg=u):
+                cagebox.Cagebox(host=u)
+        with self.assertRaises(ValueError):
+            cagebox.Cagebox(host="http://127.0.0.1:1", ca_cert="/ca.pem")
+
+    def test_unreachable(self):
+        cb = cagebox.Cagebox(socket="/nonexistent/cagebox.sock")
+        with self.assertRaises(cagebox.ConnectionFailed) as ctx:
+            cb.health()
+        self.assertIn("cagebox daemon", str(ctx.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
