@@ -309,9 +309,9 @@ class TestSecretsAndEvents(DaemonTest):
 
     def test_events_list_and_follow(self):
         sb = self.new()
-        kinds = [e.kind for e in sb.events()]
-        self.assertIn("sandbox.created", kinds)
-        last = max(e.seq for e in sb.events())
+        # Events are stored by a batched writer: wait for the create's.
+        evs = self.wait_for("sandbox.created", lambda: [e for e in sb.events() if e.kind == "sandbox.created"] and sb.events())
+        last = max(e.seq for e in evs)
         got = []
         st = sb.follow_events(after=last, timeout=30)
 

@@ -1,0 +1,129 @@
+/** Wire types of the cagebox API (api/types.go, api/openapi.json). Times are RFC 3339 strings. */
+
+export type PolicyDocument = Record<string, unknown>;
+
+export interface Health { version: string; tenant: string; sandboxes: number }
+
+export interface Runtime {
+  name: string; class: string; available: boolean; reason?: string; detail?: string; default?: boolean;
+}
+
+export interface Image { name: string; size_bytes: number; created_at: string; digest: string; source?: string }
+
+export interface HMACSigning {
+  algorithm?: string; header: string; prefix?: string; encoding?: string; sign: string[]; max_body?: number;
+}
+
+export interface SecretBinding {
+  /** The guest's environment variable. */
+  name: string;
+  /** A stored secret (default: name). */
+  secret?: string;
+  /** An inline value (write-only), with hosts. */
+  value?: string;
+  hosts?: string[];
+  body?: boolean;
+  headers?: string[];
+  query?: string[];
+  /** "" (placeholder), "env", "sigv4" or "hmac". */
+  mode?: string;
+  hmac?: HMACSigning;
+}
+
+export interface BoundSecret {
+  name: string; secret: string; hosts: string[]; mode: string; headers?: string[]; query?: string[]; hmac?: HMACSigning;
+}
+
+export interface Resources { memory_bytes: number; cpus: number; pids: number; disk_bytes: number }
+
+export interface Network { address: string; gateway: string; host_interface: string }
+
+export interface SandboxInfo {
+  id: string; tenant: string; runtime: string; class: string; image: string; status: string; error?: string;
+  resources: Resources; created_at: string; expires_at?: string; idle_timeout?: string; idle_action?: string;
+  last_active: string; network?: Network; policy?: PolicyDocument; secrets?: BoundSecret[];
+  real_values_in_guest?: string[];
+}
+
+export interface CreateSandboxRequest {
+  runtime?: string; image?: string; memory_bytes?: number; cpus?: number; pids?: number; disk_bytes?: number;
+  timeout?: string; idle_timeout?: string; idle_action?: string; env?: string[]; policy?: PolicyDocument;
+  allow?: string[]; policy_ref?: string; secrets?: SecretBinding[];
+}
+
+export interface ExecRequest {
+  argv: string[]; env?: string[]; cwd?: string; user?: string; timeout?: string; stdin?: boolean;
+}
+
+export interface ExecFrame {
+  stream: "stdout" | "stderr" | "exit" | "error";
+  /** base64 */
+  data?: string;
+  exit_code?: number; signal?: string; timed_out?: boolean; oom_killed?: boolean; error?: string;
+}
+
+export interface FileInfo { name: string; size: number; mode: string; mod_time: string; is_dir: boolean }
+
+export interface Tenant {
+  id: string; name: string; min_isolation?: string; untrusted?: boolean; floor?: string; created_at: string;
+}
+
+export interface APIKey { id: string; tenant: string; prefix: string; key?: string; created_at: string }
+
+export interface Event {
+  seq: number; time: string; tenant: string; sandbox?: string; kind: string; data?: Record<string, unknown>;
+}
+
+export interface Secret {
+  name: string; tenant: string; hosts: string[]; inject?: string; preview: string; version: number;
+  created_at: string; updated_at: string; revoked_at?: string; allow_env: boolean;
+}
+
+export interface SandboxPolicy { generation: number; policy: PolicyDocument; ref?: string; frozen?: boolean }
+
+export interface PolicyRule {
+  name?: string; host: string; ports?: number[]; methods?: string[]; paths?: string[];
+  action: "allow" | "deny" | "hold"; protocol?: string; when?: string; timeout?: string;
+}
+
+export interface PolicyPatch { op: "add" | "remove" | "move"; rule?: PolicyRule; name?: string; index?: number }
+
+export interface PolicyVersion { generation: number; actor: string; reason?: string; created_at: string; policy: PolicyDocument }
+
+export interface BudgetUsage {
+  name: string; requests: number; bytes_up: number; bytes_down: number; spend: number;
+  max_requests?: number; max_bytes_up?: number; max_bytes_down?: number; max_spend?: number; rate?: number;
+  exhausted: boolean;
+}
+
+export interface NamedPolicy { name: string; generation: number; policy: PolicyDocument; updated_at: string; updated?: string[] }
+
+export interface Approval {
+  id: string; sandbox: string; rule: string; request: Record<string, unknown>; state: string; decided_by?: string;
+  reason?: string; remember?: boolean; created_at: string; deadline: string;
+}
+
+export interface FreezeResult { sandboxes: string[] }
+
+export interface PoolStatus {
+  class: string; runtime: string; image: string; memory_bytes: number; target: number; ready: number; filling: boolean;
+  claims: number; misses: number; fills: number; failures: number; last_error?: string; last_fill_ms: number;
+}
+
+export interface Pools { pools: PoolStatus[]; memory_budget: number; memory_used: number }
+
+export interface Tool {
+  name: string; description?: string; argv: string[]; input_file?: string; image?: string; runtime?: string;
+  runtime_floor?: string; allow?: string[]; policy_ref?: string; secrets?: SecretBinding[]; env?: string[];
+  timeout?: string; memory_bytes?: number; cpus?: number; input_schema?: Record<string, unknown>; created_at?: string;
+}
+
+export interface EgressDecision { host: string; method?: string; path?: string; allowed: boolean; rule?: string; reason?: string }
+
+export interface ExecuteResult {
+  tool: string; sandbox: string; runtime: string; pooled: boolean; exit_code: number; timed_out?: boolean;
+  oom_killed?: boolean; stdout: string; stderr: string; stdout_truncated?: boolean; stderr_truncated?: boolean;
+  duration_ms: number; egress: EgressDecision[];
+}
+
+export interface ApprovalDecisionBody { decision: "allow" | "deny"; remember?: boolean; reason?: string }

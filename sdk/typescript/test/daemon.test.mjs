@@ -1,0 +1,318 @@
+// The SDK against a real daemon with real sandboxes (container runtime,
+// busybox image). Skips, saying why, without root or without `make build`.
+import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
+import { Readable } from "node:stream";
+import { after, before, describe, it } from "node:test";
+
+import * as cagebox from "../dist/index.js";
+import { Cagebox } from "../dist/index.js";
+import { Daemon, skipReason, UPSTREAM_HOST } from "./harness.mjs";
+
+const reason = skipReason();
+const FETCH = `wget -q -O- http://${UPSTREAM_HOST}/x`;
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function waitFor(what, fn, ms = 15_000) {
+  const deadline = Date.now() + ms;
+  while (Date.now() < deadline) {
+    const v = await fn();
+    if (v) return v;
+    await sleep(100);
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+
+describe("against a real daemon", { skip: reason || false }, () => {
+  let d;
+  let cb;
+  before(async () => {
+    d = new Daemon();
+    try {
+      await d.start();
+    } catch (err) {
+      await d.stop();
+      throw err;
+    }
+    cb = d.client;
+  });
+  after(async () => {
+    await d?.stop();
+  });
+
+  it("health, runtimes, images, pools", async () => {
+    assert.equal((await cb.health()).tenant, "admin");
+    const rt = (await cb.runtimes()).find((r) => r.name === "container");
+    assert.ok(rt?.available, JSON.stringify(rt));
+    const names = (await cb.images()).map((i) => i.name);
+    assert.ok(names.includes("busybox") && names.includes("default"), names.join());
+    assert.deepEqual((await cb.pools()).pools, []);
+  });
+
+  it("create, inspect, list; the default image", async () => {
+    await cb.withSandbox({ env: { GREETING: "hi" }, memory: "128M", timeout: 600, idleTimeout: "5m", idleAction: "pause" }, async (sb) => {
+      assert.equal(sb.status, "running");
+      assert.equal(sb.info.image, "default");
+      assert.equal(sb.info.resources.memory_bytes, 128 * 2 ** 20);
+      assert.equal(sb.info.idle_action, "pause");
+      assert.ok((await cb.sandboxes()).some((s) => s.id === sb.id));
+      assert.equal((await cb.sandbox(sb.id)).id, sb.id);
+      assert.equal((await sb.inspect()).status, "running");
+      assert.equal((await sb.exec("echo $GREETING")).stdout.toString(), "hi\n");
+    });
+  });
+
+  describe("exec and files", () => {
+    let sb;
+    before(async () => {
+      sb = await cb.create({ image: "busybox" });
+    });
+    after(async () => {
+      await sb.remove();
+    });
+
+    it("exit codes, output, signals", async () => {
+      let r = await sb.exec("echo out; echo err >&2; exit 3");
+      assert.deepEqual([r.exitCode, r.stdout.toString(), r.stderr.toString()], [3, "out\n", "err\n"]);
+      r = await sb.exec(["/bin/echo", "a b", "c"]);
+      assert.equal(r.stdout.toString(), "a b c\n");
+      r = await sb.exec("kill -9 $$");
+      assert.equal(r.signal, "SIGKILL");
+    });
+
+    it("streams output as an async iterator, before the exit", async () => {
+      const start = Date.now();
+      const seen = [];
+      const st = await sb.execStream("echo one; sleep 1.5; echo two >&2");
+      for await (const o of st) seen.push([o.stream, o.data.toString(), Date.now() - start]);
+      const total = Date.now() - start;
+      assert.deepEqual(seen.map(([s, d]) => [s, d]), [["stdout", "one\n"], ["stderr", "two\n"]]);
+      assert.ok(seen[0][2] < total - 1000, `stdout came only with the exit (${seen[0][2]} of ${total} ms)`);
+      assert.equal(st.result.exitCode, 0);
+      const got = [];
+      const r = await sb.exec("for i in 1 2 3; do echo $i; done", { onStdout: (b) => got.push(b.toString()) });
+      assert.equal(got.join(""), "1\n2\n3\n");
+      assert.equal(r.exitCode, 0);
+    });
+
+    it("stdin: text, bytes, streams; 4 MiB full duplex", async () => {
+      for (const stdin of ["text\n", Buffer.from("bytes\n"), Readable.from([Buffer.from("read"), Buffer.from("able\n")]), ["arr", "ay\n"]]) {
+        const r = await sb.exec("cat", { stdin });
+        assert.equal(r.exitCode, 0);
+        assert.ok(r.stdout.length > 1 && r.stdout.toString().endsWith("\n"), r.stdout.toString());
+      }
+      const data = randomBytes(4 << 20);
+      const r = await sb.exec(["cat"], { stdin: data });
+      assert.equal(r.exitCode, 0);
+      assert.ok(r.stdout.equals(data), `got ${r.stdout.length} bytes back`);
+      assert.equal((await sb.exec("wc -c")).stdout.toString().trim(), "0");
+    });
+
+    it("timeout, env, cwd", async () => {
+      const t = Date.now();
+      const r = await sb.exec("sleep 30", { timeout: 0.5 });
+      assert.ok(r.timedOut);
+      assert.ok(Date.now() - t < 10_000);
+      assert.equal((await sb.exec("echo $A-$B; pwd", { env: { A: "1", B: "2" }, cwd: "/tmp" })).stdout.toString(), "1-2\n/tmp\n");
+    });
+
+    it("files: write, read, list, errors", async () => {
+      const blob = randomBytes(100_000);
+      await sb.files.write("/tmp/sdk/dir/blob.bin", blob, 0o600);
+      assert.ok((await sb.files.read("/tmp/sdk/dir/blob.bin")).equals(blob));
+      await sb.files.write("/tmp/sdk/hello.txt", "héllo");
+      assert.equal(await sb.files.readText("/tmp/sdk/hello.txt"), "héllo");
+      const ents = Object.fromEntries((await sb.files.list("/tmp/sdk")).map((e) => [e.name, e]));
+      assert.ok(ents.dir.is_dir);
+      assert.equal(ents["hello.txt"].size, Buffer.byteLength("héllo"));
+      assert.equal((await sb.files.list("/tmp/sdk/dir"))[0].mode, "-rw-------");
+      await assert.rejects(sb.files.read("/tmp/sdk/missing"), cagebox.NotFound);
+      await assert.rejects(sb.files.read("relative"), cagebox.Invalid);
+    });
+  });
+
+  it("pause, resume, stop, remove", async () => {
+    const sb = await cb.create({ image: "busybox" });
+    assert.equal((await sb.pause()).status, "paused");
+    assert.equal((await sb.resume()).status, "running");
+    assert.equal((await sb.exec("echo back")).stdout.toString(), "back\n");
+    assert.equal((await sb.stop(1)).status, "stopped");
+    await sb.remove();
+    await assert.rejects(sb.inspect(), cagebox.NotFound);
+  });
+
+  it("withSandbox removes the sandbox, also when fn throws", async () => {
+    let id;
+    await cb.withSandbox({ image: "busybox" }, async (sb) => {
+      id = sb.id;
+    });
+    await assert.rejects(cb.sandbox(id), cagebox.NotFound);
+    await assert.rejects(cb.withSandbox({ image: "busybox" }, async (sb) => {
+      id = sb.id;
+      throw new Error("boom");
+    }), /boom/);
+    await assert.rejects(cb.sandbox(id), cagebox.NotFound);
+  });
+
+  it("error kinds", async () => {
+    await assert.rejects(cb.sandbox("sb-0000000000000000"), (e) => e instanceof cagebox.NotFound && e.status === 404 && e.kind === "not_found");
+    await assert.rejects(cb.create({ image: "busybox", timeout: "forever" }), (e) => e instanceof cagebox.Invalid && e.status === 400 && /timeout/.test(e.message));
+    await assert.rejects(cb.create({ image: "no-such-image" }), cagebox.NotFound);
+    await assert.rejects(cb.secrets.get("NO_SUCH_SECRET"), cagebox.NotFound);
+    await cb.policies.create("dup-policy-js", { version: 1, rules: [] });
+    await assert.rejects(cb.policies.create("dup-policy-js", { version: 1, rules: [] }), (e) => e instanceof cagebox.Conflict && e.status === 409);
+    await cb.policies.delete("dup-policy-js");
+  });
+
+  it("live policy: allow, deny, remove, set, history", async () => {
+    await cb.withSandbox({ image: "busybox", allow: [UPSTREAM_HOST] }, async (sb) => {
+      let r = await sb.exec(FETCH);
+      assert.equal(r.exitCode, 0, r.stderr.toString());
+      assert.match(r.stdout.toString(), /upstream says hello to \/x/);
+      const g0 = (await sb.policy.get()).generation;
+      const p = await sb.policy.deny(UPSTREAM_HOST, { name: "block" });
+      assert.equal(p.generation, g0 + 1);
+      r = await sb.exec(FETCH);
+      assert.notEqual(r.exitCode, 0);
+      assert.match(r.stderr.toString(), /403/);
+      await sb.policy.removeRule("block");
+      assert.equal((await sb.exec(FETCH)).exitCode, 0);
+      const g = (await sb.policy.get()).generation;
+      await sb.policy.set("version: 1\nrules: []\n", g);
+      assert.notEqual((await sb.exec(FETCH)).exitCode, 0);
+      await assert.rejects(sb.policy.set({ version: 1, rules: [] }, g), cagebox.Conflict);
+      assert.ok((await sb.policy.history()).length >= 4);
+      assert.ok(Array.isArray(await sb.policy.usage()));
+    });
+  });
+
+  it("hold and approve", async () => {
+    await cb.withSandbox({ image: "busybox", policy: { version: 2, rules: [] } }, async (sb) => {
+      await sb.policy.hold(UPSTREAM_HOST, { name: "ask", timeout: 30 });
+      const running = sb.exec(FETCH);
+      const pending = await waitFor("a pending approval", async () => {
+        const l = await sb.approvals();
+        return l.length ? l : null;
+      });
+      assert.equal(pending[0].rule, "ask");
+      assert.equal((await cb.approvals.approve(pending[0].id, { reason: "sdk test" })).state, "allowed");
+      assert.equal((await running).exitCode, 0);
+    });
+  });
+
+  it("named policy, freeze and thaw", async () => {
+    await cb.policies.create("sdk-up-js", `version: 1\nrules:\n  - {host: ${UPSTREAM_HOST}, action: allow}\n`);
+    try {
+      await cb.withSandbox({ image: "busybox", policyRef: "sdk-up-js" }, async (sb) => {
+        assert.equal((await sb.policy.get()).ref, "sdk-up-js");
+        assert.ok((await cb.policies.list()).some((p) => p.name === "sdk-up-js"));
+        assert.equal((await sb.exec(FETCH)).exitCode, 0);
+        const u = await cb.policies.update("sdk-up-js", { version: 1, rules: [] });
+        assert.deepEqual(u.updated, [sb.id]);
+        assert.notEqual((await sb.exec(FETCH)).exitCode, 0);
+        await cb.policies.update("sdk-up-js", { version: 1, rules: [{ host: UPSTREAM_HOST, action: "allow" }] });
+        assert.equal((await cb.policies.get("sdk-up-js")).generation, 3);
+        assert.deepEqual((await sb.freeze()).sandboxes, [sb.id]);
+        assert.notEqual((await sb.exec(FETCH)).exitCode, 0);
+        await sb.thaw();
+        assert.equal((await sb.exec(FETCH)).exitCode, 0);
+      });
+    } finally {
+      await cb.policies.delete("sdk-up-js");
+    }
+  });
+
+  it("secrets: put, bind, rotate, revoke, unbind, delete", async () => {
+    const s = await cb.secrets.put("SDK_TOKEN_JS", "ghp_" + "a".repeat(36), [UPSTREAM_HOST]);
+    assert.equal(s.version, 1);
+    assert.ok(!JSON.stringify(s).includes("a".repeat(36)));
+    await cb.withSandbox({ image: "busybox", secrets: { GH: "SDK_TOKEN_JS" }, allow: [UPSTREAM_HOST] }, async (sb) => {
+      const seen = (await sb.exec("echo $GH")).stdout.toString().trim();
+      assert.ok(seen && !seen.includes("a".repeat(36)), "the guest must see a placeholder");
+      assert.equal((await cb.secrets.rotate("SDK_TOKEN_JS", "ghp_" + "b".repeat(36))).version, 2);
+      assert.ok((await cb.secrets.revoke("SDK_TOKEN_JS")).revoked_at);
+      assert.equal((await sb.unbind("GH")).info.secrets, undefined);
+    });
+    assert.ok((await cb.secrets.list()).some((x) => x.name === "SDK_TOKEN_JS"));
+    await cb.secrets.delete("SDK_TOKEN_JS");
+    await assert.rejects(cb.secrets.get("SDK_TOKEN_JS"), cagebox.NotFound);
+  });
+
+  it("events: list and follow", async () => {
+    await cb.withSandbox({ image: "busybox" }, async (sb) => {
+      // Events are stored by a batched writer: wait for the create's.
+      const evs = await waitFor("sandbox.created", async () => {
+        const l = await sb.events();
+        return l.some((e) => e.kind === "sandbox.created") ? l : null;
+      });
+      const last = Math.max(...evs.map((e) => e.seq));
+      const st = await sb.followEvents({ after: last });
+      const got = [];
+      const reading = (async () => {
+        for await (const e of st) {
+          got.push(e);
+          if (e.kind === "sandbox.resumed") break;
+        }
+      })();
+      await sb.pause();
+      await sb.resume();
+      await Promise.race([reading, sleep(20_000).then(() => { throw new Error("follow did not deliver sandbox.resumed"); })]);
+      assert.deepEqual(got.map((e) => e.kind).slice(0, 2), ["sandbox.paused", "sandbox.resumed"]);
+      assert.ok(got.every((e) => e.sandbox === sb.id && e.seq > last));
+      assert.equal(st.lastSeq, got.at(-1).seq);
+    });
+  });
+
+  it("TCP with an API key", async () => {
+    await cb.tenants.create("sdk-team-js");
+    assert.ok((await cb.tenants.list()).some((t) => t.name === "sdk-team-js"));
+    const key = await cb.tenants.createKey("sdk-team-js");
+    assert.ok(key.key.startsWith(key.prefix));
+    const tcp = new Cagebox({ host: d.url, apiKey: key.key });
+    assert.equal((await tcp.health()).tenant, "sdk-team-js");
+    await tcp.withSandbox({ image: "busybox" }, async (sb) => {
+      assert.equal(sb.info.tenant, "sdk-team-js");
+      assert.equal((await sb.exec("cat", { stdin: "over tcp" })).stdout.toString(), "over tcp");
+      await sb.files.write("/tmp/f", "x");
+      assert.equal(await sb.files.readText("/tmp/f"), "x");
+      assert.deepEqual((await tcp.sandboxes()).map((s) => s.id), [sb.id]);
+    });
+    await assert.rejects(tcp.pools(), (e) => e instanceof cagebox.Denied && e.status === 403);
+    await assert.rejects(new Cagebox({ host: d.url, apiKey: "cbk_wrong" }).health(), cagebox.Unauthorized);
+    await assert.rejects(new Cagebox({ host: d.url, apiKey: "" }).health(), cagebox.Unauthorized);
+    const saved = [process.env.CAGEBOX_HOST, process.env.CAGEBOX_API_KEY];
+    Object.assign(process.env, { CAGEBOX_HOST: d.url, CAGEBOX_API_KEY: key.key });
+    try {
+      assert.equal((await new Cagebox().health()).tenant, "sdk-team-js");
+    } finally {
+      delete process.env.CAGEBOX_HOST;
+      delete process.env.CAGEBOX_API_KEY;
+      if (saved[0] !== undefined) process.env.CAGEBOX_HOST = saved[0];
+      if (saved[1] !== undefined) process.env.CAGEBOX_API_KEY = saved[1];
+    }
+  });
+
+  it("tools: add, list, get, execute, remove", async (t) => {
+    try {
+      await cb.tools.list();
+    } catch (err) {
+      if (err instanceof cagebox.NotFound) {
+        t.skip(`this daemon has no tools API yet (${err.message})`);
+        return;
+      }
+      throw err;
+    }
+    const tool = await cb.tools.add("sdk-upper-js", ["tr", "a-z", "A-Z"], { description: "upper-cases its input", image: "busybox" });
+    try {
+      assert.equal(tool.name, "sdk-upper-js");
+      assert.ok((await cb.tools.list()).some((x) => x.name === "sdk-upper-js"));
+      assert.deepEqual((await cb.tools.get("sdk-upper-js")).argv, ["tr", "a-z", "A-Z"]);
+      const r = await cb.execute("sdk-upper-js", "hello");
+      assert.deepEqual([r.exit_code, r.stdout, r.tool], [0, "HELLO", "sdk-upper-js"]);
+      await assert.rejects(cb.execute("no-such-tool", "x"), cagebox.NotFound);
+      await assert.rejects(cb.tools.add("bad", []), cagebox.Invalid);
+    } finally {
+      await cb.tools.remove("sdk-upper-js");
+    }
+  });
+});

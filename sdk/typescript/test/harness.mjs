@@ -1,0 +1,141 @@
+// Starts a real cagebox daemon for the SDK's tests: the binaries of `make
+// build` (bin/cagebox, bin/cagebox-agent; CAGEBOX_BIN_DIR overrides), a
+// temporary --home with busybox images named busybox and default, the
+// container runtime, a TCP listener on loopback, and a local HTTP upstream
+// that sandboxes reach as http://api.sdk.test/ through the daemon's --resolve.
+
+import { execFileSync, spawn } from "node:child_process";
+import * as fs from "node:fs";
+import * as http from "node:http";
+import * as net from "node:net";
+import * as os from "node:os";
+import * as path from "node:path";
+import { fileURLToPath } from "node:url";
+
+import { Cagebox, CageboxError, ConnectionFailed } from "../dist/index.js";
+
+export const UPSTREAM_HOST = "api.sdk.test";
+const here = path.dirname(fileURLToPath(import.meta.url));
+
+export function repoRoot() {
+  let d = here;
+  while (d !== "/") {
+    if (fs.existsSync(path.join(d, "go.mod"))) return d;
+    d = path.dirname(d);
+  }
+  throw new Error(`no go.mod above ${here}`);
+}
+
+export const binDir = () => process.env.CAGEBOX_BIN_DIR || path.join(repoRoot(), "bin");
+
+/** Why the daemon tests cannot run here, or "". */
+export function skipReason() {
+  if (process.getuid() !== 0) return "needs root (the daemon makes namespaces, mounts, cgroups and nftables rules)";
+  for (const b of ["cagebox", "cagebox-agent"]) {
+    const p = path.join(binDir(), b);
+    try {
+      fs.accessSync(p, fs.constants.X_OK);
+    } catch {
+      return `${p} is missing: run \`make build\` at the repository root`;
+    }
+  }
+  return "";
+}
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.on("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+export class Daemon {
+  constructor() {
+    this.bin = binDir();
+    this.home = fs.mkdtempSync(path.join(os.tmpdir(), "cbsdkjs"));
+    this.logPath = path.join(this.home, "daemon.log");
+    this.env = { ...process.env };
+    // Our own nftables table, interface prefix and link pool: no clash with
+    // another daemon on this host (values in the environment win).
+    this.env.CAGEBOX_NET_TABLE ||= "cagebox_sdkjs";
+    this.env.CAGEBOX_NET_IFPREFIX ||= "cbj";
+    this.env.CAGEBOX_LINK_POOL ||= "10.249.128.0/17";
+    for (const k of ["CAGEBOX_HOST", "CAGEBOX_API_KEY", "CAGEBOX_CA_CERT"]) delete this.env[k];
+  }
+
+  cli(...args) {
+    return execFileSync(path.join(this.bin, "cagebox"), ["--home", this.home, ...args], { env: this.env, encoding: "utf8", stdio: "pipe", timeout: 120_000 });
+  }
+
+  async start() {
+    // Busybox images (well under a second) under both names, so requests
+    // naming no image get "default".
+    this.cli("image", "build", "busybox", "--vm", "no");
+    const images = path.join(this.home, "images");
+    fs.cpSync(path.join(images, "busybox"), path.join(images, "default"), { recursive: true, verbatimSymlinks: true });
+    const meta = path.join(images, "default", "image.json");
+    fs.writeFileSync(meta, fs.readFileSync(meta, "utf8").replace('"name": "busybox"', '"name": "default"'));
+
+    this.upstream = http.createServer((req, res) => {
+      res.setHeader("Content-Type", "text/plain");
+      res.end(`upstream says hello to ${req.url}\n`);
+    });
+    await new Promise((r) => this.upstream.listen(0, "127.0.0.1", r));
+    const upPort = this.upstream.address().port;
+
+    this.port = await freePort();
+    this.url = `http://127.0.0.1:${this.port}`;
+    const log = fs.openSync(this.logPath, "w");
+    this.proc = spawn(path.join(this.bin, "cagebox"), [
+      "--home", this.home, "daemon", "--agent", path.join(this.bin, "cagebox-agent"), "--default-runtime", "container",
+      "--listen", `127.0.0.1:${this.port}`, "--resolve", `${UPSTREAM_HOST}:80=127.0.0.1:${upPort}`,
+    ], { env: this.env, stdio: ["ignore", log, log] });
+    fs.closeSync(log);
+    this.exited = new Promise((r) => this.proc.on("exit", r));
+    this.client = new Cagebox({ home: this.home, timeoutMs: 120_000 });
+    const deadline = Date.now() + 30_000;
+    for (;;) {
+      try {
+        await this.client.health();
+        return;
+      } catch (err) {
+        if (!(err instanceof ConnectionFailed) || this.proc.exitCode !== null || Date.now() > deadline) {
+          throw new Error(`daemon did not come up: ${err}\n${this.log()}`);
+        }
+        await sleep(50);
+      }
+    }
+  }
+
+  log() {
+    try {
+      return fs.readFileSync(this.logPath, "utf8").slice(-20000);
+    } catch {
+      return "";
+    }
+  }
+
+  async stop() {
+    if (this.proc && this.proc.exitCode === null) {
+      try {
+        for (const sb of await this.client.sandboxes()) {
+          await sb.remove().catch(() => {});
+        }
+      } catch (err) {
+        if (!(err instanceof CageboxError)) throw err;
+      }
+      this.proc.kill("SIGTERM");
+      const t = setTimeout(() => this.proc.kill("SIGKILL"), 20_000);
+      await this.exited;
+      clearTimeout(t);
+    }
+    if (this.upstream) await new Promise((r) => this.upstream.close(r));
+    fs.rmSync(this.home, { recursive: true, force: true });
+  }
+}
