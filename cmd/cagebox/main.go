@@ -93,6 +93,8 @@ func newRoot() *cobra.Command {
 		eventsCmd(g),
 		tenantCmd(g),
 		poolCmd(g),
+		toolCmd(g),
+		executeCmd(g),
 		secretCmd(g),
 		policyCmd(g),
 		approvalsCmd(g),

@@ -89,6 +89,11 @@ func Routes() []Route {
 		{Method: "GET", Path: "/v1/tenants", Admin: true, handler: (*Server).listTenants},
 		{Method: "POST", Path: "/v1/tenants/{id}/keys", Admin: true, handler: (*Server).createKey},
 		{Method: "GET", Path: "/v1/pools", Admin: true, handler: (*Server).listPools},
+		{Method: "POST", Path: "/v1/tools", handler: (*Server).putTool},
+		{Method: "GET", Path: "/v1/tools", handler: (*Server).listTools},
+		{Method: "GET", Path: "/v1/tools/{name}", handler: (*Server).getTool},
+		{Method: "DELETE", Path: "/v1/tools/{name}", handler: (*Server).deleteTool},
+		{Method: "POST", Path: "/v1/tools/{name}/execute", handler: (*Server).executeTool},
 	}
 }
 
