@@ -451,3 +451,10 @@ func (c *Client) Execute(ctx context.Context, name string, req *api.ExecuteReque
 	var out api.ExecuteResult
 	return &out, c.do(ctx, "POST", "/v1/tools/"+url.PathEscape(name)+"/execute", req, &out)
 }
+
+// RequestAccess asks an operator to let a sandbox reach a host and waits
+// for the decision.
+func (c *Client) RequestAccess(ctx context.Context, id string, req *api.AccessRequest) (*api.AccessResult, error) {
+	var out api.AccessResult
+	return &out, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/access", req, &out)
+}

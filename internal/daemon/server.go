@@ -89,6 +89,7 @@ func Routes() []Route {
 		{Method: "GET", Path: "/v1/tenants", Admin: true, handler: (*Server).listTenants},
 		{Method: "POST", Path: "/v1/tenants/{id}/keys", Admin: true, handler: (*Server).createKey},
 		{Method: "GET", Path: "/v1/pools", Admin: true, handler: (*Server).listPools},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/access", handler: (*Server).requestAccess},
 		{Method: "POST", Path: "/v1/tools", handler: (*Server).putTool},
 		{Method: "GET", Path: "/v1/tools", handler: (*Server).listTools},
 		{Method: "GET", Path: "/v1/tools/{name}", handler: (*Server).getTool},

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/livepolicy"
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
 )
@@ -74,6 +76,29 @@ func (s *Server) executeTool(w http.ResponseWriter, r *http.Request, t *store.Te
 		return fmt.Errorf("%w: invalid JSON: %v", errdefs.ErrInvalid, err)
 	}
 	res, err := s.mgr.Execute(r.Context(), t, r.PathValue("name"), &req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, res)
+	return nil
+}
+
+// requestAccess: POST /v1/sandboxes/{id}/access waits for an operator's
+// decision on the host (at most the request's timeout, default 10m).
+func (s *Server) requestAccess(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	var req api.AccessRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	var wait time.Duration
+	if req.Timeout != "" {
+		d, err := time.ParseDuration(req.Timeout)
+		if err != nil || d <= 0 || d > livepolicy.MaxAccessWait {
+			return fmt.Errorf("%w: timeout: %q is not a duration up to %s", errdefs.ErrInvalid, req.Timeout, livepolicy.MaxAccessWait)
+		}
+		wait = d
+	}
+	res, err := s.mgr.RequestAccess(r.Context(), scope(t), r.PathValue("id"), req.Host, req.Reason, wait)
 	if err != nil {
 		return err
 	}

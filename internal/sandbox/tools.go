@@ -331,3 +331,24 @@ func (c *capped) Write(p []byte) (int, error) {
 	c.Buffer.Write(p)
 	return n, nil
 }
+
+// RequestAccess asks an operator to let a running sandbox of tenant reach
+// host, waiting up to wait for the decision (livepolicy.RequestAccess).
+func (m *Manager) RequestAccess(ctx context.Context, tenant, id, host, reason string, wait time.Duration) (*api.AccessResult, error) {
+	if _, _, err := m.attached(ctx, tenant, id); err != nil {
+		return nil, err
+	}
+	reg := m.Live()
+	if reg == nil {
+		return nil, fmt.Errorf("%w: this daemon has no network: no access to ask for", errdefs.ErrUnavailable)
+	}
+	s, ok := reg.Get(id)
+	if !ok {
+		return nil, fmt.Errorf("%w: sandbox %s has no live policy", errdefs.ErrConflict, id)
+	}
+	r, err := s.RequestAccess(ctx, host, reason, wait)
+	if err != nil {
+		return nil, err
+	}
+	return &api.AccessResult{Approval: r.Approval, Allowed: r.Allowed, By: r.By, Reason: r.Reason}, nil
+}
