@@ -458,3 +458,9 @@ func (c *Client) RequestAccess(ctx context.Context, id string, req *api.AccessRe
 	var out api.AccessResult
 	return &out, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/access", req, &out)
 }
+
+// ListDir lists a directory in a sandbox.
+func (c *Client) ListDir(ctx context.Context, id, path string) ([]api.FileInfo, error) {
+	var out []api.FileInfo
+	return out, c.do(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id)+"/dir?"+url.Values{"path": {path}}.Encode(), nil, &out)
+}

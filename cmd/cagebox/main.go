@@ -95,6 +95,7 @@ func newRoot() *cobra.Command {
 		poolCmd(g),
 		toolCmd(g),
 		executeCmd(g),
+		mcpCmd(g),
 		secretCmd(g),
 		policyCmd(g),
 		approvalsCmd(g),

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/image"
@@ -131,6 +133,9 @@ func NewServer(st store.Store, mgr *sandbox.Manager, images *image.Cache, v *vau
 			}
 		})
 	}
+	// MCP over streamable HTTP (not a REST route: the protocol's own
+	// endpoint, documented in docs/operator.md).
+	mux.Handle("/mcp", &mcpHandler{s: s, byTenant: map[string]*mcp.StreamableHTTPHandler{}})
 	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(api.OpenAPI)

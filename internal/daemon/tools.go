@@ -90,13 +90,9 @@ func (s *Server) requestAccess(w http.ResponseWriter, r *http.Request, t *store.
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	var wait time.Duration
-	if req.Timeout != "" {
-		d, err := time.ParseDuration(req.Timeout)
-		if err != nil || d <= 0 || d > livepolicy.MaxAccessWait {
-			return fmt.Errorf("%w: timeout: %q is not a duration up to %s", errdefs.ErrInvalid, req.Timeout, livepolicy.MaxAccessWait)
-		}
-		wait = d
+	wait, err := accessWait(req.Timeout)
+	if err != nil {
+		return err
 	}
 	res, err := s.mgr.RequestAccess(r.Context(), scope(t), r.PathValue("id"), req.Host, req.Reason, wait)
 	if err != nil {
@@ -104,4 +100,16 @@ func (s *Server) requestAccess(w http.ResponseWriter, r *http.Request, t *store.
 	}
 	writeJSON(w, 200, res)
 	return nil
+}
+
+// accessWait reads an access request's timeout ("" = the longest).
+func accessWait(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 || d > livepolicy.MaxAccessWait {
+		return 0, fmt.Errorf("%w: timeout: %q is not a duration up to %s", errdefs.ErrInvalid, s, livepolicy.MaxAccessWait)
+	}
+	return d, nil
 }
