@@ -24,7 +24,7 @@ func (b ClientBackend) Create(ctx context.Context, req *api.CreateSandboxRequest
 	return b.C.Create(ctx, req)
 }
 func (b ClientBackend) List(ctx context.Context) ([]api.Sandbox, error) { return b.C.List(ctx) }
-func (b ClientBackend) Remove(ctx context.Context, id string) error   { return b.C.Remove(ctx, id) }
+func (b ClientBackend) Remove(ctx context.Context, id string) error     { return b.C.Remove(ctx, id) }
 func (b ClientBackend) Exec(ctx context.Context, id string, req *api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*api.ExecFrame, error) {
 	return b.C.Exec(ctx, id, req, stdin, stdout, stderr)
 }
