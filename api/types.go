@@ -513,3 +513,22 @@ type EgressDecision struct {
 	Rule    string `json:"rule,omitempty"`
 	Reason  string `json:"reason,omitempty"`
 }
+
+// AccessRequest asks an operator to let a sandbox reach a host (POST
+// /v1/sandboxes/{id}/access): a pending approval the operator decides.
+type AccessRequest struct {
+	Host   string `json:"host"`
+	Reason string `json:"reason,omitempty"`
+	// Timeout is how long to wait for the decision (default and at most
+	// 10m).
+	Timeout string `json:"timeout,omitempty"`
+}
+
+// AccessResult is how an access request was decided; allowed, the host
+// is allowed for the rest of the session.
+type AccessResult struct {
+	Approval string `json:"approval"`
+	Allowed  bool   `json:"allowed"`
+	By       string `json:"by,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+}

@@ -418,3 +418,49 @@ func (c *Client) Unbind(ctx context.Context, id, name string) (*api.Sandbox, err
 	var sb api.Sandbox
 	return &sb, c.do(ctx, "DELETE", "/v1/sandboxes/"+url.PathEscape(id)+"/secrets/"+url.PathEscape(name), nil, &sb)
 }
+
+// PutTool registers a tool (replace: replaces one of the same name).
+func (c *Client) PutTool(ctx context.Context, t *api.Tool, replace bool) (*api.Tool, error) {
+	var out api.Tool
+	p := "/v1/tools"
+	if replace {
+		p += "?replace=true"
+	}
+	return &out, c.do(ctx, "POST", p, t, &out)
+}
+
+// Tools lists the caller's tools.
+func (c *Client) Tools(ctx context.Context) ([]api.Tool, error) {
+	var out []api.Tool
+	return out, c.do(ctx, "GET", "/v1/tools", nil, &out)
+}
+
+// Tool returns one of the caller's tools.
+func (c *Client) Tool(ctx context.Context, name string) (*api.Tool, error) {
+	var out api.Tool
+	return &out, c.do(ctx, "GET", "/v1/tools/"+url.PathEscape(name), nil, &out)
+}
+
+// DeleteTool removes a tool.
+func (c *Client) DeleteTool(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/v1/tools/"+url.PathEscape(name), nil, nil)
+}
+
+// Execute runs a tool once with input.
+func (c *Client) Execute(ctx context.Context, name string, req *api.ExecuteRequest) (*api.ExecuteResult, error) {
+	var out api.ExecuteResult
+	return &out, c.do(ctx, "POST", "/v1/tools/"+url.PathEscape(name)+"/execute", req, &out)
+}
+
+// RequestAccess asks an operator to let a sandbox reach a host and waits
+// for the decision.
+func (c *Client) RequestAccess(ctx context.Context, id string, req *api.AccessRequest) (*api.AccessResult, error) {
+	var out api.AccessResult
+	return &out, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/access", req, &out)
+}
+
+// ListDir lists a directory in a sandbox.
+func (c *Client) ListDir(ctx context.Context, id, path string) ([]api.FileInfo, error) {
+	var out []api.FileInfo
+	return out, c.do(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id)+"/dir?"+url.Values{"path": {path}}.Encode(), nil, &out)
+}

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/image"
@@ -89,6 +91,12 @@ func Routes() []Route {
 		{Method: "GET", Path: "/v1/tenants", Admin: true, handler: (*Server).listTenants},
 		{Method: "POST", Path: "/v1/tenants/{id}/keys", Admin: true, handler: (*Server).createKey},
 		{Method: "GET", Path: "/v1/pools", Admin: true, handler: (*Server).listPools},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/access", handler: (*Server).requestAccess},
+		{Method: "POST", Path: "/v1/tools", handler: (*Server).putTool},
+		{Method: "GET", Path: "/v1/tools", handler: (*Server).listTools},
+		{Method: "GET", Path: "/v1/tools/{name}", handler: (*Server).getTool},
+		{Method: "DELETE", Path: "/v1/tools/{name}", handler: (*Server).deleteTool},
+		{Method: "POST", Path: "/v1/tools/{name}/execute", handler: (*Server).executeTool},
 	}
 }
 
@@ -125,6 +133,9 @@ func NewServer(st store.Store, mgr *sandbox.Manager, images *image.Cache, v *vau
 			}
 		})
 	}
+	// MCP over streamable HTTP (not a REST route: the protocol's own
+	// endpoint, documented in docs/operator.md).
+	mux.Handle("/mcp", &mcpHandler{s: s, byTenant: map[string]*mcp.StreamableHTTPHandler{}})
 	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(api.OpenAPI)

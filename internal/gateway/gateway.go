@@ -107,10 +107,39 @@ type Attachment struct {
 	// installs its bindings, the proxy's request hook runs it.
 	Credentials *credentials.Pipeline
 
-	// mu guards journaled.
+	// mu guards journaled and observers.
 	mu sync.Mutex
 	// journaled are the names whose synthetic address is in the journal.
 	journaled map[string]bool
+	observers map[int]func(api.EventPayload)
+	nextObs   int
+}
+
+// Observe calls fn with every egress decision (api.EgressAllow,
+// EgressDeny, EgressError) the proxy makes for the sandbox from now on,
+// until stop. fn must not block.
+func (a *Attachment) Observe(fn func(api.EventPayload)) (stop func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.observers == nil {
+		a.observers = map[int]func(api.EventPayload){}
+	}
+	k := a.nextObs
+	a.nextObs++
+	a.observers[k] = fn
+	return func() {
+		a.mu.Lock()
+		delete(a.observers, k)
+		a.mu.Unlock()
+	}
+}
+
+func (a *Attachment) notify(p api.EventPayload) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, fn := range a.observers {
+		fn(p)
+	}
 }
 
 // New prepares the gateway; Init installs the rules.
@@ -225,10 +254,13 @@ func (g *Gateway) onProxyEvent(ev egress.Event) {
 		p = api.EgressError(d)
 	}
 	g.cfg.Emit(ev.Tenant, ev.Sandbox, p)
+	a, ok := g.Get(ev.Sandbox)
+	if !ok {
+		return
+	}
+	a.notify(p)
 	if ev.Verdict == egress.VerdictAllow && (ev.BytesUp > 0 || ev.BytesDown > 0) {
-		if a, ok := g.Get(ev.Sandbox); ok {
-			a.Policy.Account(context.Background(), ev.Host, ev.Rule, ev.BytesUp, ev.BytesDown, 0)
-		}
+		a.Policy.Account(context.Background(), ev.Host, ev.Rule, ev.BytesUp, ev.BytesDown, 0)
 	}
 }
 

@@ -43,16 +43,23 @@ type createParams struct {
 // Create creates and starts a sandbox for tenant: from a warm pool when
 // one holds the request's class, cold otherwise.
 func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (*api.Sandbox, error) {
+	v, _, err := m.create(ctx, tenant, req)
+	return v, err
+}
+
+// create is Create, also saying whether the sandbox came from a pool.
+func (m *Manager) create(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (*api.Sandbox, bool, error) {
 	p, err := m.prepare(ctx, tenant, req)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	m.creating.Add(1)
 	defer m.creating.Add(-1)
 	if v, err, ok := m.fromPool(ctx, tenant, p); ok {
-		return v, err
+		return v, err == nil, err
 	}
-	return m.createCold(ctx, tenant, p)
+	v, err := m.createCold(ctx, tenant, p)
+	return v, false, err
 }
 
 // prepare checks a create request and resolves its policy, runtime and

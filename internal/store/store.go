@@ -162,6 +162,14 @@ type Store interface {
 	// PolicyStore is the live policy's state.
 	PolicyStore
 
+	// PutTool creates (replace false: ErrConflict if the name is taken)
+	// or replaces a tenant's tool; GetTool/DeleteTool: ErrNotFound if
+	// missing; ListTools: tenantID "" lists every tenant's.
+	PutTool(ctx context.Context, t *Tool, replace bool) error
+	GetTool(ctx context.Context, tenantID, name string) (*Tool, error)
+	ListTools(ctx context.Context, tenantID string) ([]*Tool, error)
+	DeleteTool(ctx context.Context, tenantID, name string) error
+
 	// Close releases the store. It does not cancel anything the daemon
 	// runs.
 	Close() error
@@ -283,4 +291,12 @@ type PolicyStore interface {
 	// DeletePolicyState removes a sandbox's usage and pending approvals
 	// (its versions stay with its events, for the audit trail).
 	DeletePolicyState(ctx context.Context, sandboxID string) error
+}
+
+// Tool is a tenant's registered tool (api.Tool as JSON in Spec).
+type Tool struct {
+	TenantID  string
+	Name      string
+	Spec      json.RawMessage
+	CreatedAt time.Time // set by PutTool
 }

@@ -233,10 +233,16 @@ type result struct {
 // cli runs the real CLI.
 func (e *env) cli(stdin string, args ...string) result {
 	e.t.Helper()
+	return e.cliEnv(nil, stdin, args...)
+}
+
+// cliEnv runs the real CLI with extra environment variables.
+func (e *env) cliEnv(extra []string, stdin string, args ...string) result {
+	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "cagebox"), append([]string{"--home", e.home}, args...)...)
-	cmd.Env = append(os.Environ(), "CAGEBOX_AGENT="+filepath.Join(binDir, "cagebox-agent"))
+	cmd.Env = append(append(os.Environ(), "CAGEBOX_AGENT="+filepath.Join(binDir, "cagebox-agent")), extra...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if stdin != "" {

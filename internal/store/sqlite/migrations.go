@@ -108,4 +108,13 @@ CREATE TABLE budget_usage (
 	PRIMARY KEY (sandbox_id, budget)
 );
 `},
+	{Version: 5, Name: "tools", SQL: `
+CREATE TABLE tools (
+	tenant_id  TEXT NOT NULL REFERENCES tenants(id),
+	name       TEXT NOT NULL,
+	spec       TEXT NOT NULL,
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (tenant_id, name)
+);
+`},
 }

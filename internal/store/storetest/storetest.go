@@ -53,6 +53,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"NamedPolicies", testNamedPolicies},
 		{"Approvals", testApprovals},
 		{"BudgetUsage", testBudgetUsage},
+		{"Tools", testTools},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
