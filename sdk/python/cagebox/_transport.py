@@ -151,14 +151,14 @@ class Transport:
 
     def call(self, route: str, params: Optional[Dict[str, str]] = None, query: Optional[Dict[str, Any]] = None,
              json_body: Any = None, raw: Optional[bytes] = None, content_type: Optional[str] = None,
-             headers: Optional[Dict[str, str]] = None, decode: bool = True) -> Any:
+             headers: Optional[Dict[str, str]] = None, decode: bool = True, timeout: Any = "default") -> Any:
         """One request, the whole answer read: decoded JSON, the raw bytes
         (decode=False), or None for an empty body."""
         body = raw
         if json_body is not None:
             body = json.dumps(json_body).encode()
             content_type = "application/json"
-        conn, resp = self.open(route, params, query, body, content_type, headers)
+        conn, resp = self.open(route, params, query, body, content_type, headers, timeout=timeout)
         try:
             data = resp.read()
         except (OSError, http.client.HTTPException) as err:

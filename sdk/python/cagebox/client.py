@@ -452,6 +452,14 @@ class Sandbox:
         """This sandbox's events, stored then live (see Cagebox.follow_events)."""
         return self._cb.follow_events(sandbox=self.id, after=after, timeout=timeout)
 
+    def request_access(self, host: str, reason: Optional[str] = None, timeout: Duration = None) -> Record:
+        """Asks an operator to let the sandbox reach host: a pending
+        approval (cb.approvals) this call waits on (timeout: default and at
+        most 10m). Returns approval, allowed, by, reason; allowed, the host
+        is allowed for the rest of the session."""
+        body = _drop_none({"host": host, "reason": reason, "timeout": duration(timeout)})
+        return Record.of(self._t.call("POST /v1/sandboxes/{id}/access", {"id": self.id}, json_body=body, timeout=None))
+
     def approvals(self, state: Optional[str] = "pending") -> List[Record]:
         return self._cb.approvals.list(state=state, sandbox=self.id)
 
@@ -610,9 +618,11 @@ class Tools:
             input_file: Optional[str] = None, image: Optional[str] = None, runtime: Optional[str] = None,
             runtime_floor: Optional[str] = None, allow: Optional[Sequence[str]] = None,
             policy_ref: Optional[str] = None, secrets: Any = None, env: Env = None, timeout: Duration = None,
-            memory: Size = None, cpus: Optional[float] = None, input_schema: Optional[Dict[str, Any]] = None) -> Record:
-        """Registers a tool. The input arrives on the command's stdin, or
-        as the file input_file names."""
+            memory: Size = None, cpus: Optional[float] = None, input_schema: Optional[Dict[str, Any]] = None,
+            replace: bool = False) -> Record:
+        """Registers a tool (replace=True: over one of that name). The
+        input arrives on the command's stdin, or as the file input_file
+        names. Secrets bind stored secrets only (inline values are refused)."""
         body = _drop_none({
             "name": name, "description": description, "argv": list(argv), "input_file": input_file,
             "image": image, "runtime": runtime, "runtime_floor": runtime_floor,
@@ -620,7 +630,7 @@ class Tools:
             "secrets": _secret_bindings(secrets), "env": env_list(env), "timeout": duration(timeout),
             "memory_bytes": size(memory), "cpus": cpus or None, "input_schema": input_schema,
         })
-        return Record.of(self._t.call("POST /v1/tools", json_body=body))
+        return Record.of(self._t.call("POST /v1/tools", query={"replace": "true" if replace else None}, json_body=body))
 
     def list(self) -> List[Record]:
         return Record.of(self._t.call("GET /v1/tools"))

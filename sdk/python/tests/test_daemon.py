@@ -268,6 +268,19 @@ class TestPolicy(DaemonTest):
         self.assertEqual(box["r"].exit_code, 0, box["r"])
         self.assertIn(a.id, [x.id for x in self.cb.approvals.list(state=None, sandbox=sb.id)])
 
+    def test_request_access(self):
+        sb = self.new()
+        self.assertNotEqual(sb.exec(FETCH).exit_code, 0)
+        box = {}
+        t = threading.Thread(target=lambda: box.update(r=sb.request_access(UPSTREAM_HOST, reason="needs the API", timeout=30)))
+        t.start()
+        pending = self.wait_for("the access request", lambda: sb.approvals())
+        self.cb.approvals.approve(pending[0].id)
+        t.join(30)
+        self.assertTrue(box["r"].allowed, box["r"])
+        self.assertEqual(box["r"].approval, pending[0].id)
+        self.assertEqual(sb.exec(FETCH).exit_code, 0)
+
     def test_named_policy_and_freeze(self):
         self.cb.policies.create("sdk-up", f"version: 1\nrules:\n  - {{host: {UPSTREAM_HOST}, action: allow}}\n")
         self.addCleanup(self.cb.policies.delete, "sdk-up")

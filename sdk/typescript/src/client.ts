@@ -424,6 +424,17 @@ export class Sandbox {
     return this.cb.followEvents({ ...o, sandbox: this.id });
   }
 
+  /**
+   * Asks an operator to let the sandbox reach host: a pending approval
+   * (cb.approvals) this call waits on (timeout: default and at most 10m).
+   * Allowed, the host is allowed for the rest of the session.
+   */
+  requestAccess(host: string, o: { reason?: string; timeout?: Duration } = {}): Promise<api.AccessResult> {
+    return this.t.call("POST /v1/sandboxes/{id}/access", { id: this.id }, {
+      json: dropEmpty({ host, reason: o.reason, timeout: duration(o.timeout) }), timeoutMs: false,
+    });
+  }
+
   approvals(state: string | null = "pending"): Promise<api.Approval[]> {
     return this.cb.approvals.list({ state, sandbox: this.id });
   }
@@ -557,6 +568,8 @@ export interface ToolOptions {
   memory?: Size;
   cpus?: number;
   inputSchema?: Record<string, unknown>;
+  /** Replace a tool of that name. */
+  replace?: boolean;
 }
 
 /** Named tools: a registered command each execute runs in a fresh sandbox. */
@@ -571,7 +584,7 @@ export class Tools {
       input_schema: o.inputSchema,
     });
     tool.argv = argv;
-    return this.t.call("POST /v1/tools", undefined, { json: tool });
+    return this.t.call("POST /v1/tools", undefined, { json: tool, query: { replace: o.replace ? "true" : undefined } });
   }
 
   list(): Promise<api.Tool[]> {

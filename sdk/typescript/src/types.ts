@@ -127,3 +127,7 @@ export interface ExecuteResult {
 }
 
 export interface ApprovalDecisionBody { decision: "allow" | "deny"; remember?: boolean; reason?: string }
+
+export interface AccessRequest { host: string; reason?: string; timeout?: string }
+
+export interface AccessResult { approval: string; allowed: boolean; by?: string; reason?: string }

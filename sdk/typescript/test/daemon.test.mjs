@@ -200,6 +200,22 @@ describe("against a real daemon", { skip: reason || false }, () => {
     });
   });
 
+  it("request access", async () => {
+    await cb.withSandbox({ image: "busybox" }, async (sb) => {
+      assert.notEqual((await sb.exec(FETCH)).exitCode, 0);
+      const asking = sb.requestAccess(UPSTREAM_HOST, { reason: "needs the API", timeout: 30 });
+      const pending = await waitFor("the access request", async () => {
+        const l = await sb.approvals();
+        return l.length ? l : null;
+      });
+      await cb.approvals.approve(pending[0].id);
+      const r = await asking;
+      assert.ok(r.allowed, JSON.stringify(r));
+      assert.equal(r.approval, pending[0].id);
+      assert.equal((await sb.exec(FETCH)).exitCode, 0);
+    });
+  });
+
   it("named policy, freeze and thaw", async () => {
     await cb.policies.create("sdk-up-js", `version: 1\nrules:\n  - {host: ${UPSTREAM_HOST}, action: allow}\n`);
     try {
