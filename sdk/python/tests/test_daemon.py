@@ -20,6 +20,8 @@ def setUpModule():
     global D
     reason = harness.skip_reason()
     if reason:
+        if os.environ.get("CAGEBOX_SDK_REQUIRE_DAEMON"):
+            raise RuntimeError("CAGEBOX_SDK_REQUIRE_DAEMON is set but the daemon tests cannot run: " + reason)
         raise unittest.SkipTest(reason)
     D = harness.Daemon()
     try:
@@ -384,12 +386,6 @@ class TestTCP(DaemonTest):
 
 
 class TestTools(DaemonTest):
-    def setUp(self):
-        try:
-            self.cb.tools.list()
-        except cagebox.NotFound as e:
-            self.skipTest(f"this daemon has no tools API yet ({e})")
-
     def test_tools_execute(self):
         t = self.cb.tools.add("sdk-upper", ["tr", "a-z", "A-Z"], description="upper-cases its input", image="busybox")
         self.addCleanup(lambda: self.cb.tools.remove("sdk-upper"))
@@ -402,6 +398,22 @@ class TestTools(DaemonTest):
             self.cb.execute("no-such-tool", "x")
         with self.assertRaises(cagebox.Invalid):
             self.cb.tools.add("bad", [])
+
+    def test_tool_egress_and_input_file(self):
+        self.cb.tools.add("sdk-fetch", ["sh", "-c", f"cat /tmp/in.txt; wget -q -O- http://{UPSTREAM_HOST}/tool"],
+                          input_file="/tmp/in.txt", image="busybox", runtime="container", allow=[UPSTREAM_HOST])
+        self.addCleanup(lambda: self.cb.tools.remove("sdk-fetch"))
+        r = self.cb.execute("sdk-fetch", "from the file\n")
+        self.assertEqual(r.exit_code, 0, r)
+        self.assertEqual(r.stdout, "from the file\nupstream says hello to /tool\n")
+        self.assertEqual(r.runtime, "container")
+        self.assertTrue(any(e.host == UPSTREAM_HOST and e.allowed for e in r.egress), r.egress)
+        # The sandbox goes once the result is back (removed in the background).
+        self.wait_for("the tool's sandbox to go", lambda: r.sandbox not in [s.id for s in self.cb.sandboxes()])
+        # Replacing needs replace=True.
+        with self.assertRaises(cagebox.Conflict):
+            self.cb.tools.add("sdk-fetch", ["true"], image="busybox")
+        self.assertEqual(self.cb.tools.add("sdk-fetch", ["true"], image="busybox", replace=True).argv, ["true"])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ import { Cagebox } from "../dist/index.js";
 import { Daemon, skipReason, UPSTREAM_HOST } from "./harness.mjs";
 
 const reason = skipReason();
+if (reason && process.env.CAGEBOX_SDK_REQUIRE_DAEMON) {
+  throw new Error(`CAGEBOX_SDK_REQUIRE_DAEMON is set but the daemon tests cannot run: ${reason}`);
+}
 const FETCH = `wget -q -O- http://${UPSTREAM_HOST}/x`;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -308,16 +311,7 @@ describe("against a real daemon", { skip: reason || false }, () => {
     }
   });
 
-  it("tools: add, list, get, execute, remove", async (t) => {
-    try {
-      await cb.tools.list();
-    } catch (err) {
-      if (err instanceof cagebox.NotFound) {
-        t.skip(`this daemon has no tools API yet (${err.message})`);
-        return;
-      }
-      throw err;
-    }
+  it("tools: add, list, get, execute, remove", async () => {
     const tool = await cb.tools.add("sdk-upper-js", ["tr", "a-z", "A-Z"], { description: "upper-cases its input", image: "busybox" });
     try {
       assert.equal(tool.name, "sdk-upper-js");
@@ -329,6 +323,24 @@ describe("against a real daemon", { skip: reason || false }, () => {
       await assert.rejects(cb.tools.add("bad", []), cagebox.Invalid);
     } finally {
       await cb.tools.remove("sdk-upper-js");
+    }
+  });
+
+  it("tools: egress decisions, input file, replace", async () => {
+    await cb.tools.add("sdk-fetch-js", ["sh", "-c", `cat /tmp/in.txt; wget -q -O- http://${UPSTREAM_HOST}/tool`], {
+      inputFile: "/tmp/in.txt", image: "busybox", runtime: "container", allow: [UPSTREAM_HOST],
+    });
+    try {
+      const r = await cb.execute("sdk-fetch-js", "from the file\n");
+      assert.equal(r.exit_code, 0, JSON.stringify(r));
+      assert.equal(r.stdout, "from the file\nupstream says hello to /tool\n");
+      assert.equal(r.runtime, "container");
+      assert.ok(r.egress.some((e) => e.host === UPSTREAM_HOST && e.allowed), JSON.stringify(r.egress));
+      await waitFor("the tool's sandbox to go", async () => !(await cb.sandboxes()).some((s) => s.id === r.sandbox));
+      await assert.rejects(cb.tools.add("sdk-fetch-js", ["true"], { image: "busybox" }), cagebox.Conflict);
+      assert.deepEqual((await cb.tools.add("sdk-fetch-js", ["true"], { image: "busybox", replace: true })).argv, ["true"]);
+    } finally {
+      await cb.tools.remove("sdk-fetch-js");
     }
   });
 });

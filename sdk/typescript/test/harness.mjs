@@ -135,7 +135,10 @@ export class Daemon {
       await this.exited;
       clearTimeout(t);
     }
-    if (this.upstream) await new Promise((r) => this.upstream.close(r));
+    if (this.upstream) {
+      this.upstream.closeAllConnections();
+      await new Promise((r) => this.upstream.close(r));
+    }
     fs.rmSync(this.home, { recursive: true, force: true });
   }
 }
