@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -161,6 +162,14 @@ func run(t *testing.T, dir string, env []string, name string, args ...string) {
 	t.Logf("%s %s: ok in %s\n%s", name, strings.Join(args, " "), time.Since(start).Round(time.Millisecond), tail(out.String(), 40))
 }
 
+func atoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
 func tail(s string, n int) string {
 	var lines []string
 	sc := bufio.NewScanner(strings.NewReader(s))
@@ -204,6 +213,13 @@ func TestTypeScript(t *testing.T) {
 			t.Skipf("%s is not installed (scripts/setup.sh installs nodejs and npm)", b)
 		}
 	}
+	v, err := exec.Command("node", "-p", "process.versions.node").Output()
+	if err != nil {
+		t.Fatalf("node -p process.versions.node: %v", err)
+	}
+	if major, _, _ := strings.Cut(strings.TrimSpace(string(v)), "."); atoi(major) < 20 {
+		t.Skipf("node %s is installed; the TypeScript SDK needs Node 20 or later", strings.TrimSpace(string(v)))
+	}
 	dir := "typescript"
 	npmCI(t, dir)
 	run(t, dir, nil, "node", filepath.Join("node_modules", "typescript", "bin", "tsc"), "-p", "tsconfig.json")
@@ -216,7 +232,7 @@ func TestTypeScript(t *testing.T) {
 		if reason != "" {
 			t.Skip(reason)
 		}
-		run(t, dir, append(env, "CAGEBOX_SDK_REQUIRE_DAEMON=1"), "node", "--test", "--test-concurrency=1", "test/daemon.test.mjs")
+		run(t, dir, append(env, "CAGEBOX_SDK_REQUIRE_DAEMON=1"), "node", "--test", "test/daemon.test.mjs")
 	})
 }
 
