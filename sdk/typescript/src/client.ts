@@ -308,8 +308,6 @@ export class Policy {
   }
 }
 
-const asyncDispose: symbol = (Symbol as unknown as { asyncDispose?: symbol }).asyncDispose ?? Symbol.for("nodejs.asyncDispose");
-
 /** A handle on one sandbox; `info` is its record as last seen. */
 export class Sandbox {
   readonly id: string;
@@ -332,7 +330,7 @@ export class Sandbox {
   }
 
   /** `await using sb = await cb.create()` removes it at the end of the scope. */
-  async [asyncDispose](): Promise<void> {
+  async [Symbol.asyncDispose](): Promise<void> {
     try {
       await this.remove();
     } catch (err) {
