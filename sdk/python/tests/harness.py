@@ -3,6 +3,8 @@
 temporary --home with busybox images named busybox and default, the
 container runtime, a TCP listener on loopback, and a local HTTP upstream
 that sandboxes reach as http://api.sdk.test/ through the daemon's --resolve.
+The TCP listener serves HTTPS with a certificate of a CA the test makes
+(openssl); clients trust it with ca_cert (CAGEBOX_CA_CERT).
 """
 
 import http.server
@@ -41,10 +43,33 @@ def skip_reason():
     """Why the daemon tests cannot run here, or None."""
     if os.geteuid() != 0:
         return "needs root (the daemon makes namespaces, mounts, cgroups and nftables rules)"
+    if not shutil.which("openssl"):
+        return "openssl is not installed (the tests make the daemon's TLS certificate with it)"
     for b in ("cagebox", "cagebox-agent"):
         if not os.access(os.path.join(bin_dir(), b), os.X_OK):
             return f"{os.path.join(bin_dir(), b)} is missing: run `make build` at the repository root"
     return None
+
+
+def make_pki(d):
+    """A throw-away CA and a server certificate for 127.0.0.1 signed by it
+    (openssl): the daemon's TCP listener serves HTTPS with them."""
+    ca_key, ca, key, csr, cert = (os.path.join(d, n) for n in ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
+    ext = os.path.join(d, "server.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n")
+
+    def ssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    ssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", ca_key,
+        "-out", ca, "-days", "2", "-subj", "/CN=cagebox sdk test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    ssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", csr,
+        "-subj", "/CN=127.0.0.1")
+    ssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "2",
+        "-extfile", ext)
+    return ca, cert, key
 
 
 def free_port():
@@ -104,13 +129,15 @@ class Daemon:
         threading.Thread(target=self.upstream.serve_forever, daemon=True).start()
         up_port = self.upstream.server_address[1]
 
+        # The TCP listener serves HTTPS with a CA of the test's own.
+        self.ca, cert, key = make_pki(tempfile.mkdtemp(prefix="pki", dir=self.home))
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"https://127.0.0.1:{self.port}"
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [os.path.join(self.bin, "cagebox"), "--home", self.home, "daemon",
              "--agent", os.path.join(self.bin, "cagebox-agent"), "--default-runtime", "container",
-             "--listen", f"127.0.0.1:{self.port}", "--resolve", f"{UPSTREAM_HOST}:80=127.0.0.1:{up_port}"],
+             "--listen", f"127.0.0.1:{self.port}", "--tls-cert", cert, "--tls-key", key, "--resolve", f"{UPSTREAM_HOST}:80=127.0.0.1:{up_port}"],
             env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.client = cagebox.Cagebox(home=self.home, timeout=120)

@@ -356,11 +356,17 @@ class TestTCP(DaemonTest):
         self.assertIn("sdk-team", [t.name for t in self.cb.tenants.list()])
         key = self.cb.tenants.create_key("sdk-team")
         self.assertTrue(key.key.startswith(key.prefix))
-        tcp = cagebox.Cagebox(host=D.url, api_key=key.key)
+        tcp = cagebox.Cagebox(host=D.url, api_key=key.key, ca_cert=D.ca)
         self.assertEqual(tcp.health().tenant, "sdk-team")
+        # The daemon's certificate is verified: without its CA the system roots refuse it.
+        with self.assertRaises(cagebox.ConnectionFailed) as c:
+            cagebox.Cagebox(host=D.url, api_key=key.key).health()
+        self.assertIn("CERTIFICATE_VERIFY_FAILED", str(c.exception))
         with tcp.create(image="busybox") as sb:
             self.assertEqual(sb.info.tenant, "sdk-team")
             self.assertEqual(sb.exec("cat", stdin=b"over tcp").stdout, b"over tcp")
+            big = os.urandom(1 << 20)
+            self.assertEqual(sb.exec("cat", stdin=big).stdout, big)
             sb.files.write("/tmp/f", b"x")
             self.assertEqual(sb.files.read("/tmp/f"), b"x")
             # The tenant sees its own sandboxes only; the admin sees all.
@@ -370,12 +376,12 @@ class TestTCP(DaemonTest):
             tcp.pools()
         self.assertEqual(c.exception.status, 403)
         with self.assertRaises(cagebox.Unauthorized):
-            cagebox.Cagebox(host=D.url, api_key="cbk_wrong").health()
+            cagebox.Cagebox(host=D.url, api_key="cbk_wrong", ca_cert=D.ca).health()
         with self.assertRaises(cagebox.Unauthorized):
-            cagebox.Cagebox(host=D.url, api_key="").health()
+            cagebox.Cagebox(host=D.url, api_key="", ca_cert=D.ca).health()
         # The same environment variables as the CLI and the Go client.
-        saved = {k: os.environ.get(k) for k in ("CAGEBOX_HOST", "CAGEBOX_API_KEY")}
-        os.environ.update(CAGEBOX_HOST=D.url, CAGEBOX_API_KEY=key.key)
+        saved = {k: os.environ.get(k) for k in ("CAGEBOX_HOST", "CAGEBOX_API_KEY", "CAGEBOX_CA_CERT")}
+        os.environ.update(CAGEBOX_HOST=D.url, CAGEBOX_API_KEY=key.key, CAGEBOX_CA_CERT=D.ca)
         try:
             self.assertEqual(cagebox.Cagebox().health().tenant, "sdk-team")
         finally:

@@ -287,27 +287,33 @@ describe("against a real daemon", { skip: reason || false }, () => {
     assert.ok((await cb.tenants.list()).some((t) => t.name === "sdk-team-js"));
     const key = await cb.tenants.createKey("sdk-team-js");
     assert.ok(key.key.startsWith(key.prefix));
-    const tcp = new Cagebox({ host: d.url, apiKey: key.key });
+    const tcp = new Cagebox({ host: d.url, apiKey: key.key, caCert: d.ca });
     assert.equal((await tcp.health()).tenant, "sdk-team-js");
+    // The daemon's certificate is verified: without its CA the system roots refuse it.
+    await assert.rejects(new Cagebox({ host: d.url, apiKey: key.key }).health(), (e) => e instanceof cagebox.ConnectionFailed && /certificate/i.test(e.message));
     await tcp.withSandbox({ image: "busybox" }, async (sb) => {
       assert.equal(sb.info.tenant, "sdk-team-js");
       assert.equal((await sb.exec("cat", { stdin: "over tcp" })).stdout.toString(), "over tcp");
+      const big = randomBytes(4 << 20);
+      assert.ok((await sb.exec("cat", { stdin: big })).stdout.equals(big));
       await sb.files.write("/tmp/f", "x");
       assert.equal(await sb.files.readText("/tmp/f"), "x");
       assert.deepEqual((await tcp.sandboxes()).map((s) => s.id), [sb.id]);
     });
     await assert.rejects(tcp.pools(), (e) => e instanceof cagebox.Denied && e.status === 403);
-    await assert.rejects(new Cagebox({ host: d.url, apiKey: "cbk_wrong" }).health(), cagebox.Unauthorized);
-    await assert.rejects(new Cagebox({ host: d.url, apiKey: "" }).health(), cagebox.Unauthorized);
-    const saved = [process.env.CAGEBOX_HOST, process.env.CAGEBOX_API_KEY];
-    Object.assign(process.env, { CAGEBOX_HOST: d.url, CAGEBOX_API_KEY: key.key });
+    await assert.rejects(new Cagebox({ host: d.url, apiKey: "cbk_wrong", caCert: d.ca }).health(), cagebox.Unauthorized);
+    await assert.rejects(new Cagebox({ host: d.url, apiKey: "", caCert: d.ca }).health(), cagebox.Unauthorized);
+    const saved = [process.env.CAGEBOX_HOST, process.env.CAGEBOX_API_KEY, process.env.CAGEBOX_CA_CERT];
+    Object.assign(process.env, { CAGEBOX_HOST: d.url, CAGEBOX_API_KEY: key.key, CAGEBOX_CA_CERT: d.ca });
     try {
       assert.equal((await new Cagebox().health()).tenant, "sdk-team-js");
     } finally {
       delete process.env.CAGEBOX_HOST;
       delete process.env.CAGEBOX_API_KEY;
+      delete process.env.CAGEBOX_CA_CERT;
       if (saved[0] !== undefined) process.env.CAGEBOX_HOST = saved[0];
       if (saved[1] !== undefined) process.env.CAGEBOX_API_KEY = saved[1];
+      if (saved[2] !== undefined) process.env.CAGEBOX_CA_CERT = saved[2];
     }
   });
 

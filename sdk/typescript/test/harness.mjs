@@ -3,6 +3,8 @@
 // temporary --home with busybox images named busybox and default, the
 // container runtime, a TCP listener on loopback, and a local HTTP upstream
 // that sandboxes reach as http://api.sdk.test/ through the daemon's --resolve.
+// The TCP listener serves HTTPS with a certificate of a CA the test makes
+// (openssl); clients trust it with caCert (CAGEBOX_CA_CERT).
 
 import { execFileSync, spawn } from "node:child_process";
 import * as fs from "node:fs";
@@ -31,6 +33,11 @@ export const binDir = () => process.env.CAGEBOX_BIN_DIR || path.join(repoRoot(),
 /** Why the daemon tests cannot run here, or "". */
 export function skipReason() {
   if (process.getuid() !== 0) return "needs root (the daemon makes namespaces, mounts, cgroups and nftables rules)";
+  try {
+    execFileSync("openssl", ["version"], { stdio: "ignore" });
+  } catch {
+    return "openssl is not installed (the tests make the daemon's TLS certificate with it)";
+  }
   for (const b of ["cagebox", "cagebox-agent"]) {
     const p = path.join(binDir(), b);
     try {
@@ -40,6 +47,21 @@ export function skipReason() {
     }
   }
   return "";
+}
+
+/** A throw-away CA and a server certificate for 127.0.0.1 signed by it (openssl). */
+function makePKI(d) {
+  const f = (n) => path.join(d, n);
+  fs.writeFileSync(f("server.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n");
+  const ssl = (...args) => execFileSync("openssl", args, { stdio: "pipe", timeout: 60_000 });
+  ssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f("ca.key"),
+    "-out", f("ca.pem"), "-days", "2", "-subj", "/CN=cagebox sdk test CA",
+    "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign");
+  ssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f("server.key"),
+    "-out", f("server.csr"), "-subj", "/CN=127.0.0.1");
+  ssl("x509", "-req", "-in", f("server.csr"), "-CA", f("ca.pem"), "-CAkey", f("ca.key"), "-CAcreateserial",
+    "-out", f("server.pem"), "-days", "2", "-extfile", f("server.ext"));
+  return { ca: f("ca.pem"), cert: f("server.pem"), key: f("server.key") };
 }
 
 function freePort() {
@@ -89,12 +111,15 @@ export class Daemon {
     await new Promise((r) => this.upstream.listen(0, "127.0.0.1", r));
     const upPort = this.upstream.address().port;
 
+    // The TCP listener serves HTTPS with a CA of the test's own.
+    const pki = makePKI(fs.mkdtempSync(path.join(this.home, "pki")));
+    this.ca = pki.ca;
     this.port = await freePort();
-    this.url = `http://127.0.0.1:${this.port}`;
+    this.url = `https://127.0.0.1:${this.port}`;
     const log = fs.openSync(this.logPath, "w");
     this.proc = spawn(path.join(this.bin, "cagebox"), [
       "--home", this.home, "daemon", "--agent", path.join(this.bin, "cagebox-agent"), "--default-runtime", "container",
-      "--listen", `127.0.0.1:${this.port}`, "--resolve", `${UPSTREAM_HOST}:80=127.0.0.1:${upPort}`,
+      "--listen", `127.0.0.1:${this.port}`, "--tls-cert", pki.cert, "--tls-key", pki.key, "--resolve", `${UPSTREAM_HOST}:80=127.0.0.1:${upPort}`,
     ], { env: this.env, stdio: ["ignore", log, log] });
     fs.closeSync(log);
     this.exited = new Promise((r) => this.proc.on("exit", r));
