@@ -132,8 +132,13 @@ class Transport:
         q = {k: v for k, v in (query or {}).items() if v is not None and v != ""}
         if q:
             path += "?" + urllib.parse.urlencode(q, doseq=True)
-        conn = self._connect(self.timeout if timeout == "default" else timeout)
+        conn = self._connect(self.timeout)
         try:
+            if timeout != "default":
+                # Streams: connect within the call timeout, then wait as
+                # long as the stream lasts (or `timeout` of silence).
+                conn.connect()
+                conn.sock.settimeout(timeout)
             conn.request(method, path, body=body, headers=self._headers(content_type, headers))
             resp = conn.getresponse()
         except CageboxError:
@@ -183,9 +188,11 @@ class Transport:
         chunked from a thread while the answer streams back), answered
         with ndjson."""
         method, path = route_path(route, params)
-        conn = self._connect(None)
+        conn = self._connect(self.timeout)
         writer: Optional[threading.Thread] = None
         try:
+            conn.connect()  # within the call timeout; the exec itself may take as long as it takes
+            conn.sock.settimeout(None)
             conn.putrequest(method, path, skip_accept_encoding=True)
             hdrs = self._headers("application/octet-stream", None)
             if rest is None:
