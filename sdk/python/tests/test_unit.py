@@ -110,3 +110,45 @@ class TestResolution(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestBuildBackend(unittest.TestCase):
+    """The in-tree PEP 517 backend that makes `pip install ./sdk/python` work offline."""
+
+    def test_wheel_and_sdist(self):
+        import base64
+        import hashlib
+        import importlib.util
+        import tarfile
+        import tempfile
+        import zipfile
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        spec = importlib.util.spec_from_file_location("cagebox_build", os.path.join(root, "_build", "cagebox_build.py"))
+        backend = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(backend)
+        self.assertEqual(backend.get_requires_for_build_wheel(), [])
+        self.assertEqual(backend.VERSION, cagebox.__version__)
+        with open(os.path.join(root, "pyproject.toml")) as f:
+            self.assertIn(f'version = "{cagebox.__version__}"', f.read())
+        with tempfile.TemporaryDirectory() as d:
+            name = backend.build_wheel(d)
+            self.assertEqual(name, f"cagebox-{cagebox.__version__}-py3-none-any.whl")
+            with zipfile.ZipFile(os.path.join(d, name)) as z:
+                names = set(z.namelist())
+                for want in ["cagebox/__init__.py", "cagebox/client.py", "cagebox/_transport.py", "cagebox/errors.py",
+                             "cagebox/py.typed", f"cagebox-{cagebox.__version__}.dist-info/METADATA"]:
+                    self.assertIn(want, names)
+                self.assertFalse([n for n in names if "__pycache__" in n or n.startswith("tests/")])
+                record = z.read(f"cagebox-{cagebox.__version__}.dist-info/RECORD").decode().splitlines()
+                for line in record:
+                    path, digest, size = line.rsplit(",", 2)
+                    if not digest:
+                        continue
+                    data = z.read(path)
+                    want = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                    self.assertEqual((digest, int(size)), (want, len(data)), path)
+                self.assertIn("Requires-Python: >=3.9", z.read(f"cagebox-{cagebox.__version__}.dist-info/METADATA").decode())
+            sdist = backend.build_sdist(d)
+            with tarfile.open(os.path.join(d, sdist)) as t:
+                self.assertIn(f"cagebox-{cagebox.__version__}/pyproject.toml", t.getnames())
