@@ -464,3 +464,14 @@ func (c *Client) ListDir(ctx context.Context, id, path string) ([]api.FileInfo, 
 	var out []api.FileInfo
 	return out, c.do(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id)+"/dir?"+url.Values{"path": {path}}.Encode(), nil, &out)
 }
+
+// Metrics returns the daemon's Prometheus metrics (admin only).
+func (c *Client) Metrics(ctx context.Context) (string, error) {
+	resp, err := c.open(ctx, "GET", "/metrics", "", nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}

@@ -91,6 +91,7 @@ func Routes() []Route {
 		{Method: "GET", Path: "/v1/tenants", Admin: true, handler: (*Server).listTenants},
 		{Method: "POST", Path: "/v1/tenants/{id}/keys", Admin: true, handler: (*Server).createKey},
 		{Method: "GET", Path: "/v1/pools", Admin: true, handler: (*Server).listPools},
+		{Method: "GET", Path: "/metrics", Admin: true, handler: (*Server).serveMetrics},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/access", handler: (*Server).requestAccess},
 		{Method: "POST", Path: "/v1/tools", handler: (*Server).putTool},
 		{Method: "GET", Path: "/v1/tools", handler: (*Server).listTools},
@@ -108,6 +109,8 @@ type Server struct {
 	images  *image.Cache
 	log     *slog.Logger
 	handler http.Handler
+	// metrics serves /metrics (nil: none).
+	metrics http.Handler
 }
 
 type ctxKey int
@@ -666,6 +669,16 @@ func validName(s string) bool {
 		}
 	}
 	return true
+}
+
+// serveMetrics: GET /metrics, Prometheus's text format (admin only:
+// scrape with an admin API key as a bearer token, or over the socket).
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	if s.metrics == nil {
+		return fmt.Errorf("%w: this server has no metrics", errdefs.ErrNotFound)
+	}
+	s.metrics.ServeHTTP(w, r)
+	return nil
 }
 
 func (s *Server) listPools(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
