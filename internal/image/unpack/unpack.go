@@ -626,6 +626,12 @@ func (u *Unpacker) openDir(dir string, create bool) (int, error) {
 				Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
 			})
 		}
+		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+			var st unix.Stat_t
+			if unix.Fstatat(cur, part, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				err = unix.ELOOP
+			}
+		}
 		unix.Close(cur)
 		if err != nil {
 			switch {
@@ -648,7 +654,9 @@ func (u *Unpacker) Finish() error {
 	for p := range u.dirs {
 		paths = append(paths, p)
 	}
-	sort.Slice(paths, func(i, j int) bool { return strings.Count(paths[i], "/") > strings.Count(paths[j], "/") || (strings.Count(paths[i], "/") == strings.Count(paths[j], "/") && paths[i] > paths[j]) })
+	sort.Slice(paths, func(i, j int) bool {
+		return strings.Count(paths[i], "/") > strings.Count(paths[j], "/") || (strings.Count(paths[i], "/") == strings.Count(paths[j], "/") && paths[i] > paths[j])
+	})
 	for _, p := range paths {
 		hdr := u.dirs[p]
 		dir, base := path.Split(p)
