@@ -346,6 +346,7 @@ func (c *Cache) installOCI(ctx context.Context, imgName string, src *ociSource, 
 		if err := os.Chmod(tmp, 0o700); err != nil {
 			return err
 		}
+		tUnpack := time.Now()
 		u, err := unpack.New(rootfs, lim, log)
 		if err != nil {
 			return err
@@ -374,11 +375,14 @@ func (c *Cache) installOCI(ctx context.Context, imgName string, src *ociSource, 
 				WorkingDir: cf.Config.WorkingDir, User: cf.Config.User,
 			},
 		}
+		unpacked := time.Since(tUnpack)
+		tDigest := time.Now()
 		img.Digest, img.SizeBytes, err = digestTree(ctx, rootfs)
 		if err != nil {
 			return err
 		}
-		log.Info("image unpacked", "layers", len(layers), "files", st.Files, "bytes", st.Bytes, "whiteouts", st.Whiteouts)
+		log.Info("image unpacked", "layers", len(layers), "files", st.Files, "bytes", st.Bytes, "whiteouts", st.Whiteouts,
+			"fetch_and_unpack", unpacked.Round(time.Millisecond), "digest", time.Since(tDigest).Round(time.Millisecond))
 		return writeMetadata(tmp, img)
 	})
 	if err != nil {
