@@ -113,6 +113,9 @@ func (c *Cache) Pull(ctx context.Context, opts PullOptions) (*Image, error) {
 	}
 	desc, err := remote.Get(ref, ropts...)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("pull %s: %w", ref.Name(), context.Cause(ctx))
+		}
 		return nil, registryErr(ref, err)
 	}
 	src := &ociSource{manifestDigest: desc.Digest.String(), source: "oci " + ref.Name()}
@@ -452,7 +455,7 @@ func applyLayer(ctx context.Context, u *unpack.Unpacker, i int, l v1.Layer, diff
 	digest, _ := l.Digest()
 	rc, err := l.Uncompressed()
 	if err != nil {
-		return layerErr(i, digest, err)
+		return layerErr(ctx, i, digest, err)
 	}
 	defer rc.Close()
 	h := sha256.New()
@@ -460,10 +463,10 @@ func applyLayer(ctx context.Context, u *unpack.Unpacker, i int, l v1.Layer, diff
 		if errors.Is(err, unpack.ErrLimit) || errors.Is(err, unpack.ErrUnsafe) || ctx.Err() != nil {
 			return fmt.Errorf("layer %d (%s): %w", i, digest, err)
 		}
-		return layerErr(i, digest, err)
+		return layerErr(ctx, i, digest, err)
 	}
 	if err := rc.Close(); err != nil {
-		return layerErr(i, digest, err)
+		return layerErr(ctx, i, digest, err)
 	}
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); diffID.String() != got {
 		return fmt.Errorf("%w: digest mismatch: layer %d (%s) unpacks to %s, but the image config says %s: the layer is corrupt or was tampered with", ErrInvalid, i, digest, got, diffID)
@@ -475,7 +478,10 @@ func applyLayer(ctx context.Context, u *unpack.Unpacker, i int, l v1.Layer, diff
 // not match its digest (the library's verifying reader reports "error
 // verifying"; it has no exported error type), corrupt compression, or a
 // transport failure.
-func layerErr(i int, digest v1.Hash, err error) error {
+func layerErr(ctx context.Context, i int, digest v1.Hash, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("layer %d (%s): %w", i, digest, context.Cause(ctx))
+	}
 	msg := err.Error()
 	switch {
 	case strings.Contains(msg, "error verifying"):

@@ -522,3 +522,28 @@ func TestDeriveName(t *testing.T) {
 		}
 	}
 }
+
+// TestPullCancelled: a pull cancelled while a layer streams (the client
+// hung up) leaves nothing in the cache.
+func TestPullCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	second := gzLayer(t, "two=2")
+	target, _ := second.Digest()
+	host := startRegistry(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/blobs/"+target.String()) {
+				cancel()
+				<-r.Context().Done()
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	push(t, host+"/slow:1", testImage(t, "amd64", gzLayer(t, "one=1"), second))
+	c := &Cache{Dir: t.TempDir()}
+	if _, err := c.Pull(ctx, PullOptions{Ref: host + "/slow:1"}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled pull: %v", err)
+	}
+	cacheHolds(t, c)
+}

@@ -206,6 +206,13 @@ func TestImagePull(t *testing.T) {
 		t.Fatalf("create with a malformed pin: %v (want 400)", err)
 	}
 
+	// gVisor reads the same tree (the image dir is root-only, 0700).
+	if _, err := exec.LookPath("runsc"); err == nil {
+		r = e.cli("", "run", "--runtime", "gvisor", "--image", "bb", "--", "/bin/sh", "-c", "cat /hello.txt")
+		if r.code != 0 || r.stdout != "from layer two" {
+			t.Fatalf("run in the pulled image on gvisor: %+v", r)
+		}
+	}
 	// A VM finds the pulled image's ext4 disk as it finds a built one's:
 	// packed on first use, keyed by the tree digest (vmimage.RootDisk).
 	if _, err := exec.LookPath("qemu-system-x86_64"); err == nil && fileExists(filepath.Join(e.home, "vm", "kernel")) {
