@@ -493,8 +493,15 @@ func (u *Unpacker) whiteout(dir, base, name string) error {
 		return nil
 	}
 	target := strings.TrimPrefix(base, whPrefix)
-	if target == "" || target == "." || target == ".." {
+	if target == "" || target == "." || target == ".." || strings.IndexByte(target, 0) >= 0 {
 		return fmt.Errorf("%w: whiteout %q names no file", ErrUnsafe, name)
+	}
+	// A whiteout hides what the layers below made, never what its own
+	// layer made (image spec: "Files that are present in the same layer as
+	// a whiteout file can only be hidden by whiteout files in subsequent
+	// layers").
+	if u.layer[path.Join(dir, target)] {
+		return nil
 	}
 	if err := removeAllAt(pfd, target); err != nil {
 		return fmt.Errorf("whiteout %s: %w", name, err)

@@ -354,6 +354,18 @@ func TestWhiteoutsAndOpaqueDirsAcrossLayers(t *testing.T) {
 	}
 }
 
+func TestWhiteoutSparesItsOwnLayer(t *testing.T) {
+	_, root, _ := sandboxDirs(t)
+	l1 := layer(t, file("a", "old"), file("b", "old"))
+	l2 := layer(t, file("a", "new"), file(".wh.a", ""), file(".wh.b", ""))
+	if _, err := apply(t, root, Limits{}, l1, l2); err != nil {
+		t.Fatal(err)
+	}
+	if got := tree(t, root); got != "a=new" {
+		t.Fatalf("tree = %q, want a=new (a whiteout hides lower layers only)", got)
+	}
+}
+
 func TestOpaqueKeepsWhatItsLayerMadeBeforeIt(t *testing.T) {
 	_, root, _ := sandboxDirs(t)
 	l1 := layer(t, dir("d/"), file("d/old", "o"))
@@ -478,4 +490,45 @@ func TestGarbageIsAnError(t *testing.T) {
 	if _, err := apply(t, root, Limits{}, bytes.Repeat([]byte("not a tar "), 100)); err == nil {
 		t.Fatal("garbage unpacked without an error")
 	}
+}
+
+// FuzzApply: any byte stream as a layer (applied twice) unpacks or fails,
+// never panics, hangs or writes outside the root.
+func FuzzApply(f *testing.F) {
+	t := &testing.T{}
+	for _, l := range [][]byte{
+		layer(t, dir("etc/"), file("etc/passwd", "x"), symlink("l", "/etc"), hardlink("h", "etc/passwd")),
+		layer(t, symlink("d", "../outside"), file("d/x", "x")),
+		layer(t, file(".wh.etc", ""), file("a/.wh..wh..opq", ""), file("../x", "")),
+		layer(t, ent{name: "dev/null", typ: tar.TypeChar}, ent{name: "p", typ: tar.TypeFifo}),
+	} {
+		f.Add(l)
+	}
+	base, err := os.MkdirTemp("", "fuzzunpack")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { os.RemoveAll(base) })
+	f.Fuzz(func(t *testing.T, b []byte) {
+		root := filepath.Join(base, "root")
+		os.RemoveAll(root)
+		if err := os.Mkdir(root, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		u, err := New(root, Limits{MaxBytes: 1 << 20, MaxFiles: 1000}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer u.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if u.Apply(ctx, bytes.NewReader(b)) == nil {
+			_ = u.Apply(ctx, bytes.NewReader(b))
+			_ = u.Finish()
+		}
+		ents, _ := os.ReadDir(base)
+		if len(ents) != 1 || ents[0].Name() != "root" {
+			t.Fatalf("something was written beside the root: %v", ents)
+		}
+	})
 }
