@@ -223,7 +223,18 @@ func startAgentWith(t *testing.T, bin string, start func(*exec.Cmd) error, extra
 
 func (a *agent) client(t *testing.T) *agentproto.Client {
 	t.Helper()
-	conn, err := net.Dial("unix", a.sock)
+	// The socket file appears at bind, a moment before the agent listens:
+	// a dial in between is refused.
+	var (
+		conn net.Conn
+		err  error
+	)
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if conn, err = net.Dial("unix", a.sock); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
