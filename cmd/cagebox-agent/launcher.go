@@ -50,3 +50,11 @@ func (l *launcher) startProcess(name string, argv []string, attr *os.ProcAttr) (
 	r := <-done
 	return r.p, r.err
 }
+
+// confine confines the launcher's thread (confineThread) now, for a
+// launcher started unconfined (an agent awaiting its claim).
+func (l *launcher) confine() error {
+	done := make(chan error, 1)
+	l.reqs <- func() { done <- confineThread() }
+	return <-done
+}

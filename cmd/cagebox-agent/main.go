@@ -114,10 +114,15 @@ func run(args []string, stderr io.Writer) int {
 	// An agent that awaits its claim keeps its capabilities until then (a
 	// VM's applies the claim's network, entropy and clock with them); it
 	// runs nothing before the claim.
+	//
+	// Its launcher's thread is confined at the claim too: were it
+	// confined now, the claim's drop on all threads (AllThreadsSyscall)
+	// would fail on that thread alone (no CAP_SETPCAP left), which the Go
+	// runtime takes for a corrupted process and aborts.
 	if !faultKeepCaps && !*awaitClaim {
 		dropErr = dropCapabilities()
 	}
-	launch, launchErr := newLauncher(!faultKeepCaps)
+	launch, launchErr := newLauncher(!faultKeepCaps && !*awaitClaim)
 	reaper, err := startReaper(log)
 	if err != nil {
 		log.Warn("no reaper; orphans will not be reaped", "err", err)
@@ -137,12 +142,29 @@ func run(args []string, stderr io.Writer) int {
 				if err := dropCapabilities(); err != nil {
 					log.Warn("the agent's own threads keep capabilities (a static build, CGO_ENABLED=0, drops them); the processes it starts hold none", "err", err)
 				}
+				if err := launch.confine(); err != nil {
+					log.Warn("confine the launcher's thread", "err", err)
+				}
+			}
+			// What processes get is checked, not taken on trust (as at the
+			// start of an agent that is not claimed).
+			var checkErr error
+	if !*awaitClaim { // else checked at the claim, once the launcher is confined
+		checkErr = checkChildren(context.Background(), srv, selfProbeArgv)
+	}
+	if err := checkErr; err != nil {
+				log.Error("refusing to run processes", "err", err)
+				return fmt.Errorf("refusing to run processes: %w", err)
 			}
 			log.Info("claimed", "claim", cl.String())
 			return nil
 		}
 	}
-	if err := checkChildren(context.Background(), srv, selfProbeArgv); err != nil {
+	var checkErr error
+	if !*awaitClaim { // else checked at the claim, once the launcher is confined
+		checkErr = checkChildren(context.Background(), srv, selfProbeArgv)
+	}
+	if err := checkErr; err != nil {
 		if launchErr != nil {
 			err = fmt.Errorf("%w (dropping them failed: %v)", err, launchErr)
 		}

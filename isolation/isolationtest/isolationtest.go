@@ -155,6 +155,9 @@ func StartSpec(t testing.TB, rt isolation.Runtime, o Options, mod func(*isolatio
 	if err := sb.Start(ctx); err != nil {
 		t.Fatalf("start: %v", err)
 	}
+	// A sandbox restored from a template is claimed first, as the
+	// daemon's manager does.
+	claim(t, ctx, sb, spec)
 	g.Client = Connect(t, ctx, sb, spec.AgentToken)
 	return g
 }

@@ -77,6 +77,15 @@ type Options struct {
 	Device string
 	// ProbeTimeout bounds the KVM probe boot (0 = kvm.DefaultTimeout).
 	ProbeTimeout time.Duration
+	// DisableTemplates turns VM templates off: every sandbox cold-boots
+	// and no template is built. Templates are on unless this is set or
+	// the environment has CAGEBOX_QEMU_TEMPLATES=0 (TemplatesEnv).
+	DisableTemplates bool
+	// NoBackgroundTemplates: a cold boot does not build its inputs'
+	// template in the background (BuildTemplate still does).
+	NoBackgroundTemplates bool
+	// TemplateDir holds the templates ("" = Dir/templates).
+	TemplateDir string
 }
 
 // Runtime runs sandboxes as QEMU microVMs.
@@ -90,6 +99,8 @@ type Runtime struct {
 	// device is the KVM device; probeTimeout bounds its probe (see KVM).
 	device       string
 	probeTimeout time.Duration
+	// tpl is the template store (template.go).
+	tpl templates
 }
 
 var _ isolation.Runtime = (*Runtime)(nil)
@@ -123,6 +134,16 @@ func New(o Options) *Runtime {
 	rt.log = rt.log.With("runtime", Name)
 	if rt.binary == "" {
 		rt.binary = "qemu-system-x86_64"
+	}
+	rt.tpl = templates{
+		dir:        o.TemplateDir,
+		enabled:    !o.DisableTemplates && os.Getenv(TemplatesEnv) != "0",
+		background: !o.NoBackgroundTemplates,
+		ram:        map[string]*os.File{},
+		failed:     map[string]time.Time{},
+	}
+	if rt.tpl.dir == "" {
+		rt.tpl.dir = filepath.Join(o.Dir, "templates")
 	}
 	if p, err := exec.LookPath(rt.binary); err == nil {
 		rt.binary = p
@@ -175,7 +196,23 @@ type stateData struct {
 	UID    uint32      `json:"uid"`
 	Cgroup string      `json:"cgroup"`
 	Net    *vmnet.Link `json:"net,omitempty"`
+	// Restored is set when the VM was restored from a template (its
+	// template token is in Dir/template.token).
+	Restored *restoredState `json:"restored,omitempty"`
 }
+
+// restoredState is what a sandbox restored from a template records.
+type restoredState struct {
+	// Template is the template's digest.
+	Template string `json:"template"`
+	// MAC is the sandbox's own NIC address, which its claim gives the
+	// guest (the template's is templateMAC).
+	MAC string `json:"mac,omitempty"`
+}
+
+// templateTokenFile holds, in a restored sandbox's state dir, the token
+// its agent answers to until it is claimed.
+const templateTokenFile = "template.token"
 
 func (sd *stateData) path(elem ...string) string {
 	return filepath.Join(append([]string{sd.Dir}, elem...)...)
@@ -187,8 +224,17 @@ type pending struct {
 	args   []string
 	kvm    bool
 	kvmGID int        // the VMM's supplementary group under KVM (-1: none)
-	files  []*os.File // kernel, initrd, disk, agent socket, qmp socket[, tap]
+	files  []*os.File // kernel, initrd, disk, agent socket, qmp socket[, tap][, ram, state]
 	lns    []*net.UnixListener
+	// restore, if set, restores the VM from a template.
+	restore *restorePlan
+}
+
+// restorePlan is how Start restores a VM: QEMU waits for its incoming
+// migration, read from the template's state file at descriptor stateFD.
+type restorePlan struct {
+	template string
+	stateFD  int
 }
 
 func (p *pending) close() {
@@ -231,6 +277,7 @@ var (
 	_ isolation.Sandbox     = (*Sandbox)(nil)
 	_ isolation.LeakChecker = (*Sandbox)(nil)
 	_ isolation.OOMCounter  = (*Sandbox)(nil)
+	_ isolation.Claimable   = (*Sandbox)(nil)
 )
 
 // Create implements isolation.Runtime: it makes the VM's artifacts (the
@@ -276,24 +323,56 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 		return nil, fmt.Errorf("qemu: %d MiB of memory is too little for a VM guest: give it at least 128 MiB", memMiB)
 	}
 
-	// The initramfs: the base plus this sandbox's configuration (with the
-	// token), readable only by this VM's uid.
-	initrd := s.sd.path("initrd.img")
-	cfg := &agentproto.VMConfig{
-		Token: spec.AgentToken, Env: spec.Env, Hostname: spec.Hostname,
-		Nameserver: spec.Nameserver, TrustedCAPEM: string(spec.TrustedCAPEM),
-		PIDs: res.PIDs, DiskBytes: res.DiskBytes,
+	ks := rt.kvmState()
+	tsc := 0
+	if !ks.Usable {
+		tsc = hostTSCkHz()
 	}
-	if err := vmimage.WriteSandboxInitrd(initrd, arts.Initrd, cfg); err != nil {
-		return nil, fmt.Errorf("qemu: %w", err)
-	}
-	if err := os.Chown(initrd, int(uid), int(uid)); err != nil {
-		return nil, fmt.Errorf("qemu: initramfs owner: %w", err)
+	// A template of these inputs, if templates are on and one is saved;
+	// else a cold boot (which builds the template in the background).
+	var tmpl *templateMeta
+	var treq *templateRequest
+	if rt.templatesOn() {
+		treq, err = rt.templateFor(arts, spec.RootFS, res, memMiB, spec.NetNS != "", ks.Usable)
+		if err != nil {
+			s.log.Warn("no qemu template: cold boot", "err", err)
+			treq = nil
+		} else if m, ok := rt.lookupTemplate(treq.digest); ok {
+			tmpl = m
+		}
 	}
 
-	ks := rt.kvmState()
 	p := &pending{binary: rt.binary, kvm: ks.Usable, kvmGID: ks.gid}
 	undo.Add(p.close)
+	initrd := arts.Initrd
+	if tmpl == nil {
+		// The initramfs: the base plus this sandbox's configuration (with
+		// the token), readable only by this VM's uid.
+		initrd = s.sd.path("initrd.img")
+		cfg := &agentproto.VMConfig{
+			Token: spec.AgentToken, Env: spec.Env, Hostname: spec.Hostname,
+			Nameserver: spec.Nameserver, TrustedCAPEM: string(spec.TrustedCAPEM),
+			PIDs: res.PIDs, DiskBytes: res.DiskBytes, AwaitClaim: spec.AwaitClaim,
+		}
+		if err := vmimage.WriteSandboxInitrd(initrd, arts.Initrd, cfg); err != nil {
+			return nil, fmt.Errorf("qemu: %w", err)
+		}
+		if err := os.Chown(initrd, int(uid), int(uid)); err != nil {
+			return nil, fmt.Errorf("qemu: initramfs owner: %w", err)
+		}
+	} else {
+		// A restore boots nothing: the base initramfs (no configuration,
+		// no token) only makes the machine the template's. The agent
+		// answers the template's token until its claim.
+		tok, err := os.ReadFile(rt.tpl.path(tmpl.Digest, "token"))
+		if err != nil {
+			return nil, fmt.Errorf("qemu: template token: %w", err)
+		}
+		if err := os.WriteFile(s.sd.path(templateTokenFile), tok, 0o600); err != nil {
+			return nil, fmt.Errorf("qemu: template token: %w", err)
+		}
+	}
+
 	for _, f := range []string{arts.Kernel, initrd, arts.RootDisk} {
 		fh, err := os.Open(f)
 		if err != nil {
@@ -329,15 +408,23 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 		}
 		s.sd.Net = gn
 		undo.Add(func() { _ = gn.Teardown() })
+		vc.TapFD = 3 + len(p.files)
 		p.files = append(p.files, tap)
 		vc.Net, vc.MAC = true, gn.MAC
 		np = &netParams{Addr: netip.PrefixFrom(spec.GuestAddr, spec.Prefix.Bits()), Gateway: spec.Gateway}
 	}
-	tsc := 0
-	if !p.kvm {
-		tsc = hostTSCkHz()
-	}
 	vc.Append = kernelCmdline(tsc, np)
+	if tmpl != nil {
+		if err := rt.planRestore(s, p, vc, tmpl); err != nil {
+			return nil, err
+		}
+	} else if treq != nil {
+		defer func() {
+			if err == nil {
+				rt.maybeBuildTemplate(treq)
+			}
+		}()
+	}
 	p.args = vc.args()
 	s.pend = p
 	undo.Release()
@@ -430,7 +517,12 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 		}
 		return fmt.Errorf("qemu: %w: %s", err, runlog.Tail(s.sd.path("console.log"), 1024))
 	}
-	s.log.Debug("qemu started", "pid", proc.PID, "uid", s.sd.UID, "status", st.Status, "kvm", p.kvm)
+	if p.restore != nil {
+		if err := s.restore(ctx, p.restore, exited); err != nil {
+			return err
+		}
+	}
+	s.log.Debug("qemu started", "pid", proc.PID, "uid", s.sd.UID, "status", st.Status, "kvm", p.kvm, "restored", p.restore != nil)
 	return nil
 }
 
@@ -446,6 +538,14 @@ func (s *Sandbox) qmp(ctx context.Context, command string, args, out any) error 
 		return json.Unmarshal(res, out)
 	}
 	return nil
+}
+
+// qmpFD is qmp after passing f to QEMU as fdname (qmpCallFD).
+func (s *Sandbox) qmpFD(ctx context.Context, fdname string, f *os.File, command string, args any) error {
+	s.qmpMu.Lock()
+	defer s.qmpMu.Unlock()
+	_, err := qmpCallFD(ctx, s.sd.path("qmp.sock"), fdname, f, command, args)
+	return err
 }
 
 func (s *Sandbox) running() *vmmProc {
