@@ -148,11 +148,7 @@ func run(args []string, stderr io.Writer) int {
 			}
 			// What processes get is checked, not taken on trust (as at the
 			// start of an agent that is not claimed).
-			var checkErr error
-			if !*awaitClaim { // else checked at the claim, once the launcher is confined
-				checkErr = checkChildren(context.Background(), srv, selfProbeArgv)
-			}
-			if err := checkErr; err != nil {
+			if err := checkChildren(context.Background(), srv, selfProbeArgv); err != nil {
 				log.Error("refusing to run processes", "err", err)
 				return fmt.Errorf("refusing to run processes: %w", err)
 			}
