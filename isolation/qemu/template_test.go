@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"encoding/hex"
 	"net"
 	"net/netip"
@@ -343,4 +344,111 @@ func agentAnswers(s *Sandbox, token string) bool {
 	defer c.Close()
 	_, err = c.Health(ctx)
 	return err == nil
+}
+
+// TestTemplateBackground: a cold boot builds its inputs' template in the
+// background, the next sandbox restores from it; a half-written build is
+// never used and is cleaned up; stale templates are pruned.
+func TestTemplateBackground(t *testing.T) {
+	base := testRuntime(t)
+	dir := t.TempDir()
+	rt := New(Options{Dir: base.cache.Dir, TemplateDir: dir})
+	// What a build that died mid-way leaves: never listed, removed.
+	if err := os.MkdirAll(filepath.Join(dir, ".build-dead", "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	spec := templateSpec(t, nil)
+	sb, err := rt.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := sb.(*Sandbox).Restored(); ok {
+		t.Fatal("restored with no template saved")
+	}
+	if err := sb.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := isolationtest.Connect(t, ctx, sb, spec.AgentToken)
+	c.Close()
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var ts []Template
+	for len(ts) == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("no template was built in the background")
+		}
+		time.Sleep(time.Second)
+		ts, err = rt.Templates()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	tp := ts[0]
+	t.Logf("built in the background: %+v", tp)
+	if tp.Stale || tp.Image != "busybox" || tp.MemoryBytes != 256<<20 || tp.NIC || tp.SizeBytes <= 0 {
+		t.Errorf("template record %+v", tp)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".build-dead")); err == nil {
+		t.Error("a dead build's directory survived a build")
+	}
+	for _, f := range []string{"token", "ram", "state", "template.json"} {
+		fi, err := os.Stat(filepath.Join(dir, tp.Digest, f))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("template file %s: %v %v", f, fi, err)
+		}
+	}
+
+	r := restoreSandbox(t, rt, templateSpec(t, nil))
+	if err := isolationtest.ClaimSandbox(ctx, r.s, r.spec); err != nil {
+		t.Fatal(err)
+	}
+	c = isolationtest.Connect(t, ctx, r.s, r.spec.AgentToken)
+	if out, _ := execOut(t, c, "hostname"); strings.TrimSpace(out) != r.spec.Hostname {
+		t.Errorf("hostname %q", out)
+	}
+	c.Close()
+
+	// A template whose image disk is gone is stale, and pruned; the
+	// other stays unless keep rejects it.
+	m, err := readTemplateMeta(filepath.Join(dir, tp.Digest, "template.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Key.Disk = "gone.ext4"
+	m.Digest = m.Key.digest()
+	if err := os.MkdirAll(filepath.Join(dir, m.Digest), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(m)
+	os.WriteFile(filepath.Join(dir, m.Digest, "template.json"), b, 0o600)
+	for _, f := range []string{"token", "ram", "state"} {
+		os.WriteFile(filepath.Join(dir, m.Digest, f), nil, 0o600)
+	}
+	// A directory without a complete record is not a template.
+	os.MkdirAll(filepath.Join(dir, "0123456789abcdef0123456789abcdef"), 0o700)
+	ts, _ = rt.Templates()
+	if len(ts) != 2 || ts[0].Stale == ts[1].Stale {
+		t.Fatalf("templates %+v: want one stale, one not", ts)
+	}
+	removed, err := rt.PruneTemplates(nil)
+	if err != nil || len(removed) != 1 || removed[0].Digest != m.Digest {
+		t.Fatalf("prune removed %+v (%v), want the stale one", removed, err)
+	}
+	removed, err = rt.PruneTemplates(func(Template) bool { return false })
+	if err != nil || len(removed) != 1 || removed[0].Digest != tp.Digest {
+		t.Fatalf("prune with keep=false removed %+v (%v)", removed, err)
+	}
+	// The restored sandbox lives on without its template.
+	c = isolationtest.Connect(t, ctx, r.s, r.spec.AgentToken)
+	if out, _ := execOut(t, c, "echo", "alive"); out != "alive\n" {
+		t.Errorf("after its template was removed: %q", out)
+	}
+	c.Close()
+	if _, ok := rt.lookupTemplate(tp.Digest); ok {
+		t.Error("a removed template is still found")
+	}
 }
