@@ -16,9 +16,11 @@ type launcher struct {
 }
 
 // newLauncher starts the launcher's thread; with confineIt it confines the
-// thread first and returns the errors of the steps that failed (the
-// launcher runs regardless: the agent's check of its children decides).
-func newLauncher(confineIt bool) (*launcher, error) {
+// thread first (keeping the extra capabilities too in its own permitted
+// and effective sets; see confineThread) and returns the errors of the
+// steps that failed (the launcher runs regardless: the agent's check of
+// its children decides).
+func newLauncher(confineIt bool, extra uint64) (*launcher, error) {
 	l := &launcher{reqs: make(chan func())}
 	errc := make(chan error, 1)
 	go func() {
@@ -26,7 +28,7 @@ func newLauncher(confineIt bool) (*launcher, error) {
 		runtime.LockOSThread()
 		var err error
 		if confineIt {
-			err = confineThread()
+			err = confineThread(extra)
 		}
 		errc <- err
 		for fn := range l.reqs {
@@ -49,12 +51,4 @@ func (l *launcher) startProcess(name string, argv []string, attr *os.ProcAttr) (
 	}
 	r := <-done
 	return r.p, r.err
-}
-
-// confine confines the launcher's thread (confineThread) now, for a
-// launcher started unconfined (an agent awaiting its claim).
-func (l *launcher) confine() error {
-	done := make(chan error, 1)
-	l.reqs <- func() { done <- confineThread() }
-	return <-done
 }

@@ -115,14 +115,24 @@ func run(args []string, stderr io.Writer) int {
 	// VM's applies the claim's network, entropy and clock with them); it
 	// runs nothing before the claim.
 	//
-	// Its launcher's thread is confined at the claim too: were it
-	// confined now, the claim's drop on all threads (AllThreadsSyscall)
-	// would fail on that thread alone (no CAP_SETPCAP left), which the Go
-	// runtime takes for a corrupted process and aborts.
+	// Its launcher's thread, which starts every process, is confined now
+	// and checked below like any agent's, but keeps CAP_SETPCAP (with an
+	// empty bounding set, no inheritable or ambient capabilities and
+	// NOROOT locked, what it starts gets no capability from it): the
+	// claim's drop on all threads (AllThreadsSyscall) needs every thread,
+	// the launcher's too, to succeed at each step alike, or the Go
+	// runtime takes the process for corrupted and aborts. The claim then
+	// takes CAP_SETPCAP from the launcher with the rest, and what its
+	// children get is what the check saw. (A VM template is saved with
+	// the check done, so a restore's claim does not pay for it.)
+	var launcherExtra uint64
+	if *awaitClaim {
+		launcherExtra = capSetPCap
+	}
 	if !faultKeepCaps && !*awaitClaim {
 		dropErr = dropCapabilities()
 	}
-	launch, launchErr := newLauncher(!faultKeepCaps && !*awaitClaim)
+	launch, launchErr := newLauncher(!faultKeepCaps, launcherExtra)
 	reaper, err := startReaper(log)
 	if err != nil {
 		log.Warn("no reaper; orphans will not be reaped", "err", err)
@@ -142,25 +152,12 @@ func run(args []string, stderr io.Writer) int {
 				if err := dropCapabilities(); err != nil {
 					log.Warn("the agent's own threads keep capabilities (a static build, CGO_ENABLED=0, drops them); the processes it starts hold none", "err", err)
 				}
-				if err := launch.confine(); err != nil {
-					log.Warn("confine the launcher's thread", "err", err)
-				}
-			}
-			// What processes get is checked, not taken on trust (as at the
-			// start of an agent that is not claimed).
-			if err := checkChildren(context.Background(), srv, selfProbeArgv); err != nil {
-				log.Error("refusing to run processes", "err", err)
-				return fmt.Errorf("refusing to run processes: %w", err)
 			}
 			log.Info("claimed", "claim", cl.String())
 			return nil
 		}
 	}
-	var checkErr error
-	if !*awaitClaim { // else checked at the claim, once the launcher is confined
-		checkErr = checkChildren(context.Background(), srv, selfProbeArgv)
-	}
-	if err := checkErr; err != nil {
+	if err := checkChildren(context.Background(), srv, selfProbeArgv); err != nil {
 		if launchErr != nil {
 			err = fmt.Errorf("%w (dropping them failed: %v)", err, launchErr)
 		}

@@ -148,7 +148,7 @@ func restoreSandbox(t *testing.T, rt *Runtime, spec *isolation.Spec) *restored {
 	}
 	s := sb.(*Sandbox)
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() || os.Getenv("CBX_CONSOLE") != "" {
 			t.Logf("console of %s:\n%s", s.id, runlog.Tail(s.sd.path("console.log"), 20000))
 		}
 		dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -219,11 +219,16 @@ func TestTemplateIdentity(t *testing.T) {
 		if agentAnswers(r.s, spec.AgentToken) {
 			t.Fatal("a restored agent answered the sandbox's token before its claim")
 		}
+		t1 := time.Now()
 		if err := isolationtest.ClaimSandbox(ctx, r.s, spec); err != nil {
 			t.Fatal(err)
 		}
+		t2 := time.Now()
 		c := isolationtest.Connect(t, ctx, r.s, spec.AgentToken)
 		t.Cleanup(func() { c.Close() })
+		t3 := time.Now()
+		execOut(t, c, "true")
+		t.Logf("sandbox %d: claim %v, reconnect %v, exec %v", i, t2.Sub(t1).Round(time.Millisecond), t3.Sub(t2).Round(time.Millisecond), time.Since(t3).Round(time.Millisecond))
 		t.Logf("sandbox %d: create+start (restore) took %v", i, r.took.Round(time.Millisecond))
 		g := &guest{r: r, c: c, ca: pki.CAPEM, tmTok: ci.Token}
 		out, code := execOut(t, c, "sh", "-c", "head -c 64 /dev/urandom | od -An -tx1 | tr -d ' \\n'")
