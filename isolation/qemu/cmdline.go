@@ -44,6 +44,10 @@ type vmConfig struct {
 	// which the guest's writes never reach).
 	RAMFD     int
 	RAMShared bool
+	// RAMAnon backs guest RAM with anonymous memory named like a
+	// template's backend (memory-backend-ram,id=ram0): a restored
+	// sandbox resumed after hibernation, whose RAM is all in its state.
+	RAMAnon bool
 	// Incoming starts QEMU waiting for migrate-incoming (a restore).
 	Incoming bool
 }
@@ -73,6 +77,9 @@ func (c *vmConfig) args() []string {
 		machine += ",memory-backend=ram0"
 		ram = []string{"-object", fmt.Sprintf("memory-backend-file,id=ram0,size=%dM,mem-path=%s,share=%s,prealloc=off",
 			c.MemoryMiB, fd(c.RAMFD), map[bool]string{true: "on", false: "off"}[c.RAMShared])}
+	} else if c.RAMAnon {
+		machine += ",memory-backend=ram0"
+		ram = []string{"-object", fmt.Sprintf("memory-backend-ram,id=ram0,size=%dM", c.MemoryMiB)}
 	}
 	a := []string{
 		"-M", machine,

@@ -107,6 +107,16 @@ func loadSealed(path string, size int64) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Every page allocated now, holes included: a write fault on a hole
+	// of a private mapping allocates the page it copies in the memfd,
+	// charged to the faulting QEMU's cgroup, so a sandbox touching its
+	// untouched RAM first would be charged twice (its copy and the
+	// shared page). Allocated here, the template's RAM is charged once,
+	// to the daemon, and each sandbox only for its own copies.
+	if err := unix.Fallocate(int(m.Fd()), 0, 0, size); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("allocate template RAM: %w", err)
+	}
 	if _, err := copySparse(m, src, size); err != nil {
 		m.Close()
 		return nil, fmt.Errorf("load %s: %w", path, err)

@@ -235,6 +235,10 @@ type pending struct {
 type restorePlan struct {
 	template string
 	stateFD  int
+	// ignoreShared: the state was saved with x-ignore-shared (a
+	// template's; RAM is mapped from the template). A hibernated
+	// sandbox's state holds its RAM.
+	ignoreShared bool
 }
 
 func (p *pending) close() {
@@ -425,6 +429,13 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 			}
 		}()
 	}
+	// How QEMU starts, for Resume after Hibernate.
+	if err := writeJSON(s.sd.path(bootFile), &bootRecord{
+		Kernel: arts.Kernel, Initrd: initrd, Disk: arts.RootDisk, MemoryMiB: memMiB, CPUs: vc.CPUs,
+		Append: vc.Append, MAC: vc.MAC, RAMBackend: vc.RAMFD > 0, KVM: p.kvm,
+	}); err != nil {
+		return nil, fmt.Errorf("qemu: boot record: %w", err)
+	}
 	p.args = vc.args()
 	s.pend = p
 	undo.Release()
@@ -452,6 +463,12 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 	if p == nil {
 		return errors.New("qemu: sandbox already started")
 	}
+	return s.launch(ctx, p)
+}
+
+// launch starts QEMU as p says and returns once QMP answers (and, for a
+// restore, once the guest runs again).
+func (s *Sandbox) launch(ctx context.Context, p *pending) (err error) {
 	defer p.close() // our copies; QEMU holds its own
 	console, err := runlog.Open(s.sd.path("console.log"))
 	if err != nil {
@@ -557,16 +574,24 @@ func (s *Sandbox) running() *vmmProc {
 	return nil
 }
 
-// Pause implements isolation.Sandbox (QMP stop: the vCPUs halt).
+// Pause implements isolation.Sandbox (QMP stop: the vCPUs halt). A
+// hibernated sandbox stays so.
 func (s *Sandbox) Pause(ctx context.Context) error {
+	if s.running() == nil && s.hibernated() {
+		return nil
+	}
 	if s.running() == nil {
 		return fmt.Errorf("qemu: pause: %w", isolation.ErrGone)
 	}
 	return s.qmp(ctx, "stop", nil, nil)
 }
 
-// Resume implements isolation.Sandbox (QMP cont).
+// Resume implements isolation.Sandbox (QMP cont; a hibernated sandbox is
+// restored from its state dir first).
 func (s *Sandbox) Resume(ctx context.Context) error {
+	if s.running() == nil && s.hibernated() {
+		return s.wake(ctx)
+	}
 	if s.running() == nil {
 		return fmt.Errorf("qemu: resume: %w", isolation.ErrGone)
 	}
@@ -721,8 +746,12 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	}
 	proc := s.proc
 	s.mu.Unlock()
-	if proc == nil {
-		proc, _ = vmproc.ReadFile(s.sd.path("vmm.pid"))
+	if !proc.Alive() {
+		// Another Sandbox value over the same state (a recovered one)
+		// may have started QEMU again (Resume after Hibernate).
+		if p, err := vmproc.ReadFile(s.sd.path("vmm.pid")); err == nil {
+			proc = p
+		}
 	}
 	var errs []error
 	if proc.Alive() {
@@ -756,6 +785,9 @@ func (s *Sandbox) Leftovers(ctx context.Context) []string {
 	s.mu.Lock()
 	proc := s.proc
 	s.mu.Unlock()
+	if !proc.Alive() {
+		proc, _ = vmproc.ReadFile(s.sd.path("vmm.pid"))
+	}
 	if proc.Alive() {
 		out = append(out, fmt.Sprintf("qemu process %d", proc.PID))
 	}
@@ -779,6 +811,15 @@ func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.S
 	}
 	s := &Sandbox{id: st.ID, rt: rt, log: rt.log.With("sandbox", st.ID), sd: sd}
 	proc, err := vmproc.ReadFile(sd.path("vmm.pid"))
+	if s.hibernated() {
+		// Saved whole; a QEMU still there (the daemon died between the
+		// save and QEMU's end) is the saved one, stopped.
+		if err == nil && proc.Alive() {
+			_ = proc.Kill()
+		}
+		rt.uids.Reserve(sd.UID)
+		return s, nil
+	}
 	if err == nil && proc.Alive() {
 		s.proc = proc
 		// The previous daemon's connection may have closed just now.

@@ -38,7 +38,7 @@ func (rt *Runtime) planRestore(s *Sandbox, p *pending, vc *vmConfig, m *template
 	if vc.Net {
 		s.sd.Restored.MAC, vc.MAC = vc.MAC, m.TemplateMAC
 	}
-	p.restore = &restorePlan{template: m.Digest, stateFD: stateFD}
+	p.restore = &restorePlan{template: m.Digest, stateFD: stateFD, ignoreShared: true}
 	return nil
 }
 
@@ -47,8 +47,10 @@ func (rt *Runtime) planRestore(s *Sandbox, p *pending, vc *vmConfig, m *template
 // where the template stopped, its agent waiting for its claim.
 func (s *Sandbox) restore(ctx context.Context, r *restorePlan, exited <-chan struct{}) error {
 	t0 := time.Now()
-	if err := s.qmp(ctx, "migrate-set-capabilities", ignoreShared, nil); err != nil {
-		return fmt.Errorf("qemu: restore: %w", err)
+	if r.ignoreShared {
+		if err := s.qmp(ctx, "migrate-set-capabilities", ignoreShared, nil); err != nil {
+			return fmt.Errorf("qemu: restore: %w", err)
+		}
 	}
 	if err := s.qmp(ctx, "migrate-incoming", map[string]any{"uri": "fd:" + strconv.Itoa(r.stateFD)}, nil); err != nil {
 		return fmt.Errorf("qemu: restore: %w", err)
@@ -56,8 +58,19 @@ func (s *Sandbox) restore(ctx context.Context, r *restorePlan, exited <-chan str
 	for {
 		var st qmpStatus
 		err := s.qmp(ctx, "query-status", nil, &st)
+		if err != nil {
+			// QEMU may be on its way out: give its exit a moment to
+			// show, for the better error.
+			select {
+			case <-exited:
+			case <-time.After(time.Second):
+			}
+		}
 		select {
 		case <-exited:
+			if r.template == "" {
+				return fmt.Errorf("qemu: restore of the saved sandbox failed: %s", runlog.Tail(s.sd.path("console.log"), 2048))
+			}
 			// QEMU exits when it cannot load the state: the template is
 			// unusable (a QEMU or machine change its digest missed).
 			if derr := s.rt.dropTemplate(r.template); derr != nil {
