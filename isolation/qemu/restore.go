@@ -33,7 +33,7 @@ func (rt *Runtime) planRestore(s *Sandbox, p *pending, vc *vmConfig, m *template
 	}
 	stateFD := 3 + len(p.files)
 	p.files = append(p.files, state)
-	vc.Append, vc.Incoming = m.Key.Cmdline, true
+	vc.Append, vc.Incoming = m.Cmdline, true
 	s.sd.Restored = &restoredState{Template: m.Digest}
 	if vc.Net {
 		s.sd.Restored.MAC, vc.MAC = vc.MAC, m.TemplateMAC

@@ -60,7 +60,7 @@ import (
 
 // templateFormat changes whenever what a template holds, or how one is
 // built or restored, does: templates of another format are stale.
-const templateFormat = "cagebox-qemu-template-1"
+const templateFormat = "cagebox-qemu-template-2" // 2: the key leaves tsc_early_khz out
 
 // templateMAC is the NIC address a template boots with; each restored
 // sandbox's claim replaces it with the sandbox's own.
@@ -91,7 +91,11 @@ type templateKey struct {
 	DiskBytes int64  `json:"disk_bytes"`
 	NIC       bool   `json:"nic"`
 	KVM       bool   `json:"kvm"`
-	Cmdline   string `json:"cmdline"`
+	// Cmdline is the kernel command line but for tsc_early_khz (the
+	// host's TSC frequency as /proc/cpuinfo says it, which varies on
+	// hosts that scale their clock; a restored guest never reads its
+	// command line again).
+	Cmdline string `json:"cmdline"`
 }
 
 func (k *templateKey) digest() string {
@@ -111,6 +115,7 @@ type templateMeta struct {
 	RAMData     int64         `json:"ram_data"`     // bytes of it not zero (the rest are holes)
 	StateBytes  int64         `json:"state_bytes"`  // device state
 	TemplateMAC string        `json:"template_mac"` // the NIC's address in the template
+	Cmdline     string        `json:"cmdline"`      // the kernel command line it booted with
 }
 
 // Template describes a saved template (Runtime.Templates).
@@ -162,6 +167,8 @@ type templateRequest struct {
 	digest string
 	arts   *vmimage.Artifacts
 	image  string
+	// cmdline is the kernel command line the template boots with.
+	cmdline string
 }
 
 // templatesOn reports whether this runtime restores from templates.
@@ -207,9 +214,9 @@ func (rt *Runtime) templateFor(arts *vmimage.Artifacts, rootfs string, res isola
 		Format: templateFormat, QEMU: qsum, Kernel: k.VmlinuzSHA256,
 		Initrd: filepath.Base(arts.Initrd), Disk: filepath.Base(arts.RootDisk),
 		MemoryMiB: memMiB, CPUs: max(1, int(res.CPUs+0.999)), PIDs: res.PIDs, DiskBytes: res.DiskBytes,
-		NIC: nic, KVM: kvm, Cmdline: templateCmdline(tscFor(kvm), nic),
+		NIC: nic, KVM: kvm, Cmdline: templateCmdline(0, nic),
 	}
-	return &templateRequest{key: key, digest: key.digest(), arts: arts, image: imageName(rootfs)}, nil
+	return &templateRequest{key: key, digest: key.digest(), arts: arts, image: imageName(rootfs), cmdline: templateCmdline(tscFor(kvm), nic)}, nil
 }
 
 // imageName is the name of the image whose root is rootfs (image.json
@@ -487,7 +494,7 @@ func (rt *Runtime) buildTemplate(ctx context.Context, req *templateRequest, wait
 		}
 		files = append(files, lf)
 	}
-	vc := &vmConfig{KVM: req.key.KVM, MemoryMiB: req.key.MemoryMiB, CPUs: req.key.CPUs, Append: req.key.Cmdline, RAMShared: true}
+	vc := &vmConfig{KVM: req.key.KVM, MemoryMiB: req.key.MemoryMiB, CPUs: req.key.CPUs, Append: req.cmdline, RAMShared: true}
 	next := 3 + len(files)
 	if req.key.NIC {
 		vc.Net, vc.MAC, vc.TapFD = true, templateMAC, next
@@ -618,7 +625,7 @@ func (rt *Runtime) buildTemplate(ctx context.Context, req *templateRequest, wait
 	m := &templateMeta{
 		Digest: req.digest, Key: req.key, Image: req.image, Created: time.Now().UTC(),
 		BuildTime: time.Since(start), RAMBytes: memBytes, RAMData: data, StateBytes: sfi.Size(),
-		TemplateMAC: templateMAC,
+		TemplateMAC: templateMAC, Cmdline: req.cmdline,
 	}
 	b, _ := json.MarshalIndent(m, "", "  ")
 	if err := writeSynced(filepath.Join(tmp, "template.json"), b); err != nil {
