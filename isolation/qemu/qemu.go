@@ -14,6 +14,14 @@
 // (memory = guest RAM + bounded overhead, pids), in the sandbox's network
 // namespace (or a new empty one), and it opens no host path of ours: the
 // kernel, initramfs, disk, sockets and TAP are descriptors it inherits.
+//
+// Templates (template.go, restore.go): a sandbox whose inputs (kernel,
+// agent, image, size, NIC) have a saved template is restored from it —
+// guest RAM shared copy-on-write from a sealed memfd, device state
+// migrated in — instead of cold-booted, and must then be claimed
+// (isolation.Claimable) to become itself. A cold boot builds its inputs'
+// template in the background. Sandboxes can also be hibernated whole
+// (hibernate.go, isolation.Hibernator).
 package qemu
 
 import (
