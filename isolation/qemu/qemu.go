@@ -353,6 +353,20 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 			tmpl = m
 		}
 	}
+	var tfiles *restoreFiles
+	if tmpl != nil {
+		if tfiles, err = rt.openTemplate(tmpl); err != nil {
+			// A template that cannot be used is removed; this sandbox
+			// cold-boots (and builds a new one).
+			s.log.Warn("unusable qemu template removed: cold boot", "template", tmpl.Digest, "err", err)
+			if derr := rt.dropTemplate(tmpl.Digest); derr != nil {
+				s.log.Warn("remove qemu template", "template", tmpl.Digest, "err", derr)
+			}
+			tmpl = nil
+		} else {
+			undo.Add(tfiles.close)
+		}
+	}
 
 	p := &pending{binary: rt.binary, kvm: ks.Usable, kvmGID: ks.gid}
 	undo.Add(p.close)
@@ -427,9 +441,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	}
 	vc.Append = kernelCmdline(tsc, np)
 	if tmpl != nil {
-		if err := rt.planRestore(s, p, vc, tmpl); err != nil {
-			return nil, err
-		}
+		rt.planRestore(s, p, vc, tmpl, tfiles)
 	} else if treq != nil {
 		defer func() {
 			if err == nil {

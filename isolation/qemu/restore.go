@@ -11,35 +11,61 @@ import (
 	"github.com/cagebox/cagebox/isolation/internal/runlog"
 )
 
-// planRestore turns a cold boot's plan (p, vc) into a restore from the
-// template m: the template's kernel command line and NIC address (the
-// claim gives the guest the sandbox's), guest RAM mapped privately from
-// the template's sealed memfd, and QEMU waiting for the template's device
-// state on an inherited descriptor.
-func (rt *Runtime) planRestore(s *Sandbox, p *pending, vc *vmConfig, m *templateMeta) error {
+// restoreFiles are what a restore from a template hands QEMU: its RAM
+// (a descriptor of the template's sealed memfd) and its device state.
+type restoreFiles struct {
+	ram, state *os.File
+}
+
+func (f *restoreFiles) close() {
+	if f.ram != nil {
+		f.ram.Close()
+	}
+	if f.state != nil {
+		f.state.Close()
+	}
+}
+
+// openTemplate opens the template m for a restore (loading its RAM on
+// first use).
+func (rt *Runtime) openTemplate(m *templateMeta) (_ *restoreFiles, err error) {
 	ram, err := rt.templateRAM(m)
 	if err != nil {
-		return fmt.Errorf("qemu: %w", err)
+		return nil, err
 	}
-	ramDup, err := dupFile(ram)
-	if err != nil {
-		return fmt.Errorf("qemu: %w", err)
+	f := &restoreFiles{}
+	defer func() {
+		if err != nil {
+			f.close()
+		}
+	}()
+	if f.ram, err = dupFile(ram); err != nil {
+		return nil, err
 	}
+	if f.state, err = os.Open(rt.tpl.path(m.Digest, "state")); err != nil {
+		return nil, fmt.Errorf("template device state: %w", err)
+	}
+	return f, nil
+}
+
+// planRestore turns a cold boot's plan (p, vc) into a restore from the
+// template m (files from openTemplate, which p now owns): the template's
+// kernel command line and NIC address (the claim gives the guest the
+// sandbox's), guest RAM mapped privately from the template's sealed
+// memfd, and QEMU waiting for the template's device state on an
+// inherited descriptor.
+func (rt *Runtime) planRestore(s *Sandbox, p *pending, vc *vmConfig, m *templateMeta, f *restoreFiles) {
 	vc.RAMFD = 3 + len(p.files)
-	p.files = append(p.files, ramDup)
-	state, err := os.Open(rt.tpl.path(m.Digest, "state"))
-	if err != nil {
-		return fmt.Errorf("qemu: template device state: %w", err)
-	}
+	p.files = append(p.files, f.ram)
 	stateFD := 3 + len(p.files)
-	p.files = append(p.files, state)
+	p.files = append(p.files, f.state)
+	f.ram, f.state = nil, nil
 	vc.Append, vc.Incoming = m.Cmdline, true
 	s.sd.Restored = &restoredState{Template: m.Digest}
 	if vc.Net {
 		s.sd.Restored.MAC, vc.MAC = vc.MAC, m.TemplateMAC
 	}
 	p.restore = &restorePlan{template: m.Digest, stateFD: stateFD, ignoreShared: true}
-	return nil
 }
 
 // restore loads the template's device state into the QEMU that Start

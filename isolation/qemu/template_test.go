@@ -443,6 +443,14 @@ func TestTemplateBackground(t *testing.T) {
 	if err != nil || len(removed) != 1 || removed[0].Digest != m.Digest {
 		t.Fatalf("prune removed %+v (%v), want the stale one", removed, err)
 	}
+	// (A copy of the template, for the damaged-template case below.)
+	keepDir := filepath.Join(t.TempDir(), "copy")
+	os.Mkdir(keepDir, 0o700)
+	for _, f := range []string{"token", "ram", "state", "template.json"} {
+		if err := os.Link(filepath.Join(dir, tp.Digest, f), filepath.Join(keepDir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	removed, err = rt.PruneTemplates(func(Template) bool { return false })
 	if err != nil || len(removed) != 1 || removed[0].Digest != tp.Digest {
 		t.Fatalf("prune with keep=false removed %+v (%v)", removed, err)
@@ -455,5 +463,29 @@ func TestTemplateBackground(t *testing.T) {
 	c.Close()
 	if _, ok := rt.lookupTemplate(tp.Digest); ok {
 		t.Error("a removed template is still found")
+	}
+
+	// A template whose RAM file is damaged is removed at the next
+	// create, which cold-boots.
+	if err := os.Rename(keepDir, filepath.Join(dir, tp.Digest)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(dir, tp.Digest, "ram"), 4096); err != nil {
+		t.Fatal(err)
+	}
+	rt2 := New(Options{Dir: base.cache.Dir, TemplateDir: dir, NoBackgroundTemplates: true})
+	spec2 := templateSpec(t, nil)
+	sb2, err := rt2.Create(ctx, spec2)
+	if err != nil {
+		t.Fatalf("create over a damaged template: %v", err)
+	}
+	if _, ok := sb2.(*Sandbox).Restored(); ok {
+		t.Error("restored from a damaged template")
+	}
+	if err := sb2.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := rt2.lookupTemplate(tp.Digest); ok {
+		t.Error("a damaged template was kept")
 	}
 }
