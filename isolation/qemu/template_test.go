@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -188,13 +190,15 @@ func TestTemplateIdentity(t *testing.T) {
 		t.Fatalf("build template: %v", err)
 	}
 	t.Logf("template %s: %d KiB on disk, built in %v", tp.Name, tp.SizeBytes>>10, tp.BuildTime.Round(time.Millisecond))
+	ramSum := fileSum(t, rt.tpl.path(tp.Digest, "ram"))
 
 	type guest struct {
-		r     *restored
-		c     *agentproto.Client
-		ca    []byte
-		rand  string
-		tmTok string
+		r      *restored
+		c      *agentproto.Client
+		ca     []byte
+		rand   string
+		bootID string
+		tmTok  string
 	}
 	var gs []*guest
 	for i, l := range links {
@@ -236,12 +240,17 @@ func TestTemplateIdentity(t *testing.T) {
 			t.Fatalf("read /dev/urandom: %q %d", out, code)
 		}
 		g.rand = out
+		// The kernel makes its boot id on first read: after the claim.
+		g.bootID, _ = execOut(t, c, "cat", "/proc/sys/kernel/random/boot_id")
 		gs = append(gs, g)
 	}
 	for i, g := range gs {
 		for j := 0; j < i; j++ {
 			if g.rand == gs[j].rand {
 				t.Errorf("sandboxes %d and %d read the same 64 bytes from /dev/urandom: the RNG state is the template's", j, i)
+			}
+			if g.bootID == gs[j].bootID {
+				t.Errorf("sandboxes %d and %d have the same boot id %q", j, i, g.bootID)
 			}
 		}
 		// The template token no longer opens a connection.
@@ -292,10 +301,23 @@ func TestTemplateIdentity(t *testing.T) {
 		}
 	}
 	// The template is never written: its RAM file is as built.
-	ts, err := rt.Templates()
-	if err != nil || len(ts) == 0 {
-		t.Fatalf("templates: %v %v", ts, err)
+	if fileSum(t, rt.tpl.path(tp.Digest, "ram")) != ramSum {
+		t.Error("the template's RAM file changed while sandboxes ran from it")
 	}
+}
+
+func fileSum(t *testing.T, p string) string {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // tcpFromGuest connects from the guest to a listener on the host end
