@@ -114,6 +114,16 @@ func (s *Sandbox) Hibernate(ctx context.Context) error {
 	}
 	defer f.Close()
 	t0 := time.Now()
+	// The agent sees a connection that just ended before its vCPUs stop
+	// (as DialAgent waits for it to), so that the saved agent waits for
+	// a new connection rather than sitting in the old session.
+	if d := s.link.waitGap(); d > 0 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu: hibernate: %w", ctx.Err())
+		case <-time.After(d):
+		}
+	}
 	if err := s.qmp(ctx, "stop", nil, nil); err != nil {
 		return fmt.Errorf("qemu: hibernate: stop: %w", err)
 	}
@@ -235,6 +245,9 @@ func (s *Sandbox) wake(ctx context.Context) (err error) {
 	if err := s.launch(ctx, p); err != nil {
 		return err
 	}
+	// A connection open when it was saved ends for the guest only now:
+	// the first dial gives it the reconnect gap to notice.
+	s.link.closedNow()
 	for _, f := range []string{hibernateFile, hibStateFile, "hibernate.kernel", "hibernate.initrd"} {
 		_ = os.Remove(s.sd.path(f))
 	}
