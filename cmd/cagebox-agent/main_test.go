@@ -224,7 +224,15 @@ func startAgentWith(t *testing.T, bin string, start func(*exec.Cmd) error, extra
 
 func (a *agent) client(t *testing.T) *agentproto.Client {
 	t.Helper()
-	conn, err := net.Dial("unix", a.sock)
+	// The socket file appears at bind, a moment before listen: a busy
+	// host can put a dial in between (connection refused).
+	var conn net.Conn
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if conn, err = net.Dial("unix", a.sock); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
