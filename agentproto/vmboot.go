@@ -26,6 +26,10 @@ const (
 	VMParamAddr = "cagebox.ip"
 	// VMParamGateway is the default route's gateway.
 	VMParamGateway = "cagebox.gw"
+	// VMParamNIC says the VM has a network interface that the boot does
+	// not configure (a template's: the claim configures it), so the init
+	// loads the NIC's driver all the same.
+	VMParamNIC = "cagebox.nic"
 	// VMParamBare makes the init power the VM off at once (boot-time
 	// baseline measurements).
 	VMParamBare = "cagebox.bare"
@@ -58,11 +62,15 @@ type VMConfig struct {
 	PIDs int64 `json:"pids,omitempty"`
 	// DiskBytes bounds the writable layer (a tmpfs) over the image.
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
+	// AwaitClaim starts the agent waiting for the host's Claim (a VM
+	// template: booted with no sandbox's identity, saved once the agent
+	// waits, restored for each sandbox and claimed).
+	AwaitClaim bool `json:"await_claim,omitempty"`
 }
 
 // String never shows the token (it may end up in logs and errors).
 func (c VMConfig) String() string {
-	return fmt.Sprintf("VMConfig{hostname %q, %d env, pids %d, disk %d, ca %t}", c.Hostname, len(c.Env), c.PIDs, c.DiskBytes, c.TrustedCAPEM != "")
+	return fmt.Sprintf("VMConfig{hostname %q, %d env, pids %d, disk %d, ca %t, await claim %t}", c.Hostname, len(c.Env), c.PIDs, c.DiskBytes, c.TrustedCAPEM != "", c.AwaitClaim)
 }
 
 // ParseKernelCmdline returns the key=value words of a kernel command line

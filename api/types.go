@@ -212,8 +212,50 @@ type Image struct {
 	Name      string    `json:"name"`
 	SizeBytes int64     `json:"size_bytes"`
 	CreatedAt time.Time `json:"created_at"`
-	Digest    string    `json:"digest"`
-	Source    string    `json:"source,omitempty"`
+	// Digest is sha256 over the image's tree.
+	Digest string `json:"digest"`
+	Source string `json:"source,omitempty"`
+	// ManifestDigest is the digest of the manifest (or index) an OCI
+	// image was pulled or imported from; PlatformDigest that of the
+	// linux/amd64 manifest chosen from an index. NAME@DIGEST pins either.
+	ManifestDigest string `json:"manifest_digest,omitempty"`
+	PlatformDigest string `json:"platform_digest,omitempty"`
+	// Config is what an OCI image's config says about running it
+	// (recorded; sandboxes do not use it yet).
+	Config *ImageConfig `json:"config,omitempty"`
+}
+
+// ImageConfig is the part of an OCI image config cagebox records.
+type ImageConfig struct {
+	Env        []string `json:"env,omitempty"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
+}
+
+// PullImageRequest asks the daemon to pull an OCI image.
+type PullImageRequest struct {
+	// Ref is [REGISTRY/]REPO[:TAG][@sha256:HEX]; docker.io and latest are
+	// the defaults.
+	Ref string `json:"ref"`
+	// Name is the cache name ("" = derived from Ref: alpine:3.20 →
+	// alpine-3.20).
+	Name string `json:"name,omitempty"`
+	// Force replaces an image of that name made from something else.
+	Force bool `json:"force,omitempty"`
+	// MaxBytes and MaxFiles bound what the image may unpack to (0 = the
+	// defaults: 8 GiB, 500000 files).
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+	MaxFiles int64 `json:"max_files,omitempty"`
+}
+
+// ImportImageOptions are the query parameters of POST /v1/images/import.
+type ImportImageOptions struct {
+	Name     string
+	Force    bool
+	MaxBytes int64
+	MaxFiles int64
 }
 
 // FileInfo is an entry of a directory listing.

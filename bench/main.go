@@ -5,7 +5,10 @@
 //     agent → `true`) vs a bare `runc run` (or crun) of an equivalent bundle
 //     (same image, same seccomp/namespaces/limits) running /bin/true;
 //   - exec round trip of `true` in a running sandbox (p50/p99), through the
-//     daemon API and directly over the agent protocol.
+//     daemon API and directly over the agent protocol;
+//   - with -only snapshot, the qemu runtime's VM templates (snapshot.go):
+//     restore vs cold boot to first exec, memory of many sandboxes, and
+//     the template's build time and size.
 //
 // Run as root: `make bench` (or `go run ./bench -n 30`).
 package main
@@ -40,12 +43,14 @@ func main() {
 	n := flag.Int("n", 30, "cold starts per side")
 	execN := flag.Int("exec", 300, "exec round trips")
 	agent := flag.String("agent", "bin/cagebox-agent", "static cagebox-agent binary")
-	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\", \"policy\" or \"pool\"")
+	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\", \"policy\", \"pool\" or \"snapshot\"")
 	sustained := flag.Int("sustained", 200, "pool: `cagebox run -- true` back to back per runtime")
 	egressDur := flag.Duration("egress-time", 4*time.Second, "egress: load duration per client kind")
 	egressConc := flag.Int("egress-conc", 16, "egress: concurrent clients")
 	vmN := flag.Int("vm-n", 5, "cold starts per side for the qemu runtime (TCG boots take seconds)")
 	runtimes := flag.String("runtimes", "container,gvisor,qemu", "runtimes to measure cold starts of (those available here)")
+	snapN := flag.Int("snap-n", 5, "snapshot: cold boots and restores timed per side")
+	snapMemN := flag.Int("snap-mem-n", 20, "snapshot: sandboxes running at once per side for the memory comparison")
 	flag.Parse()
 	if *only == "egress" {
 		egressBench(*egressDur, *egressConc)
@@ -71,6 +76,10 @@ func main() {
 	}
 	if *only == "pool" {
 		poolBench(agentPath, *n, *vmN, *sustained, *runtimes)
+		return
+	}
+	if *only == "snapshot" {
+		snapshotBench(agentPath, *snapN, *snapMemN)
 		return
 	}
 	home, err := os.MkdirTemp("", "cbx-bench")

@@ -183,6 +183,46 @@ func (c *Client) Images(ctx context.Context) ([]api.Image, error) {
 	return out, c.do(ctx, "GET", "/v1/images", nil, &out)
 }
 
+// PullImage asks the daemon to pull an OCI image (admin only). It answers
+// once the image is installed, which may take minutes for a large image:
+// bound ctx accordingly.
+func (c *Client) PullImage(ctx context.Context, req *api.PullImageRequest) (*api.Image, error) {
+	var out api.Image
+	return &out, c.do(ctx, "POST", "/v1/images/pull", req, &out)
+}
+
+// ImportImage sends a `docker save` archive or a tar of an OCI image layout
+// to the daemon, which installs it (admin only).
+func (c *Client) ImportImage(ctx context.Context, archive io.Reader, o api.ImportImageOptions) (*api.Image, error) {
+	q := url.Values{}
+	if o.Name != "" {
+		q.Set("name", o.Name)
+	}
+	if o.Force {
+		q.Set("force", "true")
+	}
+	if o.MaxBytes > 0 {
+		q.Set("max_bytes", fmt.Sprint(o.MaxBytes))
+	}
+	if o.MaxFiles > 0 {
+		q.Set("max_files", fmt.Sprint(o.MaxFiles))
+	}
+	path := "/v1/images/import"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	resp, err := c.open(ctx, "POST", path, "application/x-tar", archive)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var out api.Image
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("import image: decode the answer: %w", err)
+	}
+	return &out, nil
+}
+
 // Create creates and starts a sandbox.
 func (c *Client) Create(ctx context.Context, req *api.CreateSandboxRequest) (*api.Sandbox, error) {
 	var sb api.Sandbox
@@ -463,4 +503,15 @@ func (c *Client) RequestAccess(ctx context.Context, id string, req *api.AccessRe
 func (c *Client) ListDir(ctx context.Context, id, path string) ([]api.FileInfo, error) {
 	var out []api.FileInfo
 	return out, c.do(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id)+"/dir?"+url.Values{"path": {path}}.Encode(), nil, &out)
+}
+
+// Metrics returns the daemon's Prometheus metrics (admin only).
+func (c *Client) Metrics(ctx context.Context) (string, error) {
+	resp, err := c.open(ctx, "GET", "/metrics", "", nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
 }

@@ -207,6 +207,18 @@ type ClaimInfo struct {
 	MAC string
 }
 
+// Hibernator is implemented by sandboxes that can be saved whole — memory
+// and device state, in the sandbox's state dir — with their VMM ended,
+// freeing its memory. Resume brings a hibernated sandbox back as it was,
+// with the same network identity and agent token: it is the same sandbox,
+// nothing is claimed again (agent connections must be redialled). A
+// hibernated sandbox survives a daemon restart: Recover returns it
+// hibernated, and Resume wakes it. Stop of a hibernated sandbox does
+// nothing; Destroy removes it.
+type Hibernator interface {
+	Hibernate(ctx context.Context) error
+}
+
 // OOMCounter is implemented by sandboxes that can tell how many processes
 // the kernel has killed for running out of the sandbox's memory.
 type OOMCounter interface {

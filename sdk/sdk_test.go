@@ -28,8 +28,8 @@ var sdks = []struct{ name, dir, ext string }{
 	{"typescript", "typescript/src", ".ts"},
 }
 
-// routeLit matches a route as the SDKs name it: "METHOD /v1/...".
-var routeLit = regexp.MustCompile(`"(GET|POST|PUT|PATCH|DELETE) (/v1/[^"\s]*)"`)
+// routeLit matches a route as the SDKs name it: "METHOD /path".
+var routeLit = regexp.MustCompile(`"(GET|POST|PUT|PATCH|DELETE) (/[^"\s]*)"`)
 
 // absentRow matches a row of ABSENT.md: | `METHOD /path` | sdk, sdk | why |
 var absentRow = regexp.MustCompile("(?m)^\\| `([A-Z]+ /[^`]*)` \\| ([^|]+) \\| *([^|]*[^| ]) *\\|")

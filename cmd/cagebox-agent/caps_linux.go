@@ -49,23 +49,29 @@ func dropCapabilities() error {
 	return confine(func(trap uintptr, a [6]uintptr) syscall.Errno {
 		_, _, e := syscall.AllThreadsSyscall6(trap, a[0], a[1], a[2], a[3], a[4], a[5])
 		return e
-	})
+	}, keptCaps)
 }
 
+// capSetPCap is CAP_SETPCAP as a capability mask.
+const capSetPCap = 1 << unix.CAP_SETPCAP
+
 // confineThread is dropCapabilities for the calling OS thread only; the
-// caller must have locked its goroutine to the thread.
-func confineThread() error {
+// caller must have locked its goroutine to the thread. The thread keeps
+// extra in its permitted and effective sets besides keptCaps: with the
+// bounding set empty, no inheritable or ambient capability and NOROOT
+// locked, what it starts gets none of them.
+func confineThread(extra uint64) error {
 	return confine(func(trap uintptr, a [6]uintptr) syscall.Errno {
 		_, _, e := unix.RawSyscall6(trap, a[0], a[1], a[2], a[3], a[4], a[5])
 		return e
-	})
+	}, keptCaps|extra)
 }
 
 // confine runs the steps of the capability drop through sys, which applies
 // one system call to all threads or to the calling one. What is already
 // done (securebits set, a capability out of the bounding set) is skipped:
 // redoing it would need CAP_SETPCAP, which the first pass gave up.
-func confine(sys func(trap uintptr, a [6]uintptr) syscall.Errno) error {
+func confine(sys func(trap uintptr, a [6]uintptr) syscall.Errno, kept uint64) error {
 	var errs []error
 	step := func(what string, trap uintptr, a ...uintptr) {
 		var args [6]uintptr
@@ -99,9 +105,9 @@ func confine(sys func(trap uintptr, a [6]uintptr) syscall.Errno) error {
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
 		errs = append(errs, fmt.Errorf("capget: %w", err))
 	} else {
-		keep := data[0].Permitted & keptCaps
-		data[0] = unix.CapUserData{Effective: keep, Permitted: keep}
-		data[1] = unix.CapUserData{}
+		keep := (uint64(data[1].Permitted)<<32 | uint64(data[0].Permitted)) & kept
+		data[0] = unix.CapUserData{Effective: uint32(keep), Permitted: uint32(keep)}
+		data[1] = unix.CapUserData{Effective: uint32(keep >> 32), Permitted: uint32(keep >> 32)}
 		step("set capabilities", unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])))
 	}
 	return errors.Join(errs...)

@@ -11,7 +11,9 @@ import (
 
 func dropCapabilities() error { return errors.New("capabilities are only managed on linux") }
 
-func confineThread() error { return errors.New("capabilities are only managed on linux") }
+const capSetPCap = 1 << 8
+
+func confineThread(extra uint64) error { return errors.New("capabilities are only managed on linux") }
 
 func startReaper(log *slog.Logger) (*agentproto.Reaper, error) {
 	return nil, errors.New("reaping is only supported on linux")

@@ -16,9 +16,11 @@ type launcher struct {
 }
 
 // newLauncher starts the launcher's thread; with confineIt it confines the
-// thread first and returns the errors of the steps that failed (the
-// launcher runs regardless: the agent's check of its children decides).
-func newLauncher(confineIt bool) (*launcher, error) {
+// thread first (keeping the extra capabilities too in its own permitted
+// and effective sets; see confineThread) and returns the errors of the
+// steps that failed (the launcher runs regardless: the agent's check of
+// its children decides).
+func newLauncher(confineIt bool, extra uint64) (*launcher, error) {
 	l := &launcher{reqs: make(chan func())}
 	errc := make(chan error, 1)
 	go func() {
@@ -26,7 +28,7 @@ func newLauncher(confineIt bool) (*launcher, error) {
 		runtime.LockOSThread()
 		var err error
 		if confineIt {
-			err = confineThread()
+			err = confineThread(extra)
 		}
 		errc <- err
 		for fn := range l.reqs {
@@ -35,12 +37,6 @@ func newLauncher(confineIt bool) (*launcher, error) {
 	}()
 	return l, <-errc
 }
-
-// stop ends the launcher: its goroutine returns while locked to its
-// thread, so the runtime ends the thread too (an agent that awaits its
-// claim checks its children with a launcher it then stops, so that every
-// thread left holds the same credentials when the claim drops them all).
-func (l *launcher) stop() { close(l.reqs) }
 
 // startProcess is os.StartProcess on the launcher's thread.
 func (l *launcher) startProcess(name string, argv []string, attr *os.ProcAttr) (*os.Process, error) {

@@ -61,6 +61,7 @@ func run(args []string, stderr io.Writer) int {
 	envFile := fs.String("env-file", envOr("CAGEBOX_AGENT_ENV_FILE", ""), "base environment for processes, KEY=VALUE lines (default: PATH, HOME=/root, LANG=C.UTF-8)")
 	graceStr := fs.String("grace", envOr("CAGEBOX_AGENT_GRACE", "10s"), "on SIGTERM, how long processes get to exit before they are killed")
 	awaitClaim := fs.Bool("await-claim", envOr("CAGEBOX_AGENT_AWAIT_CLAIM", "") == "1", "run nothing until the host claims the agent for a sandbox (pools, VM templates); capabilities are dropped at the claim")
+	claimKeepsCaps := fs.Bool("claim-keeps-caps", false, "with --await-claim: keep capabilities until the claim, as a VM guest's agent does to apply its network, entropy and clock")
 	logLevel := fs.String("log-level", envOr("CAGEBOX_AGENT_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -115,12 +116,28 @@ func run(args []string, stderr io.Writer) int {
 	// until then: it applies the claim's network, entropy and clock with
 	// them. It runs nothing before the claim. A container's needs none
 	// (the host owns its network and kernel) and drops them now, as at an
-	// ordinary start.
-	deferDrop := *awaitClaim && claimPlatform != nil
+	// ordinary start, so its claim only writes files.
+	//
+	// The launcher's thread, which starts every process, is confined now
+	// and checked below like any agent's; where the drop waits for the
+	// claim it keeps CAP_SETPCAP (with an empty bounding set, no
+	// inheritable or ambient capabilities and NOROOT locked, what it
+	// starts gets no capability from it): the claim's drop on all threads
+	// (AllThreadsSyscall) needs every thread, the launcher's too, to
+	// succeed at each step alike, or the Go runtime takes the process for
+	// corrupted and aborts. The claim then takes CAP_SETPCAP from the
+	// launcher with the rest, and what its children get is what the check
+	// saw. (A VM template is saved with the check done, so a restore's
+	// claim does not pay for it.)
+	deferDrop := *awaitClaim && (claimPlatform != nil || *claimKeepsCaps)
+	var launcherExtra uint64
+	if deferDrop {
+		launcherExtra = capSetPCap
+	}
 	if !faultKeepCaps && !deferDrop {
 		dropErr = dropCapabilities()
 	}
-	launch, launchErr := newLauncher(!faultKeepCaps)
+	launch, launchErr := newLauncher(!faultKeepCaps, launcherExtra)
 	reaper, err := startReaper(log)
 	if err != nil {
 		log.Warn("no reaper; orphans will not be reaped", "err", err)
@@ -139,15 +156,6 @@ func run(args []string, stderr io.Writer) int {
 		log.Debug("processes start with no capabilities")
 	}
 	if *awaitClaim && srv.Refused == "" {
-		if deferDrop {
-			// The check proved the launcher confines what it starts. Until
-			// the claim nothing is started; the launcher's thread (confined
-			// already) ends, so that the claim drops the capabilities of
-			// threads that all hold the same ones, and a new launcher is
-			// made after the drop, exactly as at an ordinary start.
-			launch.stop()
-			srv.StartProcess = nil
-		}
 		srv.OnClaim = func(cl *agentproto.Claim) error {
 			if claimPlatform != nil {
 				if err := claimPlatform(cl); err != nil {
@@ -166,16 +174,6 @@ func run(args []string, stderr io.Writer) int {
 					log.Warn("the agent's own threads keep capabilities (a static build, CGO_ENABLED=0, drops them); the processes it starts hold none", "err", err)
 				}
 			}
-			// As at an ordinary start, what decides is whether children
-			// hold capabilities, which the check at start answered for this
-			// guest (gVisor refuses some of the steps yet confines them).
-			l, err := newLauncher(!faultKeepCaps)
-			if err != nil {
-				log.Debug("confining the launcher's thread", "err", err)
-			}
-			// Exec is refused until the claim completes, which orders this
-			// write before any exec reads it.
-			srv.StartProcess = l.startProcess
 			log.Info("claimed", "claim", cl.String())
 			return nil
 		}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"debug/elf"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -223,7 +224,15 @@ func startAgentWith(t *testing.T, bin string, start func(*exec.Cmd) error, extra
 
 func (a *agent) client(t *testing.T) *agentproto.Client {
 	t.Helper()
-	conn, err := net.Dial("unix", a.sock)
+	// The socket file appears at bind, a moment before listen: a busy
+	// host can put a dial in between (connection refused).
+	var conn net.Conn
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if conn, err = net.Dial("unix", a.sock); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -606,5 +615,71 @@ func TestPrewarmThreads(t *testing.T) {
 	prewarmThreads(spareThreads)
 	if after := count(); after < spareThreads {
 		t.Fatalf("%d threads after prewarming %d (before: %d)", after, spareThreads, before)
+	}
+}
+
+// TestAgentAwaitClaimCapabilities: an agent started with --await-claim
+// keeps its capabilities until the claim (a VM's applies the claim's
+// network, entropy and clock with them) and runs nothing; the claim drops
+// them on every thread — its launcher's too, which already starts
+// processes with none — without the Go runtime aborting on threads that
+// disagree; afterwards the agent and its processes hold what an agent
+// that was never waiting holds.
+func TestAgentAwaitClaimCapabilities(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the agent is started with capabilities to drop")
+	}
+	// A container's agent awaiting its claim has dropped them already (the
+	// host owns its network and kernel), as an ordinary one.
+	ct := startAgent(t, "--await-claim")
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", ct.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := capLines(string(b)); st["CapEff"] != "00000000000000c0" || st["CapBnd"] != "0000000000000000" {
+		t.Errorf("a container's agent awaiting its claim keeps capabilities: %v", st)
+	}
+	// A VM guest's keeps them until the claim.
+	a := startAgent(t, "--await-claim", "--claim-keeps-caps")
+	c := a.client(t)
+	status := func() map[string]string {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.cmd.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return capLines(string(b))
+	}
+	if st := status(); st["CapEff"] == "00000000000000c0" || st["CapBnd"] == "0000000000000000" {
+		t.Errorf("an agent awaiting its claim dropped its capabilities already: %v", st)
+	}
+	if _, err := c.Exec(ctxT(t), &agentproto.ExecRequest{Argv: []string{"true"}}, nil, io.Discard, io.Discard); err == nil {
+		t.Fatal("an unclaimed agent ran a process")
+	}
+	cl := &agentproto.Claim{Token: "claimed-token-0123", Env: []string{"CLAIMED=1"}, Entropy: make([]byte, 32), Time: time.Now()}
+	if err := c.Claim(ctxT(t), cl); err != nil {
+		t.Fatalf("claim: %v\n%s", err, a.stderr.String())
+	}
+	// Every thread of the agent holds only CAP_SETUID and CAP_SETGID.
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", a.cmd.Process.Pid))
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", a.cmd.Process.Pid, task.Name()))
+		if err != nil {
+			continue
+		}
+		st := capLines(string(b))
+		if st["CapEff"] != "00000000000000c0" || st["CapPrm"] != "00000000000000c0" || st["CapBnd"] != "0000000000000000" {
+			t.Errorf("agent thread %s after the claim: %v", task.Name(), st)
+		}
+	}
+	a.token = cl.Token
+	c2 := a.client(t)
+	res, out := run1(t, c2, &agentproto.ExecRequest{Argv: []string{"sh", "-c", "echo $CLAIMED; grep -E '^Cap(Prm|Eff|Bnd)' /proc/self/status"}})
+	if res.ExitCode != 0 || !strings.HasPrefix(out, "1\n") {
+		t.Fatalf("exec after the claim: %+v %q", res, out)
+	}
+	for k, v := range capLines(out) {
+		if v != "0000000000000000" {
+			t.Errorf("a process started after the claim holds %s = %s", k, v)
+		}
 	}
 }

@@ -88,7 +88,7 @@ func TestCheckChildren(t *testing.T) {
 			t.Errorf("%q lacks %q", err, want)
 		}
 	}
-	l, err := newLauncher(true)
+	l, err := newLauncher(true, 0)
 	if err != nil {
 		t.Fatalf("confine the launcher's thread: %v", err)
 	}

@@ -197,6 +197,12 @@ func vmBoot(log *slog.Logger, params map[string]string) (int, error) {
 	if _, ok := params[agentproto.VMParamDebug]; ok {
 		cmd.Args = append(cmd.Args, "--log-level", "debug")
 	}
+	if cfg.AwaitClaim {
+		// A template's agent: it keeps its capabilities until the claim
+		// (vmClaim applies the claim's entropy, clock, hostname and
+		// network with them) and runs nothing before it.
+		cmd.Args = append(cmd.Args, "--await-claim")
+	}
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.Dir = "/"
@@ -221,10 +227,14 @@ func vmBoot(log *slog.Logger, params map[string]string) (int, error) {
 // unneededModules says which modules this boot can skip: each takes tens
 // of milliseconds to load under TCG (signature check, relocation), so the
 // vsock modules are left out when the agent uses virtio-serial and the
-// network driver when the sandbox has no network.
+// network driver when the sandbox has no network (a template with a NIC
+// but no address yet, VMParamNIC, loads it: its claim configures eth0).
 func unneededModules(params map[string]string) func(name string) bool {
 	vsock := strings.HasPrefix(params[agentproto.VMParamAgent], "vsock:")
 	_, net := params[agentproto.VMParamAddr]
+	if _, nic := params[agentproto.VMParamNIC]; nic {
+		net = true
+	}
 	return func(file string) bool {
 		// Files are "NN-name.ko" (load order first).
 		name := strings.TrimSuffix(file, ".ko")
@@ -477,6 +487,9 @@ func removeSameDev(dir string, dev uint64) {
 // PID and mount namespace, still with every capability) and then runs the
 // agent.
 func vmAgentStage(args []string) int {
+	// A claim (a VM restored from a template) also sets what only a VM
+	// guest owns: its RNG, clock, hostname and network.
+	claimPlatform = vmClaim
 	if err := guestMounts(); err != nil {
 		fmt.Fprintf(os.Stderr, "cagebox-agent: guest mounts: %v\n", err)
 		return 1

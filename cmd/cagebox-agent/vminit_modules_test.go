@@ -32,3 +32,17 @@ func TestUnneededModules(t *testing.T) {
 		}
 	}
 }
+
+// A template has a NIC but no address until its claim: the init loads the
+// NIC's driver all the same.
+func TestUnneededModulesTemplateNIC(t *testing.T) {
+	nic := unneededModules(map[string]string{agentproto.VMParamAgent: "serial:cagebox.agent", agentproto.VMParamNIC: ""})
+	for _, f := range []string{"10-virtio_net.ko", "09-net_failover.ko", "08-failover.ko"} {
+		if nic(f) {
+			t.Errorf("template with a NIC skips %s", f)
+		}
+	}
+	if !nic("03-vsock.ko") {
+		t.Error("template on virtio-serial loads vsock")
+	}
+}

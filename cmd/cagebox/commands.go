@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 
 	"log/slog"
 	"math"
@@ -298,7 +299,7 @@ type createFlags struct {
 
 func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.runtime, "runtime", "", "runtime name, or auto for the strongest available that meets the floor (default: the daemon's --default-runtime; cagebox runtimes)")
-	cmd.Flags().StringVar(&f.image, "image", "default", "guest image (cagebox image ls)")
+	cmd.Flags().StringVar(&f.image, "image", "default", "guest image (cagebox image ls); NAME@sha256:DIGEST runs it only if it is that exact image (its manifest digest from pull or import, or its tree digest)")
 	cmd.Flags().StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G (default 512M)")
 	cmd.Flags().Float64Var(&f.cpus, "cpus", 0, "CPU limit in cores, e.g. 0.5 or 2 (default 1)")
 	cmd.Flags().Int64Var(&f.pids, "pids", 0, "process limit (default 512)")
@@ -913,7 +914,123 @@ func imageCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(build, ls)
+	cmd.AddCommand(build, ls, imagePullCmd(g), imageImportCmd(g))
+	return cmd
+}
+
+// imageLimitFlags are the unpack limits of pull and import.
+type imageLimitFlags struct {
+	maxBytes string
+	maxFiles int64
+}
+
+func (f *imageLimitFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.maxBytes, "max-bytes", "", "refuse an image whose files add up to more than this, e.g. 2G (default 8G)")
+	cmd.Flags().Int64Var(&f.maxFiles, "max-files", 0, "refuse an image with more files, directories and links than this (default 500000)")
+}
+
+func (f *imageLimitFlags) values() (maxBytes, maxFiles int64, err error) {
+	if f.maxBytes != "" {
+		if maxBytes, err = parseSize(f.maxBytes); err != nil {
+			return 0, 0, &exitError{code: 2, msg: "--max-bytes: " + err.Error()}
+		}
+	}
+	if f.maxFiles < 0 {
+		return 0, 0, &exitError{code: 2, msg: "--max-files must not be negative"}
+	}
+	return maxBytes, f.maxFiles, nil
+}
+
+// printPulled says what was installed: NAME@DIGEST on stdout (what
+// --image takes to pin it), details on stderr.
+func printPulled(img *api.Image, start time.Time) {
+	pin := img.ManifestDigest
+	if pin == "" {
+		pin = img.Digest
+	}
+	fmt.Printf("%s@%s\n", img.Name, pin)
+	fmt.Fprintf(os.Stderr, "image %s ready in %s (%d MiB, %s; tree %s)\n", img.Name, time.Since(start).Round(time.Millisecond), img.SizeBytes>>20, img.Source, img.Digest)
+}
+
+func imagePullCmd(g *globals) *cobra.Command {
+	var name string
+	var force bool
+	var lim imageLimitFlags
+	cmd := &cobra.Command{
+		Use:   "pull REF",
+		Short: "Pull an OCI image (a tag or @sha256: digest; linux/amd64) into the daemon's image cache",
+		Long: `Pull an OCI image from a registry (anonymously) into the daemon's image cache.
+
+REF is [REGISTRY/]REPO[:TAG][@sha256:HEX] (docker.io and latest are the
+defaults). Every blob is checked against its digest; layers are unpacked so
+that nothing leaves the image root (device nodes, fifos and extended
+attributes are dropped). Without --name the name is the last part of the
+repository and the tag (docker.io/library/alpine:3.20 -> alpine-3.20; the
+tag latest is left out). It prints NAME@DIGEST, which --image takes to pin
+that exact image.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			maxBytes, maxFiles, err := lim.values()
+			if err != nil {
+				return err
+			}
+			c, err := g.ensureDaemon(cmd.Context())
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			img, err := c.PullImage(cmd.Context(), &api.PullImageRequest{Ref: args[0], Name: name, Force: force, MaxBytes: maxBytes, MaxFiles: maxFiles})
+			if err != nil {
+				return err
+			}
+			printPulled(img, start)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "name in the image cache (default: derived from REF)")
+	cmd.Flags().BoolVar(&force, "force", false, "replace an image of that name made from something else")
+	lim.add(cmd)
+	return cmd
+}
+
+func imageImportCmd(g *globals) *cobra.Command {
+	var name string
+	var force bool
+	var lim imageLimitFlags
+	cmd := &cobra.Command{
+		Use:   "import FILE",
+		Short: "Import a `docker save` archive or a tar of an OCI image layout (FILE, or - for stdin)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			maxBytes, maxFiles, err := lim.values()
+			if err != nil {
+				return err
+			}
+			var in io.Reader = os.Stdin
+			if args[0] != "-" {
+				f, err := os.Open(args[0])
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				in = f
+			}
+			c, err := g.ensureDaemon(cmd.Context())
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			img, err := c.ImportImage(cmd.Context(), in, api.ImportImageOptions{Name: name, Force: force, MaxBytes: maxBytes, MaxFiles: maxFiles})
+			if err != nil {
+				return err
+			}
+			printPulled(img, start)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "name in the image cache (default: derived from the tag the archive records)")
+	cmd.Flags().BoolVar(&force, "force", false, "replace an existing image of that name")
+	lim.add(cmd)
 	return cmd
 }
 

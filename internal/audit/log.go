@@ -57,6 +57,9 @@ type Config struct {
 	Batch int
 	// ReportEvery: 0 = DefaultReportEvery.
 	ReportEvery time.Duration
+	// Tap, if set, sees every event emitted, before rate limits (the
+	// daemon's metrics count them). It must not block.
+	Tap func(tenant, sandbox string, ev api.EventPayload)
 }
 
 // Stats are a Log's totals since New.
@@ -186,6 +189,9 @@ func (l *Log) Stats() Stats {
 // over the sandbox's rate, or with the queue full, the event is dropped and
 // counted for the next events.dropped report.
 func (l *Log) Emit(tenant, sandbox string, ev api.EventPayload) {
+	if l.cfg.Tap != nil {
+		l.cfg.Tap(tenant, sandbox, ev)
+	}
 	now := l.cfg.Now()
 	kind := ev.EventKind()
 	cls := kind.Class()

@@ -30,6 +30,7 @@ import (
 	"github.com/cagebox/cagebox/internal/kvm"
 	"github.com/cagebox/cagebox/internal/link"
 	"github.com/cagebox/cagebox/internal/livepolicy"
+	"github.com/cagebox/cagebox/internal/metrics"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/pool"
 	"github.com/cagebox/cagebox/internal/sandbox"
@@ -262,7 +263,41 @@ func Run(ctx context.Context, cfg Config) error {
 	// One event path for the gateway (proxy, resolver), the manager and
 	// the API. Closed last (deferred first): events of sandboxes' last
 	// requests, emitted while the gateway closes, are stored too.
-	events := audit.New(audit.Config{Store: st, Logger: log, Rate: cfg.Events.Rate, Burst: cfg.Events.Burst})
+	// Metrics count what happens from one tap on the event path; their
+	// gauges read the store and the manager (made below) when scraped.
+	var (
+		mgr    *sandbox.Manager
+		events *audit.Log
+	)
+	met := metrics.New(metrics.Sources{
+		Sandboxes: func() map[[2]string]int {
+			rs, err := st.ListSandboxes(context.Background(), "")
+			if err != nil {
+				return nil
+			}
+			out := map[[2]string]int{}
+			for _, r := range rs {
+				out[[2]string{r.Runtime, r.Status}]++
+			}
+			return out
+		},
+		PendingApprovals: func() int {
+			as, _ := st.ListApprovals(context.Background(), "", "", store.ApprovalPending, 100000)
+			return len(as)
+		},
+		EventsDropped: func() int64 { return events.Stats().Dropped },
+		Pools: func() map[string]int {
+			if mgr == nil {
+				return nil
+			}
+			out := map[string]int{}
+			for _, p := range mgr.Pools().Pools {
+				out[p.Class] = p.Ready
+			}
+			return out
+		},
+	})
+	events = audit.New(audit.Config{Store: st, Logger: log, Rate: cfg.Events.Rate, Burst: cfg.Events.Burst, Tap: met.Observe})
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -278,12 +313,11 @@ func Run(ctx context.Context, cfg Config) error {
 	// The live policy's trigger actions and freeze reach the manager and
 	// the gateway, which are made below; the closures read them then.
 	var (
-		mgr *sandbox.Manager
-		gw  *gateway.Gateway
-		v   *vault.Vault
+		gw *gateway.Gateway
+		v  *vault.Vault
 	)
 	live := livepolicy.New(livepolicy.Config{
-		Store: st, Emit: emit, Logger: log, WebhookKey: hookKey,
+		Store: budgetCounter{Store: st, m: met}, Emit: emit, Logger: log, WebhookKey: hookKey,
 		CloseConns: func(id string) int { return gw.CloseConns(id) },
 		Act: func(ctx context.Context, id, trigger string, a policy.TriggerAction) error {
 			return triggerAct(ctx, st, v, mgr, id, trigger, a)
@@ -306,7 +340,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Store: st, Images: images, StateDir: filepath.Join(cfg.Home, "sandboxes"),
 		AgentPath: cfg.AgentPath, Logger: log, MinIsolation: cfg.MinIsolation,
 		DefaultTimeout: cfg.DefaultTimeout, DefaultRuntime: cfg.DefaultRuntime,
-		Events: events, Pools: cfg.Pools, PoolMemory: poolMemory(cfg.PoolMemory),
+		Events: events, Pools: cfg.Pools, PoolMemory: poolMemory(cfg.PoolMemory), OnCreate: met.ObserveCreate,
 	})
 	if err := os.MkdirAll(filepath.Join(cfg.Home, "sandboxes"), 0o700); err != nil {
 		return err
@@ -336,6 +370,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("--pool: %w", err)
 	}
 	srv := NewServer(st, mgr, images, v, log)
+	srv.metrics = met.Handler()
 
 	// The socket is created 0600 from the start (umask), not chmod-ed after.
 	old := umask(0o177)
@@ -436,6 +471,21 @@ func newGateway(cfg Config, live *livepolicy.Registry, emit func(string, string,
 		HostAddrs:   n.HostPublicAddrs,
 		Credentials: credentials.Config{Exfil: n.Exfil, ExfilScan: n.ExfilScan}, Limits: n.Limits,
 	})
+}
+
+// budgetCounter counts what the live policy adds to sandboxes' budgets
+// into the metrics on its way to the store.
+type budgetCounter struct {
+	store.Store
+	m *metrics.Metrics
+}
+
+func (b budgetCounter) AddBudgetUsage(ctx context.Context, delta store.BudgetUsage) (*store.BudgetUsage, error) {
+	u, err := b.Store.AddBudgetUsage(ctx, delta)
+	if err == nil {
+		b.m.AddBudget(delta)
+	}
+	return u, err
 }
 
 // poolMemory is the pools' memory budget: n, or a quarter of the host's

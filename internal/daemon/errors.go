@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/vault"
 	"github.com/cagebox/cagebox/isolation"
@@ -19,9 +20,9 @@ var errorKinds = []struct {
 	status int
 	kind   string
 }{
-	{[]error{errdefs.ErrNotFound, store.ErrNotFound, vault.ErrNotFound}, http.StatusNotFound, "not_found"},
-	{[]error{vault.ErrRevoked}, http.StatusConflict, "conflict"},
-	{[]error{errdefs.ErrInvalid, vault.ErrInvalid}, http.StatusBadRequest, "invalid"},
+	{[]error{errdefs.ErrNotFound, store.ErrNotFound, vault.ErrNotFound, image.ErrNotFound}, http.StatusNotFound, "not_found"},
+	{[]error{vault.ErrRevoked, image.ErrExists, image.ErrBusy}, http.StatusConflict, "conflict"},
+	{[]error{errdefs.ErrInvalid, vault.ErrInvalid, image.ErrInvalid, image.ErrLimit, image.ErrUnsafe}, http.StatusBadRequest, "invalid"},
 	{[]error{errdefs.ErrUnauthorized}, http.StatusUnauthorized, "unauthorized"},
 	{[]error{errdefs.ErrDenied}, http.StatusForbidden, "denied"},
 	{[]error{errdefs.ErrConflict, store.ErrConflict}, http.StatusConflict, "conflict"},

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/vault"
 	"github.com/cagebox/cagebox/isolation"
@@ -33,6 +34,12 @@ func TestHTTPError(t *testing.T) {
 		{"vault not found", vault.ErrNotFound, http.StatusNotFound, "not_found"},
 		{"invalid", errdefs.ErrInvalid, http.StatusBadRequest, "invalid"},
 		{"vault invalid", vault.ErrInvalid, http.StatusBadRequest, "invalid"},
+		{"image not found", fmt.Errorf("pull x: %w", image.ErrNotFound), http.StatusNotFound, "not_found"},
+		{"image invalid", image.ErrInvalid, http.StatusBadRequest, "invalid"},
+		{"image limit", fmt.Errorf("layer 0: %w", image.ErrLimit), http.StatusBadRequest, "invalid"},
+		{"image unsafe", image.ErrUnsafe, http.StatusBadRequest, "invalid"},
+		{"image exists", image.ErrExists, http.StatusConflict, "conflict"},
+		{"image busy", image.ErrBusy, http.StatusConflict, "conflict"},
 		{"unauthorized", errdefs.ErrUnauthorized, http.StatusUnauthorized, "unauthorized"},
 		{"denied", errdefs.ErrDenied, http.StatusForbidden, "denied"},
 		{"conflict", errdefs.ErrConflict, http.StatusConflict, "conflict"},

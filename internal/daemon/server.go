@@ -54,6 +54,8 @@ func Routes() []Route {
 		{Method: "GET", Path: "/v1/health", handler: (*Server).health},
 		{Method: "GET", Path: "/v1/runtimes", handler: (*Server).runtimes},
 		{Method: "GET", Path: "/v1/images", handler: (*Server).listImages},
+		{Method: "POST", Path: "/v1/images/pull", Admin: true, handler: (*Server).pullImage},
+		{Method: "POST", Path: "/v1/images/import", Admin: true, handler: (*Server).importImage},
 		{Method: "POST", Path: "/v1/sandboxes", handler: (*Server).createSandbox},
 		{Method: "GET", Path: "/v1/sandboxes", handler: (*Server).listSandboxes},
 		{Method: "GET", Path: "/v1/sandboxes/{id}", handler: (*Server).getSandbox},
@@ -91,6 +93,7 @@ func Routes() []Route {
 		{Method: "GET", Path: "/v1/tenants", Admin: true, handler: (*Server).listTenants},
 		{Method: "POST", Path: "/v1/tenants/{id}/keys", Admin: true, handler: (*Server).createKey},
 		{Method: "GET", Path: "/v1/pools", Admin: true, handler: (*Server).listPools},
+		{Method: "GET", Path: "/metrics", Admin: true, handler: (*Server).serveMetrics},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/access", handler: (*Server).requestAccess},
 		{Method: "POST", Path: "/v1/tools", handler: (*Server).putTool},
 		{Method: "GET", Path: "/v1/tools", handler: (*Server).listTools},
@@ -108,6 +111,11 @@ type Server struct {
 	images  *image.Cache
 	log     *slog.Logger
 	handler http.Handler
+	// metrics serves /metrics (nil: none).
+	metrics http.Handler
+	// imageOps holds a token per pull or import under way: at most
+	// cap(imageOps) at once, each downloads, unpacks and hashes a tree.
+	imageOps chan struct{}
 }
 
 type ctxKey int
@@ -116,7 +124,7 @@ const viaUnixKey ctxKey = 1
 
 // NewServer builds the API handler.
 func NewServer(st store.Store, mgr *sandbox.Manager, images *image.Cache, v *vault.Vault, log *slog.Logger) *Server {
-	s := &Server{store: st, mgr: mgr, images: images, vault: v, log: log}
+	s := &Server{store: st, mgr: mgr, images: images, vault: v, log: log, imageOps: make(chan struct{}, 2)}
 	mux := http.NewServeMux()
 	for _, r := range Routes() {
 		r := r
@@ -259,9 +267,94 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request, t *store.Ten
 	}
 	out := []api.Image{}
 	for _, i := range imgs {
-		out = append(out, api.Image{Name: i.Name, SizeBytes: i.SizeBytes, CreatedAt: i.CreatedAt, Digest: i.Digest, Source: i.Source})
+		out = append(out, apiImage(i))
 	}
 	writeJSON(w, 200, out)
+	return nil
+}
+
+func apiImage(i *image.Image) api.Image {
+	a := api.Image{Name: i.Name, SizeBytes: i.SizeBytes, CreatedAt: i.CreatedAt, Digest: i.Digest, Source: i.Source,
+		ManifestDigest: i.ManifestDigest, PlatformDigest: i.PlatformDigest}
+	if c := i.Config; c != nil {
+		a.Config = &api.ImageConfig{Env: c.Env, Entrypoint: c.Entrypoint, Cmd: c.Cmd, WorkingDir: c.WorkingDir, User: c.User}
+	}
+	return a
+}
+
+// imageSlot waits for one of the image operation tokens.
+func (s *Server) imageSlot(ctx context.Context) (release func(), err error) {
+	select {
+	case s.imageOps <- struct{}{}:
+		return func() { <-s.imageOps }, nil
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+// pullImage pulls an OCI image and answers when it is installed (or not):
+// one JSON answer rather than streamed progress, so that a failure — no
+// such image, no linux/amd64, a limit, a digest mismatch, an unsafe layer —
+// is a 4xx status the client can act on, not an error line after a 200.
+// The pull runs under the request's context: a client that hangs up
+// cancels it, and a cancelled pull leaves nothing behind.
+func (s *Server) pullImage(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	var req api.PullImageRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.MaxBytes < 0 || req.MaxFiles < 0 {
+		return fmt.Errorf("%w: max_bytes and max_files must not be negative", errdefs.ErrInvalid)
+	}
+	release, err := s.imageSlot(r.Context())
+	if err != nil {
+		return err
+	}
+	defer release()
+	img, err := s.images.Pull(r.Context(), image.PullOptions{
+		Ref: req.Ref, Name: req.Name, Force: req.Force,
+		Limits: image.Limits{MaxBytes: req.MaxBytes, MaxFiles: req.MaxFiles},
+		Log:    s.log,
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, apiImage(img))
+	return nil
+}
+
+// importImage installs the image archive in the request body (`docker save`
+// output or a tar of an OCI layout); query: name, force, max_bytes,
+// max_files. Like a pull it answers once, when done.
+func (s *Server) importImage(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	q := r.URL.Query()
+	opts := image.ImportOptions{Name: q.Get("name"), Log: s.log}
+	if v := q.Get("force"); v != "" {
+		f, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("%w: force=%q: want true or false", errdefs.ErrInvalid, v)
+		}
+		opts.Force = f
+	}
+	for k, dst := range map[string]*int64{"max_bytes": &opts.MaxBytes, "max_files": &opts.MaxFiles} {
+		if v := q.Get(k); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return fmt.Errorf("%w: %s=%q: want a non-negative integer", errdefs.ErrInvalid, k, v)
+			}
+			*dst = n
+		}
+	}
+	release, err := s.imageSlot(r.Context())
+	if err != nil {
+		return err
+	}
+	defer release()
+	img, err := s.images.Import(r.Context(), r.Body, opts)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, apiImage(img))
 	return nil
 }
 
@@ -666,6 +759,16 @@ func validName(s string) bool {
 		}
 	}
 	return true
+}
+
+// serveMetrics: GET /metrics, Prometheus's text format (admin only:
+// scrape with an admin API key as a bearer token, or over the socket).
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	if s.metrics == nil {
+		return fmt.Errorf("%w: this server has no metrics", errdefs.ErrNotFound)
+	}
+	s.metrics.ServeHTTP(w, r)
+	return nil
 }
 
 func (s *Server) listPools(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {

@@ -60,6 +60,15 @@ type Image struct {
 	// types, modes, owners, sizes, symlink targets and file contents). Two
 	// images with the same digest have the same tree.
 	Digest string `json:"digest"`
+	// ManifestDigest is, for an image pulled or imported from OCI, the
+	// digest of the manifest its reference named (an index's, for a
+	// multi-platform image); PlatformDigest is that of the linux/amd64
+	// manifest chosen from such an index.
+	ManifestDigest string `json:"manifest_digest,omitempty"`
+	PlatformDigest string `json:"platform_digest,omitempty"`
+	// Config is what an OCI image's config says about running it
+	// (recorded, not yet used by sandboxes).
+	Config *Config `json:"config,omitempty"`
 }
 
 // Cache is a directory of images. The zero value is not usable: set Dir
@@ -96,15 +105,39 @@ func (c *Cache) check() error {
 
 // Get returns the named image, or an error wrapping ErrNotFound that says how
 // to build it.
-func (c *Cache) Get(name string) (*Image, error) {
+//
+// ref may pin the image: NAME@sha256:HEX is NAME only if HEX is its
+// manifest digest (the one its reference named when it was pulled or
+// imported, an index's for a multi-platform image), its linux/amd64
+// manifest digest, or its tree digest (Image.Digest; this pins images built
+// locally too). Otherwise the error wraps ErrNotFound and says which digest
+// the cached image has. A malformed pin wraps ErrInvalid.
+func (c *Cache) Get(ref string) (*Image, error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
+	name, pin, pinned := strings.Cut(ref, "@")
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
-	return c.load(name)
+	if pinned && !digestRE.MatchString(pin) {
+		return nil, fmt.Errorf("image %q: pin %q is not a digest (want NAME@sha256: and 64 lowercase hex digits): %w", ref, pin, ErrInvalid)
+	}
+	img, err := c.load(name)
+	if err != nil || !pinned {
+		return img, err
+	}
+	if pin != img.ManifestDigest && pin != img.PlatformDigest && pin != img.Digest {
+		has := img.ManifestDigest
+		if has == "" {
+			has = img.Digest
+		}
+		return nil, fmt.Errorf("image %s@%s: %w: the cached image %s is %s (%s); pull the pinned one under another name, e.g. `cagebox image pull REPO@%s --name %s-pinned`, or drop the pin", name, pin, ErrNotFound, name, has, img.Source, pin, name)
+	}
+	return img, nil
 }
+
+var digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
 func (c *Cache) load(name string) (*Image, error) {
 	dir := c.dir(name)

@@ -49,17 +49,21 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 
 // create is Create, also saying whether the sandbox came from a pool.
 func (m *Manager) create(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (*api.Sandbox, bool, error) {
+	t0 := time.Now()
 	p, err := m.prepare(ctx, tenant, req)
 	if err != nil {
 		return nil, false, err
 	}
 	m.creating.Add(1)
 	defer m.creating.Add(-1)
-	if v, err, ok := m.fromPool(ctx, tenant, p); ok {
-		return v, err == nil, err
+	v, err, pooled := m.fromPool(ctx, tenant, p)
+	if !pooled {
+		v, err = m.createCold(ctx, tenant, p)
 	}
-	v, err := m.createCold(ctx, tenant, p)
-	return v, false, err
+	if err == nil && m.cfg.OnCreate != nil {
+		m.cfg.OnCreate(v.Runtime, pooled, time.Since(t0))
+	}
+	return v, pooled && err == nil, err
 }
 
 // prepare checks a create request and resolves its policy, runtime and

@@ -77,6 +77,9 @@ type Config struct {
 	// the memory of their ready sandboxes together.
 	Pools      []pool.Target
 	PoolMemory int64
+	// OnCreate, if set, is told each successful create's runtime, path
+	// (from a pool or cold) and latency (the daemon's metrics).
+	OnCreate func(runtime string, pooled bool, d time.Duration)
 	// Events is the event path (the daemon's, shared with the gateway);
 	// nil = one of the manager's own with the defaults, closed by Close.
 	Events *audit.Log

@@ -150,6 +150,21 @@ func shape(prefix string, body []byte, rnd io.Reader) (string, error) {
 			}
 		}
 	}
+	// Still short: a body that happened to draw from one class only (an
+	// AWS key id of letters without digits, about one in 28) gets digits,
+	// then the other letter case, before the placeholder grows — a
+	// placeholder of another length breaks length-preserving swaps in
+	// encodings (base64 in place) and looks unlike the credential.
+	for _, extra := range []string{digits, lower + upper} {
+		if bitsOf(runs) >= MinPlaceholderBits {
+			break
+		}
+		for i := range runs {
+			if runs[i].n > 0 {
+				runs[i].alphabet = union(runs[i].alphabet, extra)
+			}
+		}
+	}
 	if b := bitsOf(runs); b < MinPlaceholderBits {
 		last := &runs[len(runs)-1]
 		if last.n == 0 { // ends on a separator (padding): add a run after it
@@ -231,6 +246,16 @@ func alphabetOf(s []byte) string {
 	}
 	if a == "" {
 		a = digits + lower
+	}
+	return a
+}
+
+// union is a's characters followed by those of b it lacks.
+func union(a, b string) string {
+	for i := 0; i < len(b); i++ {
+		if strings.IndexByte(a, b[i]) < 0 {
+			a += b[i : i+1]
+		}
 	}
 	return a
 }

@@ -155,7 +155,20 @@ func TestPlaceholderEntropy(t *testing.T) {
 		}
 		pre := prefixOf([]byte(real))
 		body := p[len(pre):]
-		bits := bitsOf([]run{{n: len(body), alphabet: alphabetOf([]byte(real[len(pre):]))}})
+		// The classes the placeholder draws from: the real value's,
+		// widened (digits, then both letter cases) while short of the floor.
+		alpha := alphabetOf([]byte(real[len(pre):]))
+		for _, extra := range []string{digits, lower + upper} {
+			if bitsOf([]run{{n: len(real) - len(pre), alphabet: alpha}}) < MinPlaceholderBits {
+				alpha = union(alpha, extra)
+			}
+		}
+		for _, c := range []byte(body) {
+			if !strings.ContainsRune(alpha, rune(c)) {
+				t.Errorf("%q → %q: %q is outside the classes %q", real, p, c, alpha)
+			}
+		}
+		bits := bitsOf([]run{{n: len(body), alphabet: alpha}})
 		if bits < MinPlaceholderBits {
 			t.Errorf("%q → %q: %.0f bits, want ≥ %d", real, p, bits, MinPlaceholderBits)
 		}
@@ -177,5 +190,23 @@ func TestPrefixTable(t *testing.T) {
 	}
 	if got := prefixOf([]byte("sk_live_" + randFrom(t, alnum, 24))); got != "sk_live_" {
 		t.Errorf("longest prefix not preferred: %q", got)
+	}
+}
+
+// TestPlaceholderKeepsLength: a credential whose random part happened to
+// use one character class only (an AWS key id of letters without digits)
+// still gets a placeholder of its own length — wider classes, not more
+// characters — with the entropy floor met.
+func TestPlaceholderKeepsLength(t *testing.T) {
+	for _, real := range []string{"AKIASPKUPGTELUEXCLMV", "AKIAQWERTYUIOPASDFGH", "ghp_abcdefghijklmnopqrstuvwxyzabcdefghij"} {
+		for range 50 {
+			p, err := NewPlaceholder([]byte(real))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(p) != len(real) || p[:4] != real[:4] {
+				t.Fatalf("%s: placeholder %q", real, p)
+			}
+		}
 	}
 }

@@ -2,7 +2,8 @@
 // the same assertions, through the same agent protocol, for containers,
 // gVisor and microVMs: exec, files, limits, confinement, the guest's
 // files, a routed network link, pause, stop, recovery after a daemon
-// restart, and nothing left behind.
+// restart, hibernation (isolation.Hibernator, where implemented), and
+// nothing left behind.
 //
 // A runtime that cannot run on a host skips the suite saying why, unless
 // CAGEBOX_REQUIRE_RUNTIMES (a comma list of runtime names) lists it: then
@@ -155,6 +156,9 @@ func StartSpec(t testing.TB, rt isolation.Runtime, o Options, mod func(*isolatio
 	if err := sb.Start(ctx); err != nil {
 		t.Fatalf("start: %v", err)
 	}
+	// A sandbox restored from a template is claimed first, as the
+	// daemon's manager does.
+	claim(t, ctx, sb, spec)
 	g.Client = Connect(t, ctx, sb, spec.AgentToken)
 	return g
 }
@@ -209,6 +213,7 @@ func Run(t *testing.T, rt isolation.Runtime, o Options) {
 	t.Run("GuestFiles", func(t *testing.T) { guestFiles(t, g, o, caPEM) })
 	t.Run("Network", func(t *testing.T) { network(t, rt, o) })
 	t.Run("Recover", func(t *testing.T) { recoverSandbox(t, rt, o) })
+	t.Run("Hibernate", func(t *testing.T) { hibernate(t, rt, o) })
 
 	t.Run("ExecEcho", func(t *testing.T) {
 		out, _, res := g.Exec(t, "echo", "hello", "world")

@@ -32,9 +32,24 @@ type vmConfig struct {
 	CPUs      int
 	// Append is the kernel command line.
 	Append string
-	// Net attaches a virtio-net NIC on the TAP at fdTap with this MAC.
-	Net bool
-	MAC string
+	// Net attaches a virtio-net NIC on the TAP at TapFD (0: fdTap) with
+	// this MAC.
+	Net   bool
+	MAC   string
+	TapFD int
+	// RAMFD, if not 0, backs guest RAM with the file at that descriptor
+	// (a memfd): mapped shared with RAMShared (a template's build: guest
+	// RAM lands in the file, and migration with x-ignore-shared skips it),
+	// else private (a restore: copy-on-write over the template's RAM,
+	// which the guest's writes never reach).
+	RAMFD     int
+	RAMShared bool
+	// RAMAnon backs guest RAM with anonymous memory named like a
+	// template's backend (memory-backend-ram,id=ram0): a restored
+	// sandbox resumed after hibernation, whose RAM is all in its state.
+	RAMAnon bool
+	// Incoming starts QEMU waiting for migrate-incoming (a restore).
+	Incoming bool
 }
 
 // args builds QEMU's arguments (without the binary).
@@ -53,6 +68,19 @@ func (c *vmConfig) args() []string {
 		machine += ",pit=on,pic=on"
 	}
 	fd := func(n int) string { return "/proc/self/fd/" + strconv.Itoa(n) }
+	var ram []string
+	if c.RAMFD > 0 {
+		// QEMU 7.2's memory-backend-file opens mem-path itself (no
+		// /dev/fdset): /proc/self/fd/N reopens the inherited memfd, which
+		// allows any uid to open it. A restore's memfd is sealed against
+		// writes (F_SEAL_WRITE), so only a private mapping works on it.
+		machine += ",memory-backend=ram0"
+		ram = []string{"-object", fmt.Sprintf("memory-backend-file,id=ram0,size=%dM,mem-path=%s,share=%s,prealloc=off",
+			c.MemoryMiB, fd(c.RAMFD), map[bool]string{true: "on", false: "off"}[c.RAMShared])}
+	} else if c.RAMAnon {
+		machine += ",memory-backend=ram0"
+		ram = []string{"-object", fmt.Sprintf("memory-backend-ram,id=ram0,size=%dM", c.MemoryMiB)}
+	}
 	a := []string{
 		"-M", machine,
 		"-accel", accel,
@@ -83,9 +111,17 @@ func (c *vmConfig) args() []string {
 		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d,server=on,wait=off", fdQMPSock),
 		"-mon", "chardev=qmp,mode=control",
 	}
+	a = append(a, ram...)
+	if c.Incoming {
+		a = append(a, "-incoming", "defer")
+	}
 	if c.Net {
+		tap := c.TapFD
+		if tap == 0 {
+			tap = fdTap
+		}
 		a = append(a,
-			"-netdev", fmt.Sprintf("tap,id=net0,fd=%d", fdTap),
+			"-netdev", fmt.Sprintf("tap,id=net0,fd=%d", tap),
 			"-device", "virtio-net-device,netdev=net0,mac="+c.MAC)
 	}
 	return a
@@ -141,6 +177,16 @@ func kernelCmdline(tscKHz int, n *netParams) string {
 			agentproto.VMParamGateway+"="+n.Gateway.String())
 	}
 	return strings.Join(p, " ")
+}
+
+// templateCmdline is a template's kernel command line: no address; with a
+// NIC, the parameter that makes the init load its driver all the same.
+func templateCmdline(tscKHz int, nic bool) string {
+	c := kernelCmdline(tscKHz, nil)
+	if nic {
+		c += " " + agentproto.VMParamNIC
+	}
+	return c
 }
 
 // hostTSCkHz is the host's TSC frequency in kHz (what a TCG guest's TSC

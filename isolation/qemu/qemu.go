@@ -14,6 +14,14 @@
 // (memory = guest RAM + bounded overhead, pids), in the sandbox's network
 // namespace (or a new empty one), and it opens no host path of ours: the
 // kernel, initramfs, disk, sockets and TAP are descriptors it inherits.
+//
+// Templates (template.go, restore.go): a sandbox whose inputs (kernel,
+// agent, image, size, NIC) have a saved template is restored from it —
+// guest RAM shared copy-on-write from a sealed memfd, device state
+// migrated in — instead of cold-booted, and must then be claimed
+// (isolation.Claimable) to become itself. A cold boot builds its inputs'
+// template in the background. Sandboxes can also be hibernated whole
+// (hibernate.go, isolation.Hibernator).
 package qemu
 
 import (
@@ -77,6 +85,15 @@ type Options struct {
 	Device string
 	// ProbeTimeout bounds the KVM probe boot (0 = kvm.DefaultTimeout).
 	ProbeTimeout time.Duration
+	// DisableTemplates turns VM templates off: every sandbox cold-boots
+	// and no template is built. Templates are on unless this is set or
+	// the environment has CAGEBOX_QEMU_TEMPLATES=0 (TemplatesEnv).
+	DisableTemplates bool
+	// NoBackgroundTemplates: a cold boot does not build its inputs'
+	// template in the background (BuildTemplate still does).
+	NoBackgroundTemplates bool
+	// TemplateDir holds the templates ("" = Dir/templates).
+	TemplateDir string
 }
 
 // Runtime runs sandboxes as QEMU microVMs.
@@ -90,6 +107,8 @@ type Runtime struct {
 	// device is the KVM device; probeTimeout bounds its probe (see KVM).
 	device       string
 	probeTimeout time.Duration
+	// tpl is the template store (template.go).
+	tpl templates
 }
 
 var _ isolation.Runtime = (*Runtime)(nil)
@@ -123,6 +142,16 @@ func New(o Options) *Runtime {
 	rt.log = rt.log.With("runtime", Name)
 	if rt.binary == "" {
 		rt.binary = "qemu-system-x86_64"
+	}
+	rt.tpl = templates{
+		dir:        o.TemplateDir,
+		enabled:    !o.DisableTemplates && os.Getenv(TemplatesEnv) != "0",
+		background: !o.NoBackgroundTemplates,
+		ram:        map[string]*os.File{},
+		failed:     map[string]time.Time{},
+	}
+	if rt.tpl.dir == "" {
+		rt.tpl.dir = filepath.Join(o.Dir, "templates")
 	}
 	if p, err := exec.LookPath(rt.binary); err == nil {
 		rt.binary = p
@@ -175,7 +204,23 @@ type stateData struct {
 	UID    uint32      `json:"uid"`
 	Cgroup string      `json:"cgroup"`
 	Net    *vmnet.Link `json:"net,omitempty"`
+	// Restored is set when the VM was restored from a template (its
+	// template token is in Dir/template.token).
+	Restored *restoredState `json:"restored,omitempty"`
 }
+
+// restoredState is what a sandbox restored from a template records.
+type restoredState struct {
+	// Template is the template's digest.
+	Template string `json:"template"`
+	// MAC is the sandbox's own NIC address, which its claim gives the
+	// guest (the template's is templateMAC).
+	MAC string `json:"mac,omitempty"`
+}
+
+// templateTokenFile holds, in a restored sandbox's state dir, the token
+// its agent answers to until it is claimed.
+const templateTokenFile = "template.token"
 
 func (sd *stateData) path(elem ...string) string {
 	return filepath.Join(append([]string{sd.Dir}, elem...)...)
@@ -187,8 +232,21 @@ type pending struct {
 	args   []string
 	kvm    bool
 	kvmGID int        // the VMM's supplementary group under KVM (-1: none)
-	files  []*os.File // kernel, initrd, disk, agent socket, qmp socket[, tap]
+	files  []*os.File // kernel, initrd, disk, agent socket, qmp socket[, tap][, ram, state]
 	lns    []*net.UnixListener
+	// restore, if set, restores the VM from a template.
+	restore *restorePlan
+}
+
+// restorePlan is how Start restores a VM: QEMU waits for its incoming
+// migration, read from the template's state file at descriptor stateFD.
+type restorePlan struct {
+	template string
+	stateFD  int
+	// ignoreShared: the state was saved with x-ignore-shared (a
+	// template's; RAM is mapped from the template). A hibernated
+	// sandbox's state holds its RAM.
+	ignoreShared bool
 }
 
 func (p *pending) close() {
@@ -231,6 +289,7 @@ var (
 	_ isolation.Sandbox     = (*Sandbox)(nil)
 	_ isolation.LeakChecker = (*Sandbox)(nil)
 	_ isolation.OOMCounter  = (*Sandbox)(nil)
+	_ isolation.Claimable   = (*Sandbox)(nil)
 )
 
 // Create implements isolation.Runtime: it makes the VM's artifacts (the
@@ -276,24 +335,70 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 		return nil, fmt.Errorf("qemu: %d MiB of memory is too little for a VM guest: give it at least 128 MiB", memMiB)
 	}
 
-	// The initramfs: the base plus this sandbox's configuration (with the
-	// token), readable only by this VM's uid.
-	initrd := s.sd.path("initrd.img")
-	cfg := &agentproto.VMConfig{
-		Token: spec.AgentToken, Env: spec.Env, Hostname: spec.Hostname,
-		Nameserver: spec.Nameserver, TrustedCAPEM: string(spec.TrustedCAPEM),
-		PIDs: res.PIDs, DiskBytes: res.DiskBytes,
+	ks := rt.kvmState()
+	tsc := 0
+	if !ks.Usable {
+		tsc = hostTSCkHz()
 	}
-	if err := vmimage.WriteSandboxInitrd(initrd, arts.Initrd, cfg); err != nil {
-		return nil, fmt.Errorf("qemu: %w", err)
+	// A template of these inputs, if templates are on and one is saved;
+	// else a cold boot (which builds the template in the background).
+	var tmpl *templateMeta
+	var treq *templateRequest
+	if rt.templatesOn() {
+		treq, err = rt.templateFor(arts, spec.RootFS, res, memMiB, spec.NetNS != "", ks.Usable)
+		if err != nil {
+			s.log.Warn("no qemu template: cold boot", "err", err)
+			treq = nil
+		} else if m, ok := rt.lookupTemplate(treq.digest); ok {
+			tmpl = m
+		}
 	}
-	if err := os.Chown(initrd, int(uid), int(uid)); err != nil {
-		return nil, fmt.Errorf("qemu: initramfs owner: %w", err)
+	var tfiles *restoreFiles
+	if tmpl != nil {
+		if tfiles, err = rt.openTemplate(tmpl); err != nil {
+			// A template that cannot be used is removed; this sandbox
+			// cold-boots (and builds a new one).
+			s.log.Warn("unusable qemu template removed: cold boot", "template", tmpl.Digest, "err", err)
+			if derr := rt.dropTemplate(tmpl.Digest); derr != nil {
+				s.log.Warn("remove qemu template", "template", tmpl.Digest, "err", derr)
+			}
+			tmpl = nil
+		} else {
+			undo.Add(tfiles.close)
+		}
 	}
 
-	ks := rt.kvmState()
 	p := &pending{binary: rt.binary, kvm: ks.Usable, kvmGID: ks.gid}
 	undo.Add(p.close)
+	initrd := arts.Initrd
+	if tmpl == nil {
+		// The initramfs: the base plus this sandbox's configuration (with
+		// the token), readable only by this VM's uid.
+		initrd = s.sd.path("initrd.img")
+		cfg := &agentproto.VMConfig{
+			Token: spec.AgentToken, Env: spec.Env, Hostname: spec.Hostname,
+			Nameserver: spec.Nameserver, TrustedCAPEM: string(spec.TrustedCAPEM),
+			PIDs: res.PIDs, DiskBytes: res.DiskBytes, AwaitClaim: spec.AwaitClaim,
+		}
+		if err := vmimage.WriteSandboxInitrd(initrd, arts.Initrd, cfg); err != nil {
+			return nil, fmt.Errorf("qemu: %w", err)
+		}
+		if err := os.Chown(initrd, int(uid), int(uid)); err != nil {
+			return nil, fmt.Errorf("qemu: initramfs owner: %w", err)
+		}
+	} else {
+		// A restore boots nothing: the base initramfs (no configuration,
+		// no token) only makes the machine the template's. The agent
+		// answers the template's token until its claim.
+		tok, err := os.ReadFile(rt.tpl.path(tmpl.Digest, "token"))
+		if err != nil {
+			return nil, fmt.Errorf("qemu: template token: %w", err)
+		}
+		if err := os.WriteFile(s.sd.path(templateTokenFile), tok, 0o600); err != nil {
+			return nil, fmt.Errorf("qemu: template token: %w", err)
+		}
+	}
+
 	for _, f := range []string{arts.Kernel, initrd, arts.RootDisk} {
 		fh, err := os.Open(f)
 		if err != nil {
@@ -329,15 +434,28 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 		}
 		s.sd.Net = gn
 		undo.Add(func() { _ = gn.Teardown() })
+		vc.TapFD = 3 + len(p.files)
 		p.files = append(p.files, tap)
 		vc.Net, vc.MAC = true, gn.MAC
 		np = &netParams{Addr: netip.PrefixFrom(spec.GuestAddr, spec.Prefix.Bits()), Gateway: spec.Gateway}
 	}
-	tsc := 0
-	if !p.kvm {
-		tsc = hostTSCkHz()
-	}
 	vc.Append = kernelCmdline(tsc, np)
+	if tmpl != nil {
+		rt.planRestore(s, p, vc, tmpl, tfiles)
+	} else if treq != nil {
+		defer func() {
+			if err == nil {
+				rt.maybeBuildTemplate(treq)
+			}
+		}()
+	}
+	// How QEMU starts, for Resume after Hibernate.
+	if err := writeJSON(s.sd.path(bootFile), &bootRecord{
+		Kernel: arts.Kernel, Initrd: initrd, Disk: arts.RootDisk, MemoryMiB: memMiB, CPUs: vc.CPUs,
+		Append: vc.Append, MAC: vc.MAC, RAMBackend: vc.RAMFD > 0, KVM: p.kvm,
+	}); err != nil {
+		return nil, fmt.Errorf("qemu: boot record: %w", err)
+	}
 	p.args = vc.args()
 	s.pend = p
 	undo.Release()
@@ -365,6 +483,12 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 	if p == nil {
 		return errors.New("qemu: sandbox already started")
 	}
+	return s.launch(ctx, p)
+}
+
+// launch starts QEMU as p says and returns once QMP answers (and, for a
+// restore, once the guest runs again).
+func (s *Sandbox) launch(ctx context.Context, p *pending) (err error) {
 	defer p.close() // our copies; QEMU holds its own
 	console, err := runlog.Open(s.sd.path("console.log"))
 	if err != nil {
@@ -430,7 +554,12 @@ func (s *Sandbox) Start(ctx context.Context) (err error) {
 		}
 		return fmt.Errorf("qemu: %w: %s", err, runlog.Tail(s.sd.path("console.log"), 1024))
 	}
-	s.log.Debug("qemu started", "pid", proc.PID, "uid", s.sd.UID, "status", st.Status, "kvm", p.kvm)
+	if p.restore != nil {
+		if err := s.restore(ctx, p.restore, exited); err != nil {
+			return err
+		}
+	}
+	s.log.Debug("qemu started", "pid", proc.PID, "uid", s.sd.UID, "status", st.Status, "kvm", p.kvm, "restored", p.restore != nil)
 	return nil
 }
 
@@ -448,6 +577,14 @@ func (s *Sandbox) qmp(ctx context.Context, command string, args, out any) error 
 	return nil
 }
 
+// qmpFD is qmp after passing f to QEMU as fdname (qmpCallFD).
+func (s *Sandbox) qmpFD(ctx context.Context, fdname string, f *os.File, command string, args any) error {
+	s.qmpMu.Lock()
+	defer s.qmpMu.Unlock()
+	_, err := qmpCallFD(ctx, s.sd.path("qmp.sock"), fdname, f, command, args)
+	return err
+}
+
 func (s *Sandbox) running() *vmmProc {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -457,16 +594,24 @@ func (s *Sandbox) running() *vmmProc {
 	return nil
 }
 
-// Pause implements isolation.Sandbox (QMP stop: the vCPUs halt).
+// Pause implements isolation.Sandbox (QMP stop: the vCPUs halt). A
+// hibernated sandbox stays so.
 func (s *Sandbox) Pause(ctx context.Context) error {
+	if s.running() == nil && s.hibernated() {
+		return nil
+	}
 	if s.running() == nil {
 		return fmt.Errorf("qemu: pause: %w", isolation.ErrGone)
 	}
 	return s.qmp(ctx, "stop", nil, nil)
 }
 
-// Resume implements isolation.Sandbox (QMP cont).
+// Resume implements isolation.Sandbox (QMP cont; a hibernated sandbox is
+// restored from its state dir first).
 func (s *Sandbox) Resume(ctx context.Context) error {
+	if s.running() == nil && s.hibernated() {
+		return s.wake(ctx)
+	}
 	if s.running() == nil {
 		return fmt.Errorf("qemu: resume: %w", isolation.ErrGone)
 	}
@@ -621,8 +766,12 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	}
 	proc := s.proc
 	s.mu.Unlock()
-	if proc == nil {
-		proc, _ = vmproc.ReadFile(s.sd.path("vmm.pid"))
+	if !proc.Alive() {
+		// Another Sandbox value over the same state (a recovered one)
+		// may have started QEMU again (Resume after Hibernate).
+		if p, err := vmproc.ReadFile(s.sd.path("vmm.pid")); err == nil {
+			proc = p
+		}
 	}
 	var errs []error
 	if proc.Alive() {
@@ -656,6 +805,9 @@ func (s *Sandbox) Leftovers(ctx context.Context) []string {
 	s.mu.Lock()
 	proc := s.proc
 	s.mu.Unlock()
+	if !proc.Alive() {
+		proc, _ = vmproc.ReadFile(s.sd.path("vmm.pid"))
+	}
 	if proc.Alive() {
 		out = append(out, fmt.Sprintf("qemu process %d", proc.PID))
 	}
@@ -679,6 +831,15 @@ func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.S
 	}
 	s := &Sandbox{id: st.ID, rt: rt, log: rt.log.With("sandbox", st.ID), sd: sd}
 	proc, err := vmproc.ReadFile(sd.path("vmm.pid"))
+	if s.hibernated() {
+		// Saved whole; a QEMU still there (the daemon died between the
+		// save and QEMU's end) is the saved one, stopped.
+		if err == nil && proc.Alive() {
+			_ = proc.Kill()
+		}
+		rt.uids.Reserve(sd.UID)
+		return s, nil
+	}
 	if err == nil && proc.Alive() {
 		s.proc = proc
 		// The previous daemon's connection may have closed just now.

@@ -114,7 +114,8 @@ func testRuntime(t *testing.T) *Runtime {
 	if _, err := c.FetchKernel(ctx); err != nil {
 		isolationtest.Unavailable(t, Name, fmt.Sprintf("no guest kernel: %v", err))
 	}
-	rt := New(Options{Dir: c.Dir})
+	// Cold boots unless a test asks for templates (templateRuntime).
+	rt := New(Options{Dir: c.Dir, DisableTemplates: true})
 	isolationtest.CheckAvailable(t, rt)
 	t.Logf("qemu runtime: %s", rt.Detail())
 	return rt
@@ -122,13 +123,45 @@ func testRuntime(t *testing.T) *Runtime {
 
 const startTimeout = 90 * time.Second
 
+// TestConformance runs the suite on sandboxes restored from templates:
+// the templates of the suite's sandboxes (its size classes, with and
+// without a NIC) are built first, and every sandbox restores and is
+// claimed (isolationtest claims Claimable sandboxes).
 func TestConformance(t *testing.T) {
 	rt := testRuntime(t)
+	rt = New(Options{Dir: rt.cache.Dir, NoBackgroundTemplates: true})
+	o := isolationtest.Options{
+		RootFS:       isolationtest.BusyboxRoot(t),
+		AgentPath:    isolationtest.BuildAgent(t),
+		StartTimeout: startTimeout,
+		Restarted:    func() isolation.Runtime { return New(Options{Dir: rt.cache.Dir, NoBackgroundTemplates: true}) },
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	for _, spec := range []*isolation.Spec{
+		{Resources: isolation.Resources{MemoryBytes: 256 << 20, PIDs: 64, CPUs: 1}},
+		{},
+		{NetNS: "(a NIC)"},
+	} {
+		spec.RootFS, spec.AgentPath = o.RootFS, o.AgentPath
+		tp, err := rt.BuildTemplate(ctx, spec)
+		if err != nil {
+			t.Fatalf("build template: %v", err)
+		}
+		t.Logf("template %s (%s)", tp.Name, tp.Digest)
+	}
+	isolationtest.Run(t, rt, o)
+}
+
+// TestConformanceColdBoot runs the suite with templates off.
+func TestConformanceColdBoot(t *testing.T) {
+	rt := testRuntime(t)
+	rt = New(Options{Dir: rt.cache.Dir, DisableTemplates: true})
 	isolationtest.Run(t, rt, isolationtest.Options{
 		RootFS:       isolationtest.BusyboxRoot(t),
 		AgentPath:    isolationtest.BuildAgent(t),
 		StartTimeout: startTimeout,
-		Restarted:    func() isolation.Runtime { return New(Options{Dir: rt.cache.Dir}) },
+		Restarted:    func() isolation.Runtime { return New(Options{Dir: rt.cache.Dir, DisableTemplates: true}) },
 	})
 }
 
@@ -395,7 +428,7 @@ func benchRuntime(b *testing.B) *Runtime {
 	if os.Geteuid() != 0 {
 		b.Skip("the qemu runtime needs root")
 	}
-	rt := New(Options{Dir: vmimage.TestCacheDir()})
+	rt := New(Options{Dir: vmimage.TestCacheDir(), DisableTemplates: true})
 	if err := rt.Available(); err != nil {
 		b.Skipf("qemu runtime not available: %v", err)
 	}

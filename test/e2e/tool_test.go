@@ -63,6 +63,23 @@ func TestTools(t *testing.T) {
 	if !allowed || !denied {
 		t.Errorf("egress decisions %+v: want the allowed request and the refused literal IP", res.Egress)
 	}
+	// The daemon's metrics counted it (Prometheus text over the API).
+	met, err := e.client().Metrics(context.Background())
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	for _, want := range []string{
+		`cagebox_egress_requests_total{verdict="allow"} `, `cagebox_egress_requests_total{verdict="deny"} `,
+		`cagebox_secret_swaps_total 1`, `cagebox_pool_events_total{class="` + rt + `:default",result="hit"} 1`,
+		`cagebox_sandbox_create_seconds_count{path="pool",runtime="` + rt + `"} 1`, `cagebox_pool_ready{class="` + rt + `:default"} `,
+	} {
+		if !strings.Contains(met, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if strings.Contains(met, real) || strings.Contains(met, "api.example.test") {
+		t.Error("metrics carry a secret or a host name")
+	}
 	// The sandbox is gone after the execute.
 	deadline := time.Now().Add(30 * time.Second)
 	for {

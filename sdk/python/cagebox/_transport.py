@@ -155,7 +155,7 @@ class Transport:
         return conn, resp
 
     def call(self, route: str, params: Optional[Dict[str, str]] = None, query: Optional[Dict[str, Any]] = None,
-             json_body: Any = None, raw: Optional[bytes] = None, content_type: Optional[str] = None,
+             json_body: Any = None, raw: Any = None, content_type: Optional[str] = None,
              headers: Optional[Dict[str, str]] = None, decode: bool = True, timeout: Any = "default") -> Any:
         """One request, the whole answer read: decoded JSON, the raw bytes
         (decode=False), or None for an empty body."""

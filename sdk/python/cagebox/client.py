@@ -698,6 +698,36 @@ class Cagebox:
     def images(self) -> List[Record]:
         return Record.of(self._t.call("GET /v1/images"))
 
+    def pull_image(self, ref: str, name: Optional[str] = None, force: bool = False, max_bytes: Optional[int] = None,
+                   max_files: Optional[int] = None) -> Record:
+        """Pulls an OCI image into the daemon's cache (admin only):
+        [REGISTRY/]REPO[:TAG][@sha256:HEX]; name defaults to one derived
+        from ref. Answers when it is installed (not bounded by the call
+        timeout: large images take minutes)."""
+        body = _drop_none({"ref": ref, "name": name, "max_bytes": max_bytes or None, "max_files": max_files or None})
+        if force:
+            body["force"] = True
+        return Record.of(self._t.call("POST /v1/images/pull", json_body=body, timeout=None))
+
+    def import_image(self, archive: Any, name: Optional[str] = None, force: bool = False,
+                     max_bytes: Optional[int] = None, max_files: Optional[int] = None) -> Record:
+        """Installs a `docker save` archive or a tar of an OCI image layout
+        (admin only). archive: a file path, bytes, or a binary file object
+        (streamed)."""
+        q = {"name": name, "force": "true" if force else None, "max_bytes": max_bytes or None,
+             "max_files": max_files or None}
+        if isinstance(archive, (str, os.PathLike)):
+            with open(archive, "rb") as f:
+                return Record.of(self._t.call("POST /v1/images/import", query=q, raw=f, content_type="application/x-tar",
+                                              headers={"Content-Length": str(os.fstat(f.fileno()).st_size)},
+                                              timeout=None))
+        return Record.of(self._t.call("POST /v1/images/import", query=q, raw=archive, content_type="application/x-tar",
+                                      timeout=None))
+
+    def metrics(self) -> str:
+        """The daemon's metrics in the Prometheus text format (admin only)."""
+        return self._t.call("GET /metrics", decode=False).decode("utf-8")
+
     def pools(self) -> Record:
         """The warm pools (admin only): pools, memory_budget, memory_used."""
         return Record.of(self._t.call("GET /v1/pools"))

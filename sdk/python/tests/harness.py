@@ -72,6 +72,44 @@ def make_pki(d):
     return ca, cert, key
 
 
+def oci_layout_tar(rootfs, env=("PATH=/bin:/usr/bin", "FROM_IMPORT=1")):
+    """An OCI image layout, as a tar (what `cagebox image import` takes), of
+    one gzipped layer holding the tree at rootfs."""
+    import gzip
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as t:
+        t.add(rootfs, arcname=".")
+    layer_tar = raw.getvalue()
+    layer = gzip.compress(layer_tar, mtime=0)
+
+    def digest(b):
+        return "sha256:" + hashlib.sha256(b).hexdigest()
+
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Env": list(env)},
+                         "rootfs": {"type": "layers", "diff_ids": [digest(layer_tar)]}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": digest(config), "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": digest(layer), "size": len(layer)}],
+    }).encode()
+    index = json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest(manifest), "size": len(manifest)}]}).encode()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as t:
+        for name, data in [("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'), ("index.json", index),
+                           ("blobs/sha256/" + digest(manifest)[7:], manifest), ("blobs/sha256/" + digest(config)[7:], config),
+                           ("blobs/sha256/" + digest(layer)[7:], layer)]:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+    return out.getvalue()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

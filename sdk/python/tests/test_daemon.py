@@ -79,6 +79,32 @@ class TestBasics(DaemonTest):
         p = self.cb.pools()
         self.assertEqual(p.pools, [])
 
+    def test_import_image_and_metrics(self):
+        archive = harness.oci_layout_tar(os.path.join(D.home, "images", "busybox", "rootfs"))
+        img = self.cb.import_image(archive, name="sdk-imported")
+        self.assertEqual(img.name, "sdk-imported")
+        self.assertTrue(img.manifest_digest.startswith("sha256:"), img)
+        self.assertEqual(img.config.env, ["PATH=/bin:/usr/bin", "FROM_IMPORT=1"])
+        self.assertIn("sdk-imported", [i.name for i in self.cb.images()])
+        with self.cb.create(image="sdk-imported") as sb:
+            self.assertEqual(sb.exec("echo from the imported image").stdout, b"from the imported image\n")
+        # The same archive again is no change; another one under the name
+        # is a Conflict without force. A file path is streamed.
+        self.assertEqual(self.cb.import_image(archive, name="sdk-imported").digest, img.digest)
+        path = os.path.join(D.home, "archive.tar")
+        with open(path, "wb") as f:
+            f.write(harness.oci_layout_tar(os.path.join(D.home, "images", "busybox", "rootfs"), env=("V=2",)))
+        with self.assertRaises(cagebox.Conflict):
+            self.cb.import_image(path, name="sdk-imported")
+        self.assertEqual(self.cb.import_image(path, name="sdk-imported", force=True).config.env, ["V=2"])
+        with self.assertRaises(cagebox.Invalid):
+            self.cb.import_image(b"not a tar at all", name="sdk-garbage")
+        with self.assertRaises(cagebox.Invalid):
+            self.cb.pull_image("UPPER CASE is no reference")
+        m = self.cb.metrics()
+        self.assertIn("# TYPE", m)
+        self.assertIn("cagebox_", m)
+
     def test_create_inspect_list(self):
         sb = self.new(env={"GREETING": "hi"}, memory="128M", timeout=600, idle_timeout="5m", idle_action="pause")
         self.assertEqual((sb.status, sb.info.runtime, sb.info.image), ("running", "container", "busybox"))

@@ -7,6 +7,7 @@
  * sdk/ABSENT.md.
  */
 
+import * as fs from "node:fs";
 import type * as http from "node:http";
 import * as path from "node:path";
 
@@ -682,6 +683,46 @@ export class Cagebox {
 
   images(): Promise<api.Image[]> {
     return this.transport.call("GET /v1/images");
+  }
+
+  /**
+   * Pulls an OCI image into the daemon's cache (admin only); resolves when
+   * it is installed (not bounded by timeoutMs: large images take minutes).
+   */
+  pullImage(ref: string, o: { name?: string; force?: boolean; maxBytes?: number; maxFiles?: number } = {}): Promise<api.Image> {
+    return this.transport.call("POST /v1/images/pull", undefined, {
+      json: dropEmpty({ ref, name: o.name, force: o.force || undefined, max_bytes: o.maxBytes || undefined, max_files: o.maxFiles || undefined }),
+      timeoutMs: false,
+    });
+  }
+
+  /**
+   * Installs a `docker save` archive or a tar of an OCI image layout (admin
+   * only). archive: a file path, bytes, or an (async) iterable of chunks
+   * such as a Readable (streamed).
+   */
+  async importImage(archive: string | Uint8Array | Iterable<Uint8Array> | AsyncIterable<Uint8Array>,
+    o: { name?: string; force?: boolean; maxBytes?: number; maxFiles?: number } = {}): Promise<api.Image> {
+    const query = { name: o.name, force: o.force ? "true" : undefined, max_bytes: o.maxBytes || undefined, max_files: o.maxFiles || undefined };
+    if (archive instanceof Uint8Array) {
+      return this.transport.call("POST /v1/images/import", undefined, { query, body: archive, contentType: "application/x-tar", timeoutMs: false });
+    }
+    const chunks = typeof archive === "string" ? fs.createReadStream(archive) : archive;
+    const res = await this.transport.open("POST /v1/images/import", undefined, { query, contentType: "application/x-tar", timeoutMs: false }, async (req) => {
+      for await (const c of chunks as AsyncIterable<Uint8Array>) {
+        if (req.destroyed) return;
+        if (!req.write(c)) await new Promise<void>((r) => { req.once("drain", r); req.once("close", r); });
+      }
+      req.end();
+    });
+    const parts: Buffer[] = [];
+    for await (const c of res) parts.push(c as Buffer);
+    return JSON.parse(Buffer.concat(parts).toString("utf8")) as api.Image;
+  }
+
+  /** The daemon's metrics in the Prometheus text format (admin only). */
+  async metrics(): Promise<string> {
+    return (await this.transport.bytes("GET /metrics")).toString("utf8");
   }
 
   /** The warm pools (admin only). */

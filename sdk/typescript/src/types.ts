@@ -8,7 +8,16 @@ export interface Runtime {
   name: string; class: string; available: boolean; reason?: string; detail?: string; default?: boolean;
 }
 
-export interface Image { name: string; size_bytes: number; created_at: string; digest: string; source?: string }
+export interface ImageConfig {
+  env?: string[]; entrypoint?: string[]; cmd?: string[]; working_dir?: string; user?: string;
+}
+
+export interface Image {
+  name: string; size_bytes: number; created_at: string; digest: string; source?: string;
+  manifest_digest?: string; platform_digest?: string; config?: ImageConfig;
+}
+
+export interface PullImageRequest { ref: string; name?: string; force?: boolean; max_bytes?: number; max_files?: number }
 
 export interface HMACSigning {
   algorithm?: string; header: string; prefix?: string; encoding?: string; sign: string[]; max_body?: number;

@@ -2,12 +2,14 @@
 // busybox image). Skips, saying why, without root or without `make build`.
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
+import * as fs from "node:fs";
+import * as path from "node:path";
 import { Readable } from "node:stream";
 import { after, before, describe, it } from "node:test";
 
 import * as cagebox from "../dist/index.js";
 import { Cagebox } from "../dist/index.js";
-import { Daemon, skipReason, UPSTREAM_HOST } from "./harness.mjs";
+import { Daemon, ociLayoutTar, skipReason, UPSTREAM_HOST } from "./harness.mjs";
 
 const reason = skipReason();
 if (reason && process.env.CAGEBOX_SDK_REQUIRE_DAEMON) {
@@ -50,6 +52,28 @@ describe("against a real daemon", { skip: reason || false }, () => {
     const names = (await cb.images()).map((i) => i.name);
     assert.ok(names.includes("busybox") && names.includes("default"), names.join());
     assert.deepEqual((await cb.pools()).pools, []);
+  });
+
+  it("import an image, pull errors, metrics", async () => {
+    const rootfs = path.join(d.home, "images", "busybox", "rootfs");
+    const file = ociLayoutTar(rootfs, path.join(d.home, "a.tar"));
+    const img = await cb.importImage(file, { name: "sdk-imported-js" });   // a path: streamed
+    assert.equal(img.name, "sdk-imported-js");
+    assert.match(img.manifest_digest, /^sha256:/);
+    assert.deepEqual(img.config.env, ["PATH=/bin:/usr/bin", "FROM_IMPORT=1"]);
+    assert.ok((await cb.images()).some((i) => i.name === "sdk-imported-js"));
+    await cb.withSandbox({ image: "sdk-imported-js" }, async (sb) => {
+      assert.equal((await sb.exec("echo from the imported image")).stdout.toString(), "from the imported image\n");
+    });
+    assert.equal((await cb.importImage(fs.readFileSync(file), { name: "sdk-imported-js" })).digest, img.digest);   // bytes
+    const other = ociLayoutTar(rootfs, path.join(d.home, "b.tar"), ["V=2"]);
+    await assert.rejects(cb.importImage(fs.createReadStream(other), { name: "sdk-imported-js" }), cagebox.Conflict);   // a stream
+    assert.deepEqual((await cb.importImage(other, { name: "sdk-imported-js", force: true })).config.env, ["V=2"]);
+    await assert.rejects(cb.importImage(Buffer.from("not a tar at all"), { name: "sdk-garbage-js" }), cagebox.Invalid);
+    await assert.rejects(cb.pullImage("UPPER CASE is no reference"), cagebox.Invalid);
+    const m = await cb.metrics();
+    assert.match(m, /# TYPE/);
+    assert.match(m, /cagebox_/);
   });
 
   it("create, inspect, list; the default image", async () => {

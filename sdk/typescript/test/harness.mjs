@@ -7,12 +7,14 @@
 // (openssl); clients trust it with caCert (CAGEBOX_CA_CERT).
 
 import { execFileSync, spawn } from "node:child_process";
+import { createHash } from "node:crypto";
 import * as fs from "node:fs";
 import * as http from "node:http";
 import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
+import * as zlib from "node:zlib";
 
 import { Cagebox, CageboxError, ConnectionFailed } from "../dist/index.js";
 
@@ -47,6 +49,34 @@ export function skipReason() {
     }
   }
   return "";
+}
+
+/**
+ * An OCI image layout, as a tar (what `cagebox image import` takes), of one
+ * gzipped layer holding the tree at rootfs (made with tar(1)); written to out.
+ */
+export function ociLayoutTar(rootfs, out, env = ["PATH=/bin:/usr/bin", "FROM_IMPORT=1"]) {
+  const dir = fs.mkdtempSync(path.join(path.dirname(out), "oci"));
+  const layerTar = path.join(dir, "layer.tar");
+  execFileSync("tar", ["-C", rootfs, "-cf", layerTar, "."], { stdio: "pipe" });
+  const raw = fs.readFileSync(layerTar);
+  fs.rmSync(layerTar);
+  const layer = zlib.gzipSync(raw);
+  const digest = (b) => "sha256:" + createHash("sha256").update(b).digest("hex");
+  const config = Buffer.from(JSON.stringify({ architecture: "amd64", os: "linux", config: { Env: env }, rootfs: { type: "layers", diff_ids: [digest(raw)] } }));
+  const manifest = Buffer.from(JSON.stringify({
+    schemaVersion: 2, mediaType: "application/vnd.oci.image.manifest.v1+json",
+    config: { mediaType: "application/vnd.oci.image.config.v1+json", digest: digest(config), size: config.length },
+    layers: [{ mediaType: "application/vnd.oci.image.layer.v1.tar+gzip", digest: digest(layer), size: layer.length }],
+  }));
+  const index = JSON.stringify({ schemaVersion: 2, manifests: [{ mediaType: "application/vnd.oci.image.manifest.v1+json", digest: digest(manifest), size: manifest.length }] });
+  fs.mkdirSync(path.join(dir, "blobs", "sha256"), { recursive: true });
+  fs.writeFileSync(path.join(dir, "oci-layout"), '{"imageLayoutVersion": "1.0.0"}');
+  fs.writeFileSync(path.join(dir, "index.json"), index);
+  for (const b of [manifest, config, layer]) fs.writeFileSync(path.join(dir, "blobs", "sha256", digest(b).slice(7)), b);
+  execFileSync("tar", ["-C", dir, "-cf", out, "oci-layout", "index.json", "blobs"], { stdio: "pipe" });
+  fs.rmSync(dir, { recursive: true, force: true });
+  return out;
 }
 
 /** A throw-away CA and a server certificate for 127.0.0.1 signed by it (openssl). */
