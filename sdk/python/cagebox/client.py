@@ -416,7 +416,10 @@ class Sandbox:
     def exec_stream(self, cmd: Union[str, Sequence[str]], stdin: Any = None, timeout: Duration = None,
                     env: Env = None, cwd: Optional[str] = None, user: Optional[str] = None) -> ExecStream:
         """Starts a command and returns its output as an iterator of Output
-        pieces (see ExecStream)."""
+        pieces (see ExecStream). It returns when the command first writes
+        (or ends): the daemon answers only then, so that a command that
+        cannot start still gets its 4xx. Closing the stream hangs up; the
+        daemon then kills the command."""
         chunks = _stdin_chunks(stdin)
         req = _drop_none({"argv": argv_of(cmd), "env": env_list(env), "cwd": cwd, "user": user,
                           "timeout": duration(timeout)})

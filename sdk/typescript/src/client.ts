@@ -370,7 +370,13 @@ export class Sandbox {
     return { ...st.result, stdout: Buffer.concat(out), stderr: Buffer.concat(err) };
   }
 
-  /** Starts a command; its output is an async iterator (ExecStream). */
+  /**
+   * Starts a command; its output is an async iterator (ExecStream). The
+   * promise resolves when the command first writes (or ends): the daemon
+   * answers only then, so that a command that cannot start still gets its
+   * 4xx. To give up before that, pass `signal`; after, close() the stream.
+   * Either way the daemon kills the command.
+   */
   async execStream(cmd: Command, o: ExecOptions = {}): Promise<ExecStream> {
     const req: api.ExecRequest = dropEmpty({
       argv: argvOf(cmd), env: envList(o.env), cwd: o.cwd, user: o.user, timeout: duration(o.timeout),
