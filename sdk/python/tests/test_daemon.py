@@ -154,6 +154,14 @@ class TestExec(DaemonTest):
         self.assertEqual(got, b"1\n2\n3\n")
         self.assertEqual(st.result.exit_code, 0)
 
+    def test_close_kills_the_command(self):
+        st = self.sb.exec_stream("echo first; sleep 30")
+        it = iter(st)
+        self.assertEqual(next(it).data, b"first\n")
+        st.close()
+        self.assertIsNone(st.result)
+        self.wait_for("the command to be killed", lambda: b"sleep 30" not in self.sb.exec("ps").stdout)
+
     def test_stdin(self):
         for stdin in [b"bytes\n", "text\n", io.BytesIO(b"file\n"), iter([b"gen", b"erator\n"])]:
             r = self.sb.exec("cat", stdin=stdin)

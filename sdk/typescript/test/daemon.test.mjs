@@ -122,6 +122,19 @@ describe("against a real daemon", { skip: reason || false }, () => {
       assert.equal(r.exitCode, 0);
     });
 
+    it("close and abort kill the command", async () => {
+      const st = await sb.execStream("echo first; sleep 30");
+      for await (const o of st) {
+        assert.equal(o.data.toString(), "first\n");
+        break; // returns the iterator: hangs up
+      }
+      assert.equal(st.result, undefined);
+      const ac = new AbortController();
+      setTimeout(() => ac.abort(), 200);
+      await assert.rejects(sb.exec("sleep 29", { signal: ac.signal }), { name: "AbortError" });
+      await waitFor("the commands to be killed", async () => !/sleep (29|30)/.test((await sb.exec("ps")).stdout.toString()));
+    });
+
     it("stdin: text, bytes, streams; 4 MiB full duplex", async () => {
       for (const stdin of ["text\n", Buffer.from("bytes\n"), Readable.from([Buffer.from("read"), Buffer.from("able\n")]), ["arr", "ay\n"]]) {
         const r = await sb.exec("cat", { stdin });
