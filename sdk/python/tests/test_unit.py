@@ -101,6 +101,13 @@ class TestResolution(unittest.TestCase):
         with self.assertRaises(ValueError):
             cagebox.Cagebox(host="http://127.0.0.1:1", ca_cert="/ca.pem")
 
+    def test_key_not_shown(self):
+        cb = cagebox.Cagebox(host="http://127.0.0.1:1", api_key="cbk_SECRETVALUE")
+        self.assertNotIn("SECRETVALUE", repr(cb) + repr(cb._t) + str(cb.tools))
+        with self.assertRaises(cagebox.ConnectionFailed) as ctx:
+            cb.health()
+        self.assertNotIn("SECRETVALUE", str(ctx.exception) + repr(ctx.exception))
+
     def test_unreachable(self):
         cb = cagebox.Cagebox(socket="/nonexistent/cagebox.sock")
         with self.assertRaises(cagebox.ConnectionFailed) as ctx:

@@ -50,13 +50,14 @@ export function routePath(route: string, params: Params = {}): [string, string] 
 export class Transport {
   readonly where: string;
   readonly socketPath?: string;
-  private readonly key: string;
+  // A true private field: console.log and util.inspect never show the key.
+  readonly #key: string;
   private readonly timeoutMs: number;
   private readonly url?: URL;
   private readonly ca?: string[];
 
   constructor(o: TransportOptions) {
-    this.key = o.apiKey ?? "";
+    this.#key = o.apiKey ?? "";
     this.timeoutMs = o.timeoutMs ?? 300_000;
     if (o.baseUrl) {
       let u: URL;
@@ -89,7 +90,7 @@ export class Transport {
 
   private headers(contentType?: string, extra?: Record<string, string>): Record<string, string> {
     const h: Record<string, string> = { Accept: "application/json", "User-Agent": "cagebox-typescript" };
-    if (this.key) h.Authorization = `Bearer ${this.key}`;
+    if (this.#key) h.Authorization = `Bearer ${this.#key}`;
     if (contentType) h["Content-Type"] = contentType;
     return { ...h, ...extra };
   }

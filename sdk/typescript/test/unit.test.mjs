@@ -1,6 +1,7 @@
 // Tests of the SDK's own logic, with no daemon.
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
+import { inspect } from "node:util";
 
 import * as cagebox from "../dist/index.js";
 import { argvOf, Cagebox, docBody, duration, envList, errorFor, routePath, size } from "../dist/index.js";
@@ -82,6 +83,11 @@ describe("daemon resolution", () => {
       assert.throws(() => new Cagebox({ host: u }), TypeError, u);
     }
     assert.throws(() => new Cagebox({ host: "http://127.0.0.1:1", caCert: "/ca.pem" }), TypeError);
+  });
+  it("never shows the API key", async () => {
+    const cb = new Cagebox({ host: "http://127.0.0.1:1", apiKey: "cbk_SECRETVALUE" });
+    assert.ok(!inspect(cb, { depth: 10, showHidden: true }).includes("SECRETVALUE"));
+    await assert.rejects(cb.health(), (e) => e instanceof cagebox.ConnectionFailed && !`${e.message}${e.stack}`.includes("SECRETVALUE"));
   });
   it("says when the daemon is unreachable", async () => {
     await assert.rejects(new Cagebox({ socket: "/nonexistent/cagebox.sock" }).health(), (e) => e instanceof cagebox.ConnectionFailed && /cagebox daemon/.test(e.message));
