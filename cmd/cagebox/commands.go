@@ -306,7 +306,7 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.disk, "disk", "", "size of the writable layer, e.g. 1G (default 1G)")
 	cmd.Flags().StringVar(&f.timeout, "timeout", "", "maximum lifetime, e.g. 10m; the daemon destroys the sandbox after it")
 	cmd.Flags().StringVar(&f.idle, "idle-timeout", "", "after this long without activity, take the --idle-action, e.g. 5m")
-	cmd.Flags().StringVar(&f.idleAction, "idle-action", "", "what --idle-timeout does: destroy (default) or pause (frozen in memory; the next exec or file operation resumes it)")
+	cmd.Flags().StringVar(&f.idleAction, "idle-action", "", "what --idle-timeout does: destroy (default), pause (frozen in memory) or hibernate (microVMs: saved to disk, memory freed); the next exec or file operation resumes a paused or hibernated one")
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().StringArrayVar(&f.allow, "allow", nil, "allow HTTP(S) to this host, e.g. api.github.com or *.example.com (repeatable; default: nothing is reachable)")
 	cmd.Flags().StringVar(&f.policyFile, "policy", "", "egress policy document, YAML or JSON (see docs/policy.md)")
@@ -804,10 +804,17 @@ func rmCmd(g *globals) *cobra.Command {
 }
 
 func pauseCmd(g *globals) *cobra.Command {
-	return simpleCmd(g, "pause", "Freeze a sandbox", func(ctx context.Context, c *client.Client, id string) error {
+	var toDisk bool
+	cmd := simpleCmd(g, "pause", "Freeze a sandbox (in memory; --to-disk: hibernate a microVM, freeing its memory)", func(ctx context.Context, c *client.Client, id string) error {
+		if toDisk {
+			_, err := c.Hibernate(ctx, id)
+			return err
+		}
 		_, err := c.Pause(ctx, id)
 		return err
 	})
+	cmd.Flags().BoolVar(&toDisk, "to-disk", false, "hibernate: save the whole sandbox to disk and end its VMM (microVMs; resume restores it, also after a daemon restart)")
+	return cmd
 }
 
 func resumeCmd(g *globals) *cobra.Command {

@@ -502,7 +502,7 @@ func poolMemory(n int64) int64 {
 }
 
 // keepSandbox says which sandboxes' links survive a restart (those the
-// store still has as running, paused or being created) and lists every
+// store still has as running, paused, hibernated or being created) and lists every
 // sandbox the store records (the only ones whose links are this daemon's
 // to remove). A store that cannot be read stops the start: guessing would
 // remove live sandboxes' links.
@@ -516,7 +516,7 @@ func keepSandbox(ctx context.Context, st store.Store) (func(string) bool, []stri
 	for _, r := range rs {
 		ours = append(ours, r.ID)
 		switch r.Status {
-		case sandbox.StatusRunning, sandbox.StatusPaused, sandbox.StatusCreating:
+		case sandbox.StatusRunning, sandbox.StatusPaused, sandbox.StatusCreating, sandbox.StatusHibernated:
 			keep[r.ID] = true
 		}
 	}
