@@ -29,6 +29,7 @@ import (
 	"github.com/cagebox/cagebox/internal/pool"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/isolation"
+	"github.com/cagebox/cagebox/isolation/qemu"
 )
 
 func (g *globals) client() *client.Client {
@@ -902,9 +903,10 @@ func imageCmd(g *globals) *cobra.Command {
 	build.Flags().BoolVar(&force, "force", false, "rebuild even if the image exists")
 	build.Flags().StringVar(&vm, "vm", "auto", "also make the image's microVM artifacts (guest kernel, initramfs, ext4 disk): yes, no, or auto (when qemu-system-x86_64 is installed)")
 	build.Flags().StringSliceVar(&pkgs, "packages", nil, "Debian packages to install (default: sh, coreutils, curl, python3, ca-certificates, procps)")
+	var lsJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",
-		Short: "List cached images",
+		Short: "List cached images, and the microVM templates made from them",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cache := &image.Cache{Dir: filepath.Join(g.home, "images")}
@@ -912,15 +914,45 @@ func imageCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printList(false, l, []string{"NAME", "SIZE", "CREATED", "DIGEST"}, func(i *image.Image) []string {
+			// Templates: booted, saved microVMs that qemu sandboxes are
+			// restored from (isolation/qemu, template.go).
+			tpls, err := qemu.New(qemu.Options{Dir: filepath.Join(g.home, "vm")}).Templates()
+			if err != nil {
+				return err
+			}
+			if lsJSON {
+				if l == nil {
+					l = []*image.Image{}
+				}
+				if tpls == nil {
+					tpls = []qemu.Template{}
+				}
+				return printJSON(struct {
+					Images    []*image.Image  `json:"images"`
+					Templates []qemu.Template `json:"templates"`
+				}{l, tpls})
+			}
+			if err := printList(false, l, []string{"NAME", "SIZE", "CREATED", "DIGEST"}, func(i *image.Image) []string {
 				d := i.Digest
 				if len(d) > 19 {
 					d = d[:19]
 				}
 				return []string{i.Name, fmt.Sprintf("%dMiB", i.SizeBytes>>20), i.CreatedAt.Local().Format(time.DateTime), d}
+			}); err != nil || len(tpls) == 0 {
+				return err
+			}
+			fmt.Println("\nmicroVM templates (qemu sandboxes restore from them; rebuilt when an input changes):")
+			return printList(false, tpls, []string{"TEMPLATE", "IMAGE", "MEMORY", "CPUS", "NET", "DISK", "BUILT IN", "CREATED", "STATE"}, func(t qemu.Template) []string {
+				state := "ready"
+				if t.Stale {
+					state = "stale (removed at the next daemon start)"
+				}
+				return []string{t.Digest[:min(12, len(t.Digest))], t.Image, fmt.Sprintf("%dMiB", t.MemoryBytes>>20), fmt.Sprint(t.CPUs), fmt.Sprint(t.NIC),
+					fmt.Sprintf("%dMiB", t.SizeBytes>>20), t.BuildTime.Round(100 * time.Millisecond).String(), t.Created.Local().Format(time.DateTime), state}
 			})
 		},
 	}
+	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON: images and templates")
 	cmd.AddCommand(build, ls, imagePullCmd(g), imageImportCmd(g))
 	return cmd
 }

@@ -225,6 +225,17 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer st.Close()
 	RegisterRuntimes(cfg.Home)
+	// microVM templates whose inputs changed (kernel, agent, image, QEMU)
+	// are never restored from again: remove them.
+	if rt, ok := isolation.Lookup(qemu.Name); ok {
+		if q, ok := rt.(*qemu.Runtime); ok {
+			if gone, err := q.PruneTemplates(nil); err != nil {
+				log.Warn("prune microVM templates", "err", err)
+			} else if len(gone) > 0 {
+				log.Info("removed stale microVM templates", "count", len(gone))
+			}
+		}
+	}
 	if d := cfg.DefaultRuntime; d != "" && d != "auto" {
 		if _, ok := isolation.Lookup(d); !ok {
 			return fmt.Errorf("--default-runtime: unknown runtime %q: `cagebox runtimes` lists them", d)
