@@ -187,6 +187,8 @@ type SandboxExec struct {
 // an API call (the idle timeout).
 type SandboxPaused struct {
 	Reason string `json:"reason,omitempty"`
+	// ToDisk: hibernated — saved whole to disk, its VMM ended.
+	ToDisk bool `json:"to_disk,omitempty"`
 }
 
 // SandboxResumed: a sandbox was thawed; Reason says why when it was not

@@ -39,9 +39,10 @@ type CreateSandboxRequest struct {
 	// IdleTimeout acts on the sandbox (IdleAction) after this long
 	// without API activity.
 	IdleTimeout string `json:"idle_timeout,omitempty"`
-	// IdleAction is what the idle timeout does: "destroy" (the default) or
-	// "pause" (frozen in memory; the next exec or file operation resumes
-	// it).
+	// IdleAction is what the idle timeout does: "destroy" (the default),
+	// "pause" (frozen in memory) or "hibernate" (microVMs: saved to disk,
+	// its memory freed); the next exec or file operation resumes a paused
+	// or hibernated sandbox.
 	IdleAction string `json:"idle_action,omitempty"`
 	// Env is the base environment of every process (KEY=VALUE).
 	Env []string `json:"env,omitempty"`

@@ -265,6 +265,13 @@ func (c *Client) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
 	return &sb, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/pause", nil, &sb)
 }
 
+// Hibernate saves a sandbox whole to disk and ends its VMM (microVMs);
+// Resume restores it.
+func (c *Client) Hibernate(ctx context.Context, id string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	return &sb, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/pause?to_disk=true", nil, &sb)
+}
+
 // Resume thaws a sandbox.
 func (c *Client) Resume(ctx context.Context, id string) (*api.Sandbox, error) {
 	var sb api.Sandbox

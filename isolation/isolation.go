@@ -219,6 +219,12 @@ type Hibernator interface {
 	Hibernate(ctx context.Context) error
 }
 
+// HibernatingRuntime is implemented by runtimes whose sandboxes are
+// Hibernators (checked before a sandbox exists: an idle action).
+type HibernatingRuntime interface {
+	Hibernates() bool
+}
+
 // OOMCounter is implemented by sandboxes that can tell how many processes
 // the kernel has killed for running out of the sandbox's memory.
 type OOMCounter interface {

@@ -46,10 +46,22 @@ const keptCaps = 1<<unix.CAP_SETUID | 1<<unix.CAP_SETGID
 // starts every process, is confined on its own either way. Each step is
 // attempted; the errors of those that failed are returned.
 func dropCapabilities() error {
-	return confine(func(trap uintptr, a [6]uintptr) syscall.Errno {
-		_, _, e := syscall.AllThreadsSyscall6(trap, a[0], a[1], a[2], a[3], a[4], a[5])
-		return e
-	}, keptCaps)
+	return confine(allThreads, keptCaps, true)
+}
+
+// predropCapabilities is dropCapabilities but for the last step: every
+// thread keeps its permitted and effective sets (a VM guest's agent
+// applies its claim's network, clock and entropy with them), but its
+// bounding set is empty, securebits locked and ambient cleared already.
+// The drop at the claim is then three all-threads steps, not one per
+// capability: under TCG each step over every thread costs milliseconds.
+func predropCapabilities() error {
+	return confine(allThreads, keptCaps, false)
+}
+
+func allThreads(trap uintptr, a [6]uintptr) syscall.Errno {
+	_, _, e := syscall.AllThreadsSyscall6(trap, a[0], a[1], a[2], a[3], a[4], a[5])
+	return e
 }
 
 // capSetPCap is CAP_SETPCAP as a capability mask.
@@ -64,14 +76,14 @@ func confineThread(extra uint64) error {
 	return confine(func(trap uintptr, a [6]uintptr) syscall.Errno {
 		_, _, e := unix.RawSyscall6(trap, a[0], a[1], a[2], a[3], a[4], a[5])
 		return e
-	}, keptCaps|extra)
+	}, keptCaps|extra, true)
 }
 
 // confine runs the steps of the capability drop through sys, which applies
 // one system call to all threads or to the calling one. What is already
 // done (securebits set, a capability out of the bounding set) is skipped:
 // redoing it would need CAP_SETPCAP, which the first pass gave up.
-func confine(sys func(trap uintptr, a [6]uintptr) syscall.Errno, kept uint64) error {
+func confine(sys func(trap uintptr, a [6]uintptr) syscall.Errno, kept uint64, setCaps bool) error {
 	var errs []error
 	step := func(what string, trap uintptr, a ...uintptr) {
 		var args [6]uintptr
@@ -99,6 +111,9 @@ func confine(sys func(trap uintptr, a [6]uintptr) syscall.Errno, kept uint64) er
 		errs = append(errs, fmt.Errorf("drop capabilities %s from the bounding set: %w", strings.Join(bndFailed, ","), bndErr))
 	}
 	step("clear ambient capabilities", unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL)
+	if !setCaps {
+		return errors.Join(errs...)
+	}
 
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData

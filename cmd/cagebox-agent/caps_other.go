@@ -11,6 +11,8 @@ import (
 
 func dropCapabilities() error { return errors.New("capabilities are only managed on linux") }
 
+func predropCapabilities() error { return errors.New("capabilities are only managed on linux") }
+
 const capSetPCap = 1 << 8
 
 func confineThread(extra uint64) error { return errors.New("capabilities are only managed on linux") }

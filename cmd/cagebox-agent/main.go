@@ -137,6 +137,10 @@ func run(args []string, stderr io.Writer) int {
 	if !faultKeepCaps && !deferDrop {
 		dropErr = dropCapabilities()
 	}
+	if !faultKeepCaps && deferDrop {
+		// All but the last step now, so the claim's is short.
+		dropErr = predropCapabilities()
+	}
 	launch, launchErr := newLauncher(!faultKeepCaps, launcherExtra)
 	reaper, err := startReaper(log)
 	if err != nil {

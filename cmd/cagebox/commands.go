@@ -29,6 +29,7 @@ import (
 	"github.com/cagebox/cagebox/internal/pool"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/isolation"
+	"github.com/cagebox/cagebox/isolation/qemu"
 )
 
 func (g *globals) client() *client.Client {
@@ -306,7 +307,7 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.disk, "disk", "", "size of the writable layer, e.g. 1G (default 1G)")
 	cmd.Flags().StringVar(&f.timeout, "timeout", "", "maximum lifetime, e.g. 10m; the daemon destroys the sandbox after it")
 	cmd.Flags().StringVar(&f.idle, "idle-timeout", "", "after this long without activity, take the --idle-action, e.g. 5m")
-	cmd.Flags().StringVar(&f.idleAction, "idle-action", "", "what --idle-timeout does: destroy (default) or pause (frozen in memory; the next exec or file operation resumes it)")
+	cmd.Flags().StringVar(&f.idleAction, "idle-action", "", "what --idle-timeout does: destroy (default), pause (frozen in memory) or hibernate (microVMs: saved to disk, memory freed); the next exec or file operation resumes a paused or hibernated one")
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().StringArrayVar(&f.allow, "allow", nil, "allow HTTP(S) to this host, e.g. api.github.com or *.example.com (repeatable; default: nothing is reachable)")
 	cmd.Flags().StringVar(&f.policyFile, "policy", "", "egress policy document, YAML or JSON (see docs/policy.md)")
@@ -804,10 +805,17 @@ func rmCmd(g *globals) *cobra.Command {
 }
 
 func pauseCmd(g *globals) *cobra.Command {
-	return simpleCmd(g, "pause", "Freeze a sandbox", func(ctx context.Context, c *client.Client, id string) error {
+	var toDisk bool
+	cmd := simpleCmd(g, "pause", "Freeze a sandbox (in memory; --to-disk: hibernate a microVM, freeing its memory)", func(ctx context.Context, c *client.Client, id string) error {
+		if toDisk {
+			_, err := c.Hibernate(ctx, id)
+			return err
+		}
 		_, err := c.Pause(ctx, id)
 		return err
 	})
+	cmd.Flags().BoolVar(&toDisk, "to-disk", false, "hibernate: save the whole sandbox to disk and end its VMM (microVMs; resume restores it, also after a daemon restart)")
+	return cmd
 }
 
 func resumeCmd(g *globals) *cobra.Command {
@@ -895,9 +903,10 @@ func imageCmd(g *globals) *cobra.Command {
 	build.Flags().BoolVar(&force, "force", false, "rebuild even if the image exists")
 	build.Flags().StringVar(&vm, "vm", "auto", "also make the image's microVM artifacts (guest kernel, initramfs, ext4 disk): yes, no, or auto (when qemu-system-x86_64 is installed)")
 	build.Flags().StringSliceVar(&pkgs, "packages", nil, "Debian packages to install (default: sh, coreutils, curl, python3, ca-certificates, procps)")
+	var lsJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",
-		Short: "List cached images",
+		Short: "List cached images, and the microVM templates made from them",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cache := &image.Cache{Dir: filepath.Join(g.home, "images")}
@@ -905,15 +914,45 @@ func imageCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printList(false, l, []string{"NAME", "SIZE", "CREATED", "DIGEST"}, func(i *image.Image) []string {
+			// Templates: booted, saved microVMs that qemu sandboxes are
+			// restored from (isolation/qemu, template.go).
+			tpls, err := qemu.New(qemu.Options{Dir: filepath.Join(g.home, "vm")}).Templates()
+			if err != nil {
+				return err
+			}
+			if lsJSON {
+				if l == nil {
+					l = []*image.Image{}
+				}
+				if tpls == nil {
+					tpls = []qemu.Template{}
+				}
+				return printJSON(struct {
+					Images    []*image.Image  `json:"images"`
+					Templates []qemu.Template `json:"templates"`
+				}{l, tpls})
+			}
+			if err := printList(false, l, []string{"NAME", "SIZE", "CREATED", "DIGEST"}, func(i *image.Image) []string {
 				d := i.Digest
 				if len(d) > 19 {
 					d = d[:19]
 				}
 				return []string{i.Name, fmt.Sprintf("%dMiB", i.SizeBytes>>20), i.CreatedAt.Local().Format(time.DateTime), d}
+			}); err != nil || len(tpls) == 0 {
+				return err
+			}
+			fmt.Println("\nmicroVM templates (qemu sandboxes restore from them; rebuilt when an input changes):")
+			return printList(false, tpls, []string{"TEMPLATE", "IMAGE", "MEMORY", "CPUS", "NET", "DISK", "BUILT IN", "CREATED", "STATE"}, func(t qemu.Template) []string {
+				state := "ready"
+				if t.Stale {
+					state = "stale (removed at the next daemon start)"
+				}
+				return []string{t.Digest[:min(12, len(t.Digest))], t.Image, fmt.Sprintf("%dMiB", t.MemoryBytes>>20), fmt.Sprint(t.CPUs), fmt.Sprint(t.NIC),
+					fmt.Sprintf("%dMiB", t.SizeBytes>>20), t.BuildTime.Round(100 * time.Millisecond).String(), t.Created.Local().Format(time.DateTime), state}
 			})
 		},
 	}
+	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON: images and templates")
 	cmd.AddCommand(build, ls, imagePullCmd(g), imageImportCmd(g))
 	return cmd
 }

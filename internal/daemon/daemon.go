@@ -225,6 +225,17 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer st.Close()
 	RegisterRuntimes(cfg.Home)
+	// microVM templates whose inputs changed (kernel, agent, image, QEMU)
+	// are never restored from again: remove them.
+	if rt, ok := isolation.Lookup(qemu.Name); ok {
+		if q, ok := rt.(*qemu.Runtime); ok {
+			if gone, err := q.PruneTemplates(nil); err != nil {
+				log.Warn("prune microVM templates", "err", err)
+			} else if len(gone) > 0 {
+				log.Info("removed stale microVM templates", "count", len(gone))
+			}
+		}
+	}
 	if d := cfg.DefaultRuntime; d != "" && d != "auto" {
 		if _, ok := isolation.Lookup(d); !ok {
 			return fmt.Errorf("--default-runtime: unknown runtime %q: `cagebox runtimes` lists them", d)
@@ -502,7 +513,7 @@ func poolMemory(n int64) int64 {
 }
 
 // keepSandbox says which sandboxes' links survive a restart (those the
-// store still has as running, paused or being created) and lists every
+// store still has as running, paused, hibernated or being created) and lists every
 // sandbox the store records (the only ones whose links are this daemon's
 // to remove). A store that cannot be read stops the start: guessing would
 // remove live sandboxes' links.
@@ -516,7 +527,7 @@ func keepSandbox(ctx context.Context, st store.Store) (func(string) bool, []stri
 	for _, r := range rs {
 		ours = append(ours, r.ID)
 		switch r.Status {
-		case sandbox.StatusRunning, sandbox.StatusPaused, sandbox.StatusCreating:
+		case sandbox.StatusRunning, sandbox.StatusPaused, sandbox.StatusCreating, sandbox.StatusHibernated:
 			keep[r.ID] = true
 		}
 	}

@@ -437,8 +437,14 @@ func (s *Server) stop(w http.ResponseWriter, r *http.Request, t *store.Tenant) e
 	return nil
 }
 
+// pause: POST /v1/sandboxes/{id}/pause freezes a sandbox in memory;
+// ?to_disk=true hibernates it (saved whole to disk, its VMM ended).
 func (s *Server) pause(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
-	sb, err := s.mgr.Pause(r.Context(), scope(t), r.PathValue("id"))
+	pause := s.mgr.Pause
+	if r.URL.Query().Get("to_disk") == "true" {
+		pause = s.mgr.Hibernate
+	}
+	sb, err := pause(r.Context(), scope(t), r.PathValue("id"))
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -90,11 +91,9 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 		return nil, err
 	}
 	switch req.IdleAction {
-	case "", IdleDestroy, IdlePause:
-	case "hibernate":
-		return nil, invalid("idle_action: hibernate is not available on any runtime yet; use pause (frozen in memory) or destroy")
+	case "", IdleDestroy, IdlePause, IdleHibernate:
 	default:
-		return nil, invalid("idle_action: %q is not destroy or pause", req.IdleAction)
+		return nil, invalid("idle_action: %q is not destroy, pause or hibernate", req.IdleAction)
 	}
 	if req.IdleAction != "" && idle == 0 {
 		return nil, invalid("idle_action: give idle_timeout too (the action is taken after that long without API activity)")
@@ -142,6 +141,11 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 		return nil, fmt.Errorf("image %s: %w", imgName, err)
 	}
 
+	if req.IdleAction == IdleHibernate {
+		if h, ok := rt.(isolation.HibernatingRuntime); !ok || !h.Hibernates() {
+			return nil, invalid("idle_action: the %s runtime cannot hibernate a sandbox (microVMs can: --runtime qemu); use pause (frozen in memory) or destroy", rt.Name())
+		}
+	}
 	res := isolation.Resources{MemoryBytes: req.MemoryBytes, CPUs: req.CPUs, PIDs: req.PIDs, DiskBytes: req.DiskBytes}
 	return &createParams{req: req, timeout: timeout, idle: idle, doc: doc, rt: rt, img: img, res: res.WithDefaults()}, nil
 }
@@ -291,10 +295,37 @@ func (m *Manager) Pause(ctx context.Context, tenant, id string) (*api.Sandbox, e
 	})
 }
 
-// Resume thaws a paused sandbox.
+// Resume thaws a paused sandbox, or restores a hibernated one.
 func (m *Manager) Resume(ctx context.Context, tenant, id string) (*api.Sandbox, error) {
-	return m.transition(ctx, tenant, id, StatusPaused, StatusRunning, api.SandboxResumed{}, func(ctx context.Context, e *entry) error {
+	return m.transition(ctx, tenant, id, StatusPaused+"|"+StatusHibernated, StatusRunning, api.SandboxResumed{}, func(ctx context.Context, e *entry) error {
 		return e.sb.Resume(ctx)
+	})
+}
+
+// Hibernate saves a running sandbox whole to disk and ends its VMM,
+// freeing its memory (isolation.Hibernator: microVMs); Resume restores it
+// with the same identity. A runtime that cannot is told apart: pause keeps
+// a sandbox frozen in memory.
+func (m *Manager) Hibernate(ctx context.Context, tenant, id string) (*api.Sandbox, error) {
+	return m.hibernate(ctx, tenant, id, "")
+}
+
+func (m *Manager) hibernate(ctx context.Context, tenant, id, reason string) (*api.Sandbox, error) {
+	return m.transition(ctx, tenant, id, StatusRunning, StatusHibernated, api.SandboxPaused{Reason: reason, ToDisk: true}, func(ctx context.Context, e *entry) error {
+		h, ok := e.sb.(isolation.Hibernator)
+		if !ok {
+			return fmt.Errorf("%w: the %s runtime cannot hibernate a sandbox (microVMs can); pause freezes it in memory", errdefs.ErrInvalid, e.sb.State().Runtime)
+		}
+		e.dropAll()
+		if err := h.Hibernate(ctx); err != nil {
+			return err
+		}
+		if reason != "" {
+			e.mu.Lock()
+			e.idlePaused = true
+			e.mu.Unlock()
+		}
+		return nil
 	})
 }
 
@@ -333,7 +364,7 @@ func (m *Manager) wake(ctx context.Context, e *entry, why string) error {
 	if !paused {
 		return nil // another caller woke it
 	}
-	_, err := m.transition(ctx, "", e.id, StatusPaused, StatusRunning, api.SandboxResumed{Reason: why}, func(ctx context.Context, e *entry) error {
+	_, err := m.transition(ctx, "", e.id, StatusPaused+"|"+StatusHibernated, StatusRunning, api.SandboxResumed{Reason: why}, func(ctx context.Context, e *entry) error {
 		return e.sb.Resume(ctx)
 	})
 	if err != nil {
@@ -347,8 +378,8 @@ func (m *Manager) transition(ctx context.Context, tenant, id, from, to string, e
 	if err != nil {
 		return nil, err
 	}
-	if r.Status != from {
-		return nil, fmt.Errorf("%w: sandbox %s is %s, not %s", errdefs.ErrConflict, id, r.Status, from)
+	if !slices.Contains(strings.Split(from, "|"), r.Status) {
+		return nil, fmt.Errorf("%w: sandbox %s is %s, not %s", errdefs.ErrConflict, id, r.Status, strings.ReplaceAll(from, "|", " or "))
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -356,11 +387,16 @@ func (m *Manager) transition(ctx context.Context, tenant, id, from, to string, e
 		return nil, fmt.Errorf("%s %s: %w", strings.TrimPrefix(string(ev.EventKind()), "sandbox."), id, err)
 	}
 	e.mu.Lock()
-	e.paused = to == StatusPaused
+	e.paused = to == StatusPaused || to == StatusHibernated
 	if !e.paused {
 		e.idlePaused = false
 	}
 	e.mu.Unlock()
+	if r.Status == StatusHibernated || to == StatusHibernated {
+		// The VMM ended or started again: connections to the agent
+		// are gone, the next call redials.
+		e.dropAll()
+	}
 	r.Status = to
 	r.UpdatedAt = m.cfg.Now().UTC()
 	if err := m.cfg.Store.UpdateSandbox(sctx, r); err != nil {

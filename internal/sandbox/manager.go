@@ -43,12 +43,16 @@ const (
 	// StatusRemoving: RemoveAsync accepted the removal and the daemon is
 	// destroying the sandbox (a restart finishes it).
 	StatusRemoving = "removing"
+	// StatusHibernated: saved whole to disk, its VMM ended (Hibernate);
+	// Resume restores it.
+	StatusHibernated = "hibernated"
 )
 
 // Idle actions (api.CreateSandboxRequest.IdleAction).
 const (
-	IdleDestroy = "destroy"
-	IdlePause   = "pause"
+	IdleDestroy   = "destroy"
+	IdlePause     = "pause"
+	IdleHibernate = "hibernate"
 )
 
 // Config configures a Manager.

@@ -68,7 +68,7 @@ func (m *Manager) Reap(ctx context.Context) {
 	now := m.cfg.Now()
 	for _, r := range rs {
 		switch r.Status {
-		case StatusRunning, StatusPaused, StatusStopped:
+		case StatusRunning, StatusPaused, StatusStopped, StatusHibernated:
 		default:
 			continue
 		}
@@ -79,11 +79,18 @@ func (m *Manager) Reap(ctx context.Context) {
 			reason = fmt.Sprintf("idle for more than %s", r.IdleTimeout)
 			var sr specRecord
 			_ = json.Unmarshal(r.Spec, &sr)
-			if sr.IdleAction == IdlePause {
-				// Paused sandboxes (idle or not) wait for the next call.
+			if sr.IdleAction == IdlePause || sr.IdleAction == IdleHibernate {
+				// Paused or hibernated sandboxes (idle or not) wait for
+				// the next call.
 				if r.Status == StatusRunning {
-					if err := m.idlePause(r, reason); err != nil {
-						m.log.Error("idle pause", "sandbox", r.ID, "err", err)
+					var err error
+					if sr.IdleAction == IdleHibernate {
+						_, err = m.hibernate(context.Background(), "", r.ID, reason)
+					} else {
+						err = m.idlePause(r, reason)
+					}
+					if err != nil {
+						m.log.Error("idle "+sr.IdleAction, "sandbox", r.ID, "err", err)
 					}
 				}
 				continue

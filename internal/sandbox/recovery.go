@@ -56,7 +56,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 	}
 	for _, r := range rs {
 		switch r.Status {
-		case StatusRunning, StatusPaused, StatusCreating:
+		case StatusRunning, StatusPaused, StatusCreating, StatusHibernated:
 		case StatusRemoving:
 			// Accepted for removal before the daemon stopped: finish it.
 			m.finishRemoval(r)
@@ -127,8 +127,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 		m.mu.Lock()
 		// A paused sandbox whose idle action is pause is taken as paused by
 		// its idle timeout: the next call wakes it.
-		m.live[r.ID] = &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken, paused: r.Status == StatusPaused,
-			idlePaused: r.Status == StatusPaused && sr.IdleAction == IdlePause}
+		paused := r.Status == StatusPaused || r.Status == StatusHibernated
+		m.live[r.ID] = &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken, paused: paused,
+			idlePaused: paused && (sr.IdleAction == IdlePause || sr.IdleAction == IdleHibernate)}
 		m.mu.Unlock()
 		m.Emit(r.TenantID, r.ID, api.SandboxReattached{})
 		log.Info("re-attached sandbox after restart", "status", r.Status)

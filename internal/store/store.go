@@ -71,7 +71,7 @@ type Sandbox struct {
 	TenantID string
 	Runtime  string
 	Image    string
-	// Status is one of "creating", "running", "paused", "stopped",
+	// Status is one of "creating", "running", "paused", "hibernated", "stopped",
 	// "failed", "destroyed"; the store keeps it as text and gives it no
 	// meaning.
 	Status string

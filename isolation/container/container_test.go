@@ -19,3 +19,17 @@ func TestConformance(t *testing.T) {
 		Restarted: func() isolation.Runtime { return container.New(container.Options{StateRoot: stateRoot}) },
 	})
 }
+
+// TestConformancePooled: the suite on sandboxes made as a warm pool makes
+// them (agent awaiting its claim, no identity) and then claimed.
+func TestConformancePooled(t *testing.T) {
+	stateRoot := t.TempDir()
+	rt := container.New(container.Options{StateRoot: stateRoot})
+	isolationtest.CheckAvailable(t, rt)
+	isolationtest.Run(t, rt, isolationtest.Options{
+		RootFS:    isolationtest.BusyboxRoot(t),
+		AgentPath: isolationtest.BuildAgent(t),
+		Restarted: func() isolation.Runtime { return container.New(container.Options{StateRoot: stateRoot}) },
+		Pooled:    true,
+	})
+}

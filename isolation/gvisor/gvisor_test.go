@@ -35,6 +35,18 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformancePooled: the suite on sandboxes made as a warm pool makes
+// them (agent awaiting its claim, no identity) and then claimed.
+func TestConformancePooled(t *testing.T) {
+	rt := newRuntime(t)
+	isolationtest.Run(t, rt, isolationtest.Options{
+		RootFS:    isolationtest.BusyboxRoot(t),
+		AgentPath: isolationtest.BuildAgent(t),
+		Restarted: func() isolation.Runtime { return gvisor.New(gvisor.Options{StateRoot: rt.StateRoot()}) },
+		Pooled:    true,
+	})
+}
+
 // fakeRunsc stands in for runsc on a host whose /dev/kvm opens but cannot
 // run gVisor's kvm platform: with --platform=kvm it does what kvmScript
 // says; otherwise it runs the real runsc.

@@ -75,3 +75,22 @@ func claim(t testing.TB, ctx context.Context, sb isolation.Sandbox, spec *isolat
 		t.Fatal(err)
 	}
 }
+
+// claimPooled claims a sandbox made from fill (AwaitClaim) as the sandbox
+// spec describes, the way the manager claims a pooled one: with the token
+// its agent answers to (a restored VM's template token, else the fill's).
+func claimPooled(t testing.TB, ctx context.Context, sb isolation.Sandbox, fill, spec *isolation.Spec) {
+	t.Helper()
+	var ci isolation.ClaimInfo
+	if c, ok := sb.(isolation.Claimable); ok {
+		ci = c.ClaimInfo()
+	}
+	if ci.Token == "" {
+		ci.Token = fill.AgentToken
+	}
+	c := Connect(t, ctx, sb, ci.Token)
+	defer c.Close()
+	if err := c.Claim(ctx, ClaimFor(spec, ci)); err != nil {
+		t.Fatalf("claim a pooled sandbox: %v", err)
+	}
+}

@@ -45,6 +45,12 @@ type Options struct {
 	// restarted daemon makes, to recover sandboxes with (nil: the same
 	// runtime).
 	Restarted func() isolation.Runtime
+	// Pooled makes every sandbox as a warm pool does: started with no
+	// environment, nameserver or CA and its agent awaiting its claim
+	// (isolation.Spec.AwaitClaim), then claimed with the spec's token,
+	// environment and guest files — so the suite proves a claimed sandbox
+	// is the sandbox its spec describes.
+	Pooled bool
 }
 
 // RequireEnv names the environment variable listing the runtimes that must
@@ -133,7 +139,15 @@ func StartSpec(t testing.TB, rt isolation.Runtime, o Options, mod func(*isolatio
 	if mod != nil {
 		mod(spec)
 	}
-	sb, err := rt.Create(ctx, spec)
+	made := spec
+	if o.Pooled {
+		fill := *spec
+		ftok := make([]byte, 16)
+		_, _ = rand.Read(ftok)
+		fill.AgentToken, fill.Env, fill.Nameserver, fill.TrustedCAPEM, fill.AwaitClaim = hex.EncodeToString(ftok), nil, "", nil, true
+		made = &fill
+	}
+	sb, err := rt.Create(ctx, made)
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
@@ -156,9 +170,13 @@ func StartSpec(t testing.TB, rt isolation.Runtime, o Options, mod func(*isolatio
 	if err := sb.Start(ctx); err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	// A sandbox restored from a template is claimed first, as the
-	// daemon's manager does.
-	claim(t, ctx, sb, spec)
+	// A sandbox restored from a template, or made for a pool, is claimed
+	// first, as the daemon's manager does.
+	if o.Pooled {
+		claimPooled(t, ctx, sb, made, spec)
+	} else {
+		claim(t, ctx, sb, spec)
+	}
 	g.Client = Connect(t, ctx, sb, spec.AgentToken)
 	return g
 }

@@ -162,6 +162,10 @@ func New(o Options) *Runtime {
 // Name implements isolation.Runtime.
 func (rt *Runtime) Name() string { return Name }
 
+// Hibernates implements isolation.HibernatingRuntime: every qemu sandbox
+// can be saved to disk (hibernate.go).
+func (rt *Runtime) Hibernates() bool { return true }
+
 // Class implements isolation.Runtime.
 func (rt *Runtime) Class() isolation.Class { return isolation.Hypervisor }
 
