@@ -428,9 +428,12 @@ class Sandbox:
         first = json.dumps(req).encode() + b"\n"
         return ExecStream(self._t.duplex("POST /v1/sandboxes/{id}/exec", {"id": self.id}, first, chunks))
 
-    def pause(self) -> "Sandbox":
-        """Freezes every process (memory kept)."""
-        return self._update(self._t.call("POST /v1/sandboxes/{id}/pause", {"id": self.id}))
+    def pause(self, to_disk: bool = False) -> "Sandbox":
+        """Freezes every process (memory kept). to_disk=True hibernates a
+        microVM instead: saved whole to disk, its VMM ended (status
+        hibernated); resume() restores it. Runtimes that cannot refuse it."""
+        q = {"to_disk": "true"} if to_disk else None
+        return self._update(self._t.call("POST /v1/sandboxes/{id}/pause", {"id": self.id}, query=q))
 
     def resume(self) -> "Sandbox":
         return self._update(self._t.call("POST /v1/sandboxes/{id}/resume", {"id": self.id}))
@@ -746,7 +749,8 @@ class Cagebox:
         HTTP(S) (nothing is, otherwise); secrets: bindings (list of
         SecretBinding dicts, or {ENV_NAME: stored_secret_name}); env: a
         mapping or KEY=VALUE list; memory/disk: bytes or "512M"; timeout,
-        idle_timeout: seconds or "10m"; idle_action: "destroy" or "pause";
+        idle_timeout: seconds or "10m"; idle_action: "destroy", "pause" or
+        "hibernate" (microVMs);
         policy: a policy document (dict or JSON text); policy_ref: follow a
         named policy.
         """

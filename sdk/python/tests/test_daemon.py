@@ -203,6 +203,11 @@ class TestExec(DaemonTest):
 class TestLifecycle(DaemonTest):
     def test_pause_resume_stop_remove(self):
         sb = self.new()
+        # Hibernation is for microVMs: the container runtime refuses it.
+        with self.assertRaises(cagebox.Invalid) as c:
+            sb.pause(to_disk=True)
+        self.assertIn("hibernate", str(c.exception))
+        self.assertEqual(sb.inspect().status, "running")
         self.assertEqual(sb.pause().status, "paused")
         self.assertEqual(sb.inspect().status, "paused")
         self.assertEqual(sb.resume().status, "running")
