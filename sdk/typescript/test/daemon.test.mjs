@@ -315,7 +315,16 @@ describe("against a real daemon", { skip: reason || false }, () => {
       })();
       await sb.pause();
       await sb.resume();
-      await Promise.race([reading, sleep(20_000).then(() => { throw new Error("follow did not deliver sandbox.resumed"); })]);
+      let timer;
+      const timeout = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new Error("follow did not deliver sandbox.resumed")), 20_000);
+      });
+      try {
+        await Promise.race([reading, timeout]);
+      } finally {
+        clearTimeout(timer);
+        st.close();
+      }
       assert.deepEqual(got.map((e) => e.kind).slice(0, 2), ["sandbox.paused", "sandbox.resumed"]);
       assert.ok(got.every((e) => e.sandbox === sb.id && e.seq > last));
       assert.equal(st.lastSeq, got.at(-1).seq);
