@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -46,6 +47,8 @@ func poolBench(agentPath string, n, vmN, sustained int, names string) {
 	if err != nil {
 		fail(err)
 	}
+	// The bare VM baseline boots the same image from this cache.
+	benchImages, benchAgent = cache.Dir, agentPath
 	daemon.RegisterRuntimes(home)
 	var rts []string
 	for _, name := range strings.Split(names, ",") {
@@ -150,6 +153,10 @@ func poolBench(agentPath string, n, vmN, sustained int, names string) {
 	}
 	fmt.Println()
 
+	if !slices.Contains(rts, "container") {
+		fmt.Println("the CLI comparison with podman needs the container runtime (-runtimes container,…)")
+		return
+	}
 	podman, err := exec.LookPath("podman")
 	if err != nil {
 		fmt.Println("podman is not installed (scripts/bench.sh installs it): the CLI comparison is skipped")
