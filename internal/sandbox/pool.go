@@ -287,7 +287,11 @@ func (m *Manager) fromPool(ctx context.Context, tenant *store.Tenant, p *createP
 	pd := it.(*pooled)
 	if pd.image != p.img.Digest {
 		m.pool.Missed(c)
-		go m.discard(pd)
+		m.bg.Add(1)
+		go func() {
+			defer m.bg.Done()
+			m.discard(pd)
+		}()
 		m.Emit(tenant.ID, "", api.PoolMissed{Class: c.String(), Reason: "image changed since the sandbox was pooled"})
 		return nil, nil, false
 	}
