@@ -46,10 +46,10 @@ done`
 var capLine = regexp.MustCompile(`(?m)^(Cap(?:Prm|Eff|Bnd|Amb)):\s*([0-9a-f]+)$`)
 
 // zeroCaps passes when every CapPrm/CapEff/CapBnd/CapAmb line is zero
-// and there are four.
+// and there are at least three (gVisor 2022 has no CapAmb).
 func zeroCaps(o Output) error {
 	m := capLine.FindAllStringSubmatch(o.Stdout, -1)
-	if len(m) < 4 {
+	if len(m) < 3 {
 		return fmt.Errorf("inconclusive: no capability lines (exit %d): %s", o.Exit, clip(o.Stdout+o.Stderr, 200))
 	}
 	for _, l := range m {
@@ -144,10 +144,16 @@ if [ "$(dmesg 2>/dev/null | wc -c)" -gt 0 ]; then echo "ESCAPED dmesg"; else ech
 verdict('ptrace attach 1', r, e)
 if r == 0: sc('ptrace', 17, 1, 0, 0)`)},
 		{Name: "agent-memory", Category: "agent",
-			Attack: "the guest reads the agent's memory, fds or environment through /proc/1 (mem, fd/, environ)",
-			Script: `if [ "$(head -c 1 /proc/1/environ 2>/dev/null | wc -c)" -gt 0 ]; then echo "ESCAPED read /proc/1/environ"; else echo "BLOCKED environ"; fi
+			Attack: "the guest reads the agent's memory or descriptors through /proc/1 (mem, fd/N, exe)",
+			Script: `if (exec 3</proc/1/mem) 2>/dev/null; then echo "ESCAPED opened /proc/1/mem"; else echo "BLOCKED mem"; fi
 for f in /proc/1/fd/*; do if readlink "$f" >/dev/null 2>&1; then echo "ESCAPED resolved $f: $(readlink $f)"; break; fi; done; echo "BLOCKED fd links"
 if ls -l /proc/1/exe >/dev/null 2>&1 && readlink /proc/1/exe >/dev/null 2>&1; then echo "ESCAPED read /proc/1/exe"; else echo "BLOCKED exe"; fi`},
+		{Name: "agent-environ", Category: "agent",
+			Attack: "the agent's environment (/proc/1/environ) holds its token or another secret the guest can read",
+			Script: `if [ "$(head -c 1 /proc/1/environ 2>/dev/null | wc -c)" -eq 0 ]; then echo "BLOCKED /proc/1/environ unreadable"; else
+  n=$(tr '\0' '\n' < /proc/1/environ | cut -d= -f1 | tr '\n' ' ')
+  if tr '\0' '\n' < /proc/1/environ | grep -iqE '^[^=]*(token|secret|key|pass|cagebox)[^=]*='; then echo "ESCAPED secret-like variable in the agent's environment: $n"; else echo "BLOCKED readable, but holds only: $n"; fi
+fi`},
 		{Name: "agent-socket", Category: "agent",
 			Attack: "the guest finds the agent's socket or token file and talks to the agent as the host would",
 			Script: `s=$(find / \( -path /proc -o -path /sys \) -prune -o -type s -print 2>/dev/null | head -5)
@@ -174,26 +180,26 @@ print('ESCAPED unshare(CLONE_NEWUSER)' if r == 0 else 'BLOCKED unshare(CLONE_NEW
 verdict('fsopen', r, e)
 r, e = sc('open_tree', -100, b'/', 1)
 verdict('open_tree clone', r, e)`)},
-		{Name: "keyring", Category: "kernel",
+		{Name: "keyring", Category: "kernel", OwnKernel: true,
 			Attack: "the guest adds keys to or joins kernel keyrings (add_key, keyctl), which are not namespaced",
 			Needs:  []string{"python3"},
 			Script: py(`r, e = sc('add_key', b'user', b'cbx-selftest', b'x', 1, -2)
 verdict('add_key', r, e)
 r, e = sc('keyctl', 1, b'cbx-selftest')
 verdict('keyctl join session keyring', r, e)`)},
-		{Name: "bpf", Category: "kernel",
+		{Name: "bpf", Category: "kernel", OwnKernel: true,
 			Attack: "the guest creates BPF maps or programs (bpf(2)), a large kernel attack surface",
 			Needs:  []string{"python3"},
 			Script: py(`attr = ctypes.create_string_buffer(struct.pack('IIIII', 2, 4, 4, 1, 0) + bytes(108))
 r, e = sc('bpf', 0, attr, 128)
 verdict('bpf map create', r, e)`)},
-		{Name: "io-uring", Category: "kernel",
+		{Name: "io-uring", Category: "kernel", OwnKernel: true,
 			Attack: "the guest sets up an io_uring, whose operations bypass syscall filtering",
 			Needs:  []string{"python3"},
 			Script: py(`p = ctypes.create_string_buffer(120)
 r, e = sc('io_uring_setup', 1, p)
 verdict('io_uring_setup', r, e)`)},
-		{Name: "perf-event", Category: "kernel",
+		{Name: "perf-event", Category: "kernel", OwnKernel: true,
 			Attack: "the guest opens perf events (perf_event_open), a side channel and kernel attack surface",
 			Needs:  []string{"python3"},
 			Script: py(`attr = ctypes.create_string_buffer(struct.pack('IIQQQQQ', 1, 128, 0, 0, 0, 0, 1 | (1 << 5) | (1 << 6)) + bytes(80))
@@ -250,7 +256,11 @@ for ip in ('8.8.8.8', '1.1.1.1'):
     except Exception as ex: print('BLOCKED udp %s: %s' % (ip, ex))
     try:
         t = socket.create_connection((ip, 53), timeout=4); t.settimeout(4)
-        t.sendall(struct.pack('>H', len(q)) + q); r = t.recv(512)
+        t.sendall(struct.pack('>H', len(q)) + q); r = b''
+        while len(r) < 14:
+            b = t.recv(512)
+            if not b: break
+            r += b
         print(('ESCAPED tcp answer from %s' % ip) if len(r) > 2 else ('BLOCKED tcp %s: closed' % ip))
     except Exception as ex: print('BLOCKED tcp %s: %s' % (ip, ex))`)},
 		{Name: "doh-dot", Category: "exfiltration",

@@ -65,6 +65,21 @@ type Case struct {
 	Needs []string `json:"needs,omitempty"`
 	// Check returns nil when the attack did NOT succeed.
 	Check func(Output) error `json:"-"`
+	// OwnKernel: the attack is on the kernel's syscall surface. On a
+	// runtime whose guest has a kernel of its own (app-kernel: gVisor's
+	// sentry; hypervisor: the VM's kernel) a call that works reaches that
+	// kernel, not the host's, so it is n/a there (the reason says what
+	// worked); on the shared-kernel container runtime it is a FAIL.
+	OwnKernel bool `json:"own_kernel,omitempty"`
+}
+
+// Judge is Evaluate on a runtime of class class (see Case.OwnKernel).
+func Judge(c Case, class string, o Output) Verdict {
+	v := Evaluate(c, o)
+	if v.Status == Fail && c.OwnKernel && (class == "app-kernel" || class == "hypervisor") {
+		return Verdict{Status: NA, Reason: "served by the guest's own kernel (" + class + "), not the host's: " + v.Reason}
+	}
+	return v
 }
 
 // Marker is the check of most cases: the script prints "BLOCKED ..." for
@@ -338,7 +353,7 @@ func runOne(ctx context.Context, c *client.Client, cases []Case, o Options, res 
 		if err != nil {
 			v = Verdict{Status: Fail, Reason: "exec: " + err.Error()}
 		} else {
-			v = Evaluate(cs, out)
+			v = Judge(cs, res.Class, out)
 		}
 		res.Verdicts[cs.Name] = v
 		if o.Progress != nil {
