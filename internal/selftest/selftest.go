@@ -132,7 +132,7 @@ type Result struct {
 	Passed   int                `json:"passed"`
 	Failed   int                `json:"failed"`
 	// Applicable counts the cases that are not n/a.
-	Applicable int    `json:"applicable"`
+	Applicable int     `json:"applicable"`
 	Seconds    float64 `json:"seconds"`
 }
 
