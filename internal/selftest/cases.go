@@ -144,9 +144,12 @@ if [ "$(dmesg 2>/dev/null | wc -c)" -gt 0 ]; then echo "ESCAPED dmesg"; else ech
 verdict('ptrace attach 1', r, e)
 if r == 0: sc('ptrace', 17, 1, 0, 0)`)},
 		{Name: "agent-memory", Category: "agent",
-			Attack: "the guest reads the agent's memory or descriptors through /proc/1 (mem, fd/N, exe)",
+			Attack: "the guest reaches the agent's memory or descriptors through /proc/1 (opens mem or fd/N, resolves fd/N or exe)",
 			Script: `if (exec 3</proc/1/mem) 2>/dev/null; then echo "ESCAPED opened /proc/1/mem"; else echo "BLOCKED mem"; fi
-for f in /proc/1/fd/*; do if readlink "$f" >/dev/null 2>&1; then echo "ESCAPED resolved $f: $(readlink $f)"; break; fi; done; echo "BLOCKED fd links"
+o=""; for f in /proc/1/fd/*; do if (exec 3<$f) 2>/dev/null || (exec 3>$f) 2>/dev/null; then o="$o ${f##*/}($(readlink $f))"; fi; done
+if [ -n "$o" ]; then echo "ESCAPED opened the agent's fds:$o"; else echo "BLOCKED fd open"; fi
+l=""; for f in /proc/1/fd/*; do t=$(readlink "$f" 2>/dev/null) && l="$l ${f##*/}:$t"; done
+if [ -n "$l" ]; then echo "ESCAPED resolved the agent's fd links:$l"; else echo "BLOCKED fd links"; fi
 if ls -l /proc/1/exe >/dev/null 2>&1 && readlink /proc/1/exe >/dev/null 2>&1; then echo "ESCAPED read /proc/1/exe"; else echo "BLOCKED exe"; fi`},
 		{Name: "agent-environ", Category: "agent",
 			Attack: "the agent's environment (/proc/1/environ) holds its token or another secret the guest can read",
@@ -261,7 +264,9 @@ for ip in ('8.8.8.8', '1.1.1.1'):
             b = t.recv(512)
             if not b: break
             r += b
-        print(('ESCAPED tcp answer from %s' % ip) if len(r) > 2 else ('BLOCKED tcp %s: closed' % ip))
+        if len(r) >= 14 and struct.unpack('>H', r[8:10])[0] == 0 and (r[5] & 0x0f) in (3, 5): print('BLOCKED tcp %s: rcode %d, no answer (the synthetic resolver answered)' % (ip, r[5] & 0x0f))
+        elif len(r) > 2: print('ESCAPED tcp answer from %s: %r' % (ip, r[:40]))
+        else: print('BLOCKED tcp %s: closed' % ip)
     except Exception as ex: print('BLOCKED tcp %s: %s' % (ip, ex))`)},
 		{Name: "doh-dot", Category: "exfiltration",
 			Attack: "the guest reaches a DNS-over-HTTPS (1.1.1.1:443) or DNS-over-TLS (1.1.1.1:853) resolver",
