@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -58,6 +59,9 @@ func TestSelftest(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Fatalf("selftest --json: %v\n%+v", err, r)
 	}
+	var table bytes.Buffer
+	rep.Table(&table)
+	t.Logf("selftest table:\n%s", table.String())
 	if len(rep.Cases) < 25 || len(rep.Results) != len(tested) {
 		t.Fatalf("report: %d cases, %d results for %v", len(rep.Cases), len(rep.Results), tested)
 	}
