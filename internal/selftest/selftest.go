@@ -213,7 +213,6 @@ func (rep *Report) Table(w io.Writer) {
 		}
 	}
 	if len(notes) > 0 {
-		fmt.Fprintln(w)
 		sort.SliceStable(notes, func(i, j int) bool { return notes[i].st < notes[j].st })
 		for _, n := range notes {
 			fmt.Fprintf(w, "\n%s %s on %s: %s", n.st, n.cs, n.rt, n.why)
