@@ -214,7 +214,8 @@ verdict('perf_event_open', r, e)`)},
 			Script: `grep -E '^Cap(Prm|Eff|Bnd|Amb):' /proc/self/status`, Check: zeroCaps},
 		{Name: "setuid-exec", Category: "privileges",
 			Attack: "exec of a setuid-root binary grants capabilities (CapEff/CapPrm not zero after exec)",
-			Script: `mkdir -p /tmp/cbxsu && cp "$(readlink -f "$(command -v cat)")" /tmp/cbxsu/cat && chmod 4755 /tmp/cbxsu/cat && /tmp/cbxsu/cat /proc/self/status | grep -E '^Cap(Prm|Eff|Bnd|Amb):'
+			Script: `p=$(command -v cat); case "$p" in /*) ;; *) p=$(which cat 2>/dev/null || echo /bin/busybox);; esac
+mkdir -p /tmp/cbxsu && cp "$(readlink -f "$p")" /tmp/cbxsu/cat && chmod 4755 /tmp/cbxsu/cat && /tmp/cbxsu/cat /proc/self/status | grep -E '^Cap(Prm|Eff|Bnd|Amb):'
 for b in $(find / -xdev -perm -4000 -type f 2>/dev/null | head -3); do echo "# setuid in image: $b"; done`, Check: zeroCaps},
 		// Host namespaces.
 		{Name: "host-pids", Category: "host",

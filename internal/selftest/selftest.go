@@ -333,18 +333,25 @@ func runOne(ctx context.Context, c *client.Client, cases []Case, o Options, res 
 		have[t] = true
 	}
 	for _, cs := range cases {
-		var missing []string
+		var missing, why []string
+		noUpstream := false
 		for _, n := range cs.Needs {
-			if !have[n] {
+			switch {
+			case have[n]:
+			case n == "upstream":
+				noUpstream = true
+			default:
 				missing = append(missing, n)
 			}
 		}
 		if len(missing) > 0 {
-			why := "image " + o.Image + " has no " + strings.Join(missing, ", ")
-			if len(missing) == 1 && missing[0] == "upstream" {
-				why = "needs a reachable allowed upstream (--upstream NAME)"
-			}
-			res.Verdicts[cs.Name] = Verdict{Status: NA, Reason: why}
+			why = append(why, "image "+o.Image+" has no "+strings.Join(missing, ", "))
+		}
+		if noUpstream {
+			why = append(why, "needs a reachable allowed upstream (--upstream NAME)")
+		}
+		if len(why) > 0 {
+			res.Verdicts[cs.Name] = Verdict{Status: NA, Reason: strings.Join(why, "; ")}
 			continue
 		}
 		out, err := execScript(ctx, c, sb.ID, Expand(cs.Script, env), o.CaseTimeout)
