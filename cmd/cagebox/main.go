@@ -101,6 +101,7 @@ func newRoot() *cobra.Command {
 		approvalsCmd(g),
 		freezeCmd(g, true),
 		freezeCmd(g, false),
+		selftestCmd(g),
 	)
 	return root
 }
