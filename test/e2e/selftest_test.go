@@ -16,7 +16,6 @@ import (
 // once one passes so the entry is removed.
 var knownFindings = map[string]string{
 	"agent-memory/gvisor": "runsc 20221219 does not apply the agent's non-dumpable ptrace check to /proc/1/fd: a guest process resolves the agent's fd links and opens its stdio and pipes (its sockets, the host channel, stay unopenable)",
-	"io-uring/container":  "isolation/oci/seccomp.go does not deny io_uring_setup/io_uring_enter/io_uring_register: the host kernel's io_uring is reachable from a container",
 }
 
 // TestSelftest runs `cagebox selftest` through the real CLI on every
