@@ -24,8 +24,13 @@ const (
 	// AgentSocket is the host's name of the agent's socket, which
 	// DialAgent dials.
 	AgentSocket = "agent.sock"
-	// AgentLog receives what the OCI runtime and the agent write.
-	AgentLog  = "agent.log"
+	// AgentLog receives what the OCI runtime and the agent write. It
+	// lives in the sandbox's size-bounded writable-layer tmpfs (outside
+	// the overlay's upper dir, so the guest does not see it): the agent's
+	// stdout and stderr are this file, and a guest that reaches them
+	// (runsc 20221219 lets guest processes open /proc/1/fd, see
+	// docs/security.md) fills only its own disk quota, not the host's.
+	AgentLog  = rwDir + "/agent.log"
 	bundleDir = "bundle"
 	runDir    = "run"
 )
