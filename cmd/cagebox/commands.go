@@ -1143,6 +1143,7 @@ func tenantCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+	var tenantJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List tenants with their isolation floors",
@@ -1152,11 +1153,12 @@ func tenantCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printList(false, l, []string{"NAME", "FLOOR", "UNTRUSTED", "CREATED"}, func(t api.Tenant) []string {
+			return printList(tenantJSON, l, []string{"NAME", "FLOOR", "UNTRUSTED", "CREATED"}, func(t api.Tenant) []string {
 				return []string{t.Name, t.Floor, fmt.Sprint(t.Untrusted), t.CreatedAt.Local().Format(time.DateTime)}
 			})
 		},
 	}
+	ls.Flags().BoolVar(&tenantJSON, "json", false, "print JSON")
 	cmd.AddCommand(create, key, ls)
 	return cmd
 }

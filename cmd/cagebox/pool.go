@@ -7,7 +7,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cagebox/cagebox/api"
-	"github.com/cagebox/cagebox/internal/pool"
 )
 
 func poolCmd(g *globals) *cobra.Command {
@@ -28,6 +27,10 @@ func poolCmd(g *globals) *cobra.Command {
 			if asJSON {
 				return printJSON(p)
 			}
+			if len(p.Pools) == 0 {
+				fmt.Println("no warm pools: start the daemon with --pool RUNTIME:IMAGE[:MEMORY]=N, e.g. --pool container:busybox=4")
+				return nil
+			}
 			if err := printList(false, p.Pools, []string{"CLASS", "TARGET", "READY", "FILLING", "CLAIMS", "MISSES", "FILLS", "FAILURES", "LAST FILL", "LAST ERROR"}, func(s api.PoolStatus) []string {
 				return []string{s.Class, strconv.Itoa(s.Target), strconv.Itoa(s.Ready), strconv.FormatBool(s.Filling),
 					fmt.Sprint(s.Claims), fmt.Sprint(s.Misses), fmt.Sprint(s.Fills), fmt.Sprint(s.Failures),
@@ -35,11 +38,19 @@ func poolCmd(g *globals) *cobra.Command {
 			}); err != nil {
 				return err
 			}
-			fmt.Printf("memory: %s of %s budget\n", pool.FormatSize(p.MemoryUsed), pool.FormatSize(p.MemoryBudget))
+			fmt.Printf("memory: %s of the %s budget (the ready sandboxes' limits)\n", mib(p.MemoryUsed), mib(p.MemoryBudget))
 			return nil
 		},
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.AddCommand(ls)
 	return cmd
+}
+
+// mib shows a size in MiB (GiB from 10 GiB up), rounded.
+func mib(n int64) string {
+	if n >= 10<<30 {
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%d MiB", (n+(1<<19))>>20)
 }
