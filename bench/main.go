@@ -160,22 +160,10 @@ func main() {
 // benchImages and benchAgent are the bench daemon's image cache and agent.
 var benchImages, benchAgent string
 
+// coldCagebox times create → first exec of `true`, removing the sandbox
+// (and waiting for it) after.
 func coldCagebox(c *client.Client, runtime string) time.Duration {
-	ctx := context.Background()
-	t0 := time.Now()
-	sb, err := c.Create(ctx, &api.CreateSandboxRequest{Runtime: runtime})
-	if err != nil {
-		fail(err)
-	}
-	res, err := c.Exec(ctx, sb.ID, &api.ExecRequest{Argv: []string{"true"}}, nil, io.Discard, io.Discard)
-	d := time.Since(t0)
-	if err != nil || *res.ExitCode != 0 {
-		fail(fmt.Errorf("exec: %v", err))
-	}
-	if err := c.Remove(ctx, sb.ID); err != nil {
-		fail(err)
-	}
-	return d
+	return createExec(c, &api.CreateSandboxRequest{Runtime: runtime}, c.Remove)
 }
 
 // bareRun times `<bin> run` of a bundle equivalent to a sandbox's (same

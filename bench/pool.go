@@ -89,8 +89,8 @@ func poolBench(agentPath string, n, vmN, sustained int, names string) {
 		before := poolOf(c, class)
 		for i := 0; i < k; i++ {
 			waitReady(c, class, 1)
-			warm = append(warm, createExec(c, &api.CreateSandboxRequest{Runtime: name}))
-			cold = append(cold, createExec(c, coldReq(name)))
+			warm = append(warm, createExec(c, &api.CreateSandboxRequest{Runtime: name}, c.RemoveAsync))
+			cold = append(cold, createExec(c, coldReq(name), c.RemoveAsync))
 		}
 		after := poolOf(c, class)
 		b, err := bareFor(rt, home, img.Path, agentPath, k, vmN)
@@ -256,9 +256,9 @@ func waitReady(c *client.Client, class string, k int) {
 	}
 }
 
-// createExec times create → first exec of `true`; the sandbox is removed
-// off the path.
-func createExec(c *client.Client, req *api.CreateSandboxRequest) time.Duration {
+// createExec times create → first exec of `true`; remove then removes
+// the sandbox, off the timed path.
+func createExec(c *client.Client, req *api.CreateSandboxRequest, remove func(context.Context, string) error) time.Duration {
 	ctx := context.Background()
 	t0 := time.Now()
 	sb, err := c.Create(ctx, req)
@@ -270,7 +270,7 @@ func createExec(c *client.Client, req *api.CreateSandboxRequest) time.Duration {
 	if err != nil || *res.ExitCode != 0 {
 		fail(fmt.Errorf("exec: %v", err))
 	}
-	if err := c.RemoveAsync(ctx, sb.ID); err != nil {
+	if err := remove(ctx, sb.ID); err != nil {
 		fail(err)
 	}
 	return d

@@ -3,7 +3,6 @@ package livepolicy
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -49,36 +48,13 @@ func (s *Sandbox) RequestAccess(ctx context.Context, host, reason string, wait t
 	}
 	held := HeldRequest{Method: "*", Host: host, Port: 443, Path: "/**", Timeout: wait.String(), Preview: reason}
 	raw, _ := json.Marshal(held)
-	ch := make(chan verdict, 1)
-	g.mu.Lock()
-	g.waiters[id] = ch
-	g.mu.Unlock()
-	defer func() {
-		g.mu.Lock()
-		delete(g.waiters, id)
-		g.mu.Unlock()
-	}()
+	ch, unwait := g.waiter(id)
+	defer unwait()
 	if err := g.cfg.Store.CreateApproval(ctx, &store.Approval{ID: id, TenantID: s.Tenant, SandboxID: s.ID, Rule: AccessRule, Request: raw, Deadline: g.cfg.Now().Add(wait)}); err != nil {
 		return nil, fmt.Errorf("record the access request: %w", err)
 	}
 	g.cfg.Emit(s.Tenant, s.ID, api.ApprovalPending{ID: id, Rule: AccessRule, Method: "*", Host: host, Path: "/**", TimeoutMS: wait.Milliseconds()})
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	var v verdict
-	select {
-	case v = <-ch:
-	case <-t.C:
-		v = verdict{by: "timeout", reason: fmt.Sprintf("no decision within %s", wait)}
-		if _, err := g.finish(context.WithoutCancel(ctx), "", id, store.ApprovalExpired, v); errors.Is(err, errdefs.ErrConflict) {
-			select {
-			case v = <-ch:
-			default:
-			}
-		}
-	case <-ctx.Done():
-		v = verdict{by: "guest", reason: "the request was withdrawn"}
-		_, _ = g.finish(context.WithoutCancel(ctx), "", id, store.ApprovalExpired, v)
-	}
+	v := g.await(ctx, id, ch, wait, "the request was withdrawn")
 	res := &AccessResult{Approval: id, Allowed: v.allow, By: v.by, Reason: v.reason}
 	if !v.allow {
 		return res, nil

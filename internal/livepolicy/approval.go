@@ -99,15 +99,8 @@ func (g *Registry) hold(ctx context.Context, s *Sandbox, p *policy.Policy, r *po
 	}
 	raw, _ := json.Marshal(held)
 	deadline := g.cfg.Now().Add(timeout)
-	ch := make(chan verdict, 1)
-	g.mu.Lock()
-	g.waiters[id] = ch
-	g.mu.Unlock()
-	defer func() {
-		g.mu.Lock()
-		delete(g.waiters, id)
-		g.mu.Unlock()
-	}()
+	ch, unwait := g.waiter(id)
+	defer unwait()
 	if err := g.cfg.Store.CreateApproval(ctx, &store.Approval{ID: id, TenantID: s.Tenant, SandboxID: s.ID, Rule: d.Rule, Request: raw, Deadline: deadline}); err != nil {
 		return policy.Decision{Rule: d.Rule, Reason: "the held request could not be recorded; denied"}
 	}
@@ -124,6 +117,41 @@ func (g *Registry) hold(ctx context.Context, s *Sandbox, p *policy.Policy, r *po
 		}()
 	}
 
+	v := g.await(ctx, id, ch, timeout, "the guest closed the request while it was held")
+	if v.allow {
+		if v.remember {
+			s.remember(ctx, id, d.Rule, r, true)
+		}
+		return policy.Decision{Allow: true, Rule: d.Rule, Reason: fmt.Sprintf("rule %q held the request; %s approved it (%s)", d.Rule, v.by, id)}
+	}
+	if v.remember {
+		s.remember(ctx, id, d.Rule, r, false)
+	}
+	why := v.reason
+	if why == "" {
+		why = "denied by " + v.by
+	}
+	return policy.Decision{Rule: d.Rule, Reason: fmt.Sprintf("rule %q held the request and it was not approved: %s (%s)", d.Rule, why, id)}
+}
+
+// waiter registers the channel a decision on approval id is sent to;
+// unwait forgets it.
+func (g *Registry) waiter(id string) (ch chan verdict, unwait func()) {
+	ch = make(chan verdict, 1)
+	g.mu.Lock()
+	g.waiters[id] = ch
+	g.mu.Unlock()
+	return ch, func() {
+		g.mu.Lock()
+		delete(g.waiters, id)
+		g.mu.Unlock()
+	}
+}
+
+// await waits for the decision on approval id (sent on ch) for at most
+// timeout; unanswered it expires the approval, and a caller that goes
+// away (ctx) withdraws it, saying gone.
+func (g *Registry) await(ctx context.Context, id string, ch chan verdict, timeout time.Duration, gone string) verdict {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	var v verdict
@@ -139,23 +167,10 @@ func (g *Registry) hold(ctx context.Context, s *Sandbox, p *policy.Policy, r *po
 			}
 		}
 	case <-ctx.Done():
-		v = verdict{by: "guest", reason: "the guest closed the request while it was held"}
+		v = verdict{by: "guest", reason: gone}
 		_, _ = g.finish(context.WithoutCancel(ctx), "", id, store.ApprovalExpired, v)
 	}
-	if v.allow {
-		if v.remember {
-			s.remember(ctx, id, d.Rule, r, true)
-		}
-		return policy.Decision{Allow: true, Rule: d.Rule, Reason: fmt.Sprintf("rule %q held the request; %s approved it (%s)", d.Rule, v.by, id)}
-	}
-	if v.remember {
-		s.remember(ctx, id, d.Rule, r, false)
-	}
-	why := v.reason
-	if why == "" {
-		why = "denied by " + v.by
-	}
-	return policy.Decision{Rule: d.Rule, Reason: fmt.Sprintf("rule %q held the request and it was not approved: %s (%s)", d.Rule, why, id)}
+	return v
 }
 
 // Decide answers a held request: allow or deny, by whom, and whether to

@@ -152,7 +152,7 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 
 // createCold makes a sandbox from nothing.
 func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *createParams) (_ *api.Sandbox, err error) {
-	req, rt, img, doc, timeout, idle := p.req, p.rt, p.img, p.doc, p.timeout, p.idle
+	req, rt, img, doc := p.req, p.rt, p.img, p.doc
 	id := newID()
 	// Every step that makes something registers its undo; a failure at any
 	// point runs them, last made first, on a context of their own (a setup
@@ -190,20 +190,8 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 		Resources:  res,
 	}
 	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: doc, PolicyRef: req.PolicyRef, Secrets: bound}
-	specJSON, _ := json.Marshal(sr)
 	now := m.cfg.Now().UTC()
-	if timeout == 0 {
-		timeout = m.cfg.DefaultTimeout
-	}
-	rec := &store.Sandbox{
-		ID: id, TenantID: tenant.ID, Runtime: rt.Name(), Image: img.Name,
-		Status: StatusCreating, Spec: specJSON, CreatedAt: now, UpdatedAt: now,
-		IdleTimeout: idle, LastActive: now,
-	}
-	if timeout > 0 {
-		exp := now.Add(timeout)
-		rec.ExpiresAt = &exp
-	}
+	rec := m.newRecord(id, tenant, p, &sr, StatusCreating, now)
 	log := m.log.With("sandbox", id, "tenant", tenant.ID, "runtime", rt.Name())
 	// The record exists before anything is made on the host, so a crash at
 	// any later point is found and cleaned up by Recover.
@@ -568,4 +556,25 @@ func startAgent(ctx context.Context, runtime string, sb isolation.Sandbox, e *en
 		return fmt.Errorf("sandbox started but its agent does not answer: %w", aerr)
 	}
 	return nil
+}
+
+// newRecord is the store record of a new sandbox of tenant made for p,
+// with its applied spec sr, in status: its lifetime ends after the
+// request's timeout (or the daemon's default).
+func (m *Manager) newRecord(id string, tenant *store.Tenant, p *createParams, sr *specRecord, status string, now time.Time) *store.Sandbox {
+	specJSON, _ := json.Marshal(sr)
+	rec := &store.Sandbox{
+		ID: id, TenantID: tenant.ID, Runtime: p.rt.Name(), Image: p.img.Name,
+		Status: status, Spec: specJSON, CreatedAt: now, UpdatedAt: now,
+		IdleTimeout: p.idle, LastActive: now,
+	}
+	timeout := p.timeout
+	if timeout == 0 {
+		timeout = m.cfg.DefaultTimeout
+	}
+	if timeout > 0 {
+		exp := now.Add(timeout)
+		rec.ExpiresAt = &exp
+	}
+	return rec
 }

@@ -368,21 +368,8 @@ func (m *Manager) claim(ctx context.Context, tenant *store.Tenant, p *createPara
 	now := m.cfg.Now().UTC()
 	sr := specRecord{Resources: p.res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: filepath.Join(m.cfg.StateDir, id),
 		IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: p.doc, PolicyRef: req.PolicyRef, Secrets: bound}
-	specJSON, _ := json.Marshal(sr)
-	timeout := p.timeout
-	if timeout == 0 {
-		timeout = m.cfg.DefaultTimeout
-	}
-	rec = &store.Sandbox{
-		ID: id, TenantID: tenant.ID, Runtime: p.rt.Name(), Image: p.img.Name,
-		Status: StatusRunning, Spec: specJSON, CreatedAt: now, UpdatedAt: now,
-		IdleTimeout: p.idle, LastActive: now,
-	}
+	rec = m.newRecord(id, tenant, p, &sr, StatusRunning, now)
 	rec.State, _ = json.Marshal(pd.sb.State())
-	if timeout > 0 {
-		exp := now.Add(timeout)
-		rec.ExpiresAt = &exp
-	}
 	if err := m.cfg.Store.CreateSandbox(sctx, rec); err != nil {
 		return nil, fmt.Errorf("record sandbox: %w", err)
 	}
