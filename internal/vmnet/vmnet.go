@@ -280,7 +280,10 @@ func (g *Link) Teardown() error {
 		errs = append(errs, err)
 	}
 	if l, err := h.LinkByName(TapName); err == nil {
-		if err := h.LinkDel(l); err != nil {
+		// The kernel removes the TAP once QEMU's descriptor is closed,
+		// which can happen between the lookup and the delete: gone is
+		// what we want.
+		if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("delete %s: %w", TapName, err))
 		}
 	}
