@@ -932,12 +932,13 @@ func imageCmd(g *globals) *cobra.Command {
 					Templates []qemu.Template `json:"templates"`
 				}{l, tpls})
 			}
-			if err := printList(false, l, []string{"NAME", "SIZE", "CREATED", "DIGEST"}, func(i *image.Image) []string {
+			if err := printList(false, l, []string{"NAME", "SIZE", "CREATED", "DIGEST", "IN USE"}, func(i *image.Image) []string {
 				d := i.Digest
 				if len(d) > 19 {
 					d = d[:19]
 				}
-				return []string{i.Name, fmt.Sprintf("%dMiB", i.SizeBytes>>20), i.CreatedAt.Local().Format(time.DateTime), d}
+				h, _ := cache.Holders(i.Name)
+				return []string{i.Name, fmt.Sprintf("%dMiB", i.SizeBytes>>20), i.CreatedAt.Local().Format(time.DateTime), d, fmt.Sprint(len(h))}
 			}); err != nil || len(tpls) == 0 {
 				return err
 			}
@@ -953,7 +954,24 @@ func imageCmd(g *globals) *cobra.Command {
 		},
 	}
 	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON: images and templates")
-	cmd.AddCommand(build, ls, imagePullCmd(g), imageImportCmd(g))
+	rm := &cobra.Command{
+		Use:   "rm NAME",
+		Short: "Remove a cached image (refused while sandboxes use it)",
+		Long: `Remove a cached image. An image that is the root filesystem of sandboxes
+that still exist (running, paused, stopped or pooled) is not removed: the error
+names them. Rebuilding an image with --force while sandboxes use it keeps their
+tree until the last of them is removed; new sandboxes get the new one.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cache := &image.Cache{Dir: filepath.Join(g.home, "images")}
+			if err := cache.Remove(args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "removed image %s\n", args[0])
+			return nil
+		},
+	}
+	cmd.AddCommand(build, ls, rm, imagePullCmd(g), imageImportCmd(g))
 	return cmd
 }
 

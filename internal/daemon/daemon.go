@@ -377,6 +377,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer mgr.Close()
 	mgr.RecoverPool(ctx)
+	if err := mgr.PruneImageRefs(ctx); err != nil {
+		log.Warn("prune image references", "err", err)
+	}
 	if err := mgr.StartPool(); err != nil {
 		return fmt.Errorf("--pool: %w", err)
 	}

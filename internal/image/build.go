@@ -164,7 +164,7 @@ func (c *Cache) buildInto(ctx context.Context, name string, fill func(tmp, rootf
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("build image %q: %w", name, context.Cause(ctx))
 	}
-	if err := install(tmp, c.dir(name)); err != nil {
+	if err := c.install(tmp, c.dir(name)); err != nil {
 		return fmt.Errorf("build image %q: %w", name, err)
 	}
 	return nil

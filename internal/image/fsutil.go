@@ -50,26 +50,6 @@ func (c *Cache) tryLock(name string) (unlock func(), err error) {
 	return func() { f.Close() }, nil
 }
 
-// install moves the finished build directory tmp to dst. If dst exists the
-// two are swapped atomically (renameat2 RENAME_EXCHANGE) and the old image,
-// now at tmp, is deleted.
-func install(tmp, dst string) error {
-	err := os.Rename(tmp, dst)
-	if err == nil {
-		return nil
-	}
-	if _, serr := os.Lstat(dst); serr != nil {
-		return err
-	}
-	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dst, unix.RENAME_EXCHANGE); err != nil {
-		return fmt.Errorf("replace %s: %w", dst, err)
-	}
-	if err := removeTree(tmp); err != nil {
-		return fmt.Errorf("remove replaced image: %w", err)
-	}
-	return nil
-}
-
 // removeTree deletes dir after making sure nothing under it is still in use:
 // processes whose root is inside it are killed, and mounts under it (such as
 // the proc, sys and dev mounts debootstrap makes in its target) are detached.

@@ -194,7 +194,8 @@ func (c *Cache) List() ([]*Image, error) {
 }
 
 // Remove deletes the named image. It fails with ErrBusy while the image is
-// being built, and wraps ErrNotFound if there is no such image.
+// being built, with ErrInUse while sandboxes use it (naming them), and
+// wraps ErrNotFound if there is no such image.
 func (c *Cache) Remove(name string) error {
 	if err := c.check(); err != nil {
 		return err
@@ -211,15 +212,31 @@ func (c *Cache) Remove(name string) error {
 	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove image %q: %w", name, ErrNotFound)
 	}
-	// Move it out of the way first so that readers never see half a tree.
+	// Checked and moved out of the way under the reference lock: no
+	// sandbox takes the tree between the check and the move, and readers
+	// never see half a tree.
+	unlockRefs, err := c.lockRefs()
+	if err != nil {
+		return err
+	}
+	if holders, err := readHolders(dir); err != nil || len(holders) > 0 {
+		unlockRefs()
+		if err != nil {
+			return fmt.Errorf("remove image %q: %w", name, err)
+		}
+		return inUse(name, holders)
+	}
 	trash, err := os.MkdirTemp(c.Dir, ".rm-"+name+"-")
 	if err != nil {
+		unlockRefs()
 		return fmt.Errorf("remove image %q: %w", name, err)
 	}
 	if err := os.Rename(dir, filepath.Join(trash, name)); err != nil {
+		unlockRefs()
 		os.Remove(trash)
 		return fmt.Errorf("remove image %q: %w", name, err)
 	}
+	unlockRefs()
 	if err := removeTree(trash); err != nil {
 		return fmt.Errorf("remove image %q: %w", name, err)
 	}

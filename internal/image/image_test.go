@@ -477,7 +477,8 @@ func TestInstallReplaces(t *testing.T) {
 		os.MkdirAll(filepath.Join(d, "rootfs"), 0o755)
 		os.WriteFile(filepath.Join(d, "who"), []byte(d), 0o644)
 	}
-	if err := install(tmp, dst); err != nil {
+	c := &Cache{Dir: dir}
+	if err := c.install(tmp, dst); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(dst, "who")); string(b) != tmp {
@@ -489,7 +490,7 @@ func TestInstallReplaces(t *testing.T) {
 	// Fresh install: plain rename.
 	tmp2 := filepath.Join(dir, ".build-new-1")
 	os.MkdirAll(tmp2, 0o755)
-	if err := install(tmp2, filepath.Join(dir, "new")); err != nil {
+	if err := c.install(tmp2, filepath.Join(dir, "new")); err != nil {
 		t.Fatal(err)
 	}
 }

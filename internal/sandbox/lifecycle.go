@@ -132,13 +132,7 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 	}
 	img, err := m.cfg.Images.Get(imgName)
 	if err != nil {
-		if errors.Is(err, image.ErrNotFound) {
-			return nil, fmt.Errorf("%w: %v", errdefs.ErrNotFound, err)
-		}
-		if errors.Is(err, image.ErrInvalid) {
-			return nil, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
-		}
-		return nil, fmt.Errorf("image %s: %w", imgName, err)
+		return nil, imageError(imgName, err)
 	}
 
 	if req.IdleAction == IdleHibernate {
@@ -207,6 +201,10 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 		_ = m.cfg.Store.UpdateSandbox(uctx, rec)
 		m.Emit(tenant.ID, id, api.SandboxFailed{Error: err.Error()})
 	})
+	if err := m.acquireImage(img, id); err != nil {
+		return nil, err
+	}
+	undo.Add(func() { m.releaseImage(id) })
 	// Setup is bounded by the daemon, not by the caller's connection: a
 	// client that hangs up mid-create must not leave a half-made sandbox.
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -497,6 +495,7 @@ func (m *Manager) destroy(r *store.Sandbox, reason string) error {
 	} else {
 		m.cleanupOrphanDir(r)
 	}
+	m.releaseImage(r.ID)
 	m.detach(r.ID)
 	var sr specRecord
 	if json.Unmarshal(r.Spec, &sr) == nil {

@@ -127,6 +127,7 @@ func (m *Manager) RecoverPool(ctx context.Context) {
 		if gw := m.cfg.Gateway; gw != nil {
 			_ = gw.Detach(ctx, id, false)
 		}
+		m.releaseImage(id)
 		m.dropPoolRecord(id)
 		m.log.Info("destroyed a pooled sandbox left by a stopped daemon", "sandbox", id, "class", r.Class)
 	}
@@ -203,6 +204,10 @@ func (m *Manager) Fill(ctx context.Context, c pool.Class) (_ pool.Item, err erro
 		}
 	}()
 	undo.Add(func() { m.dropPoolRecord(id) })
+	if err := m.acquireImage(img, id); err != nil {
+		return nil, err
+	}
+	undo.Add(func() { m.releaseImage(id) })
 	spec := &isolation.Spec{
 		ID:         id,
 		StateDir:   rec.StateDir,
@@ -265,6 +270,7 @@ func (m *Manager) discard(p *pooled) {
 	if gw := m.cfg.Gateway; gw != nil {
 		_ = gw.Detach(ctx, p.id, false)
 	}
+	m.releaseImage(p.id)
 	m.dropPoolRecord(p.id)
 }
 

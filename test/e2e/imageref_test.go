@@ -1,0 +1,72 @@
+package e2e
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestImageInUse: an image a sandbox uses cannot be removed under it, and
+// replacing it (pull --force) leaves the sandbox its own tree while new
+// sandboxes get the new one; the old tree goes with its last sandbox.
+func TestImageInUse(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	reg := startRegistry(t)
+	base := tarTree(t, filepath.Join(e.home, "images", "busybox", "rootfs"))
+	pushTo(t, reg+"/e2e/bb:1", ociImage(t, gzipLayer(t, base), gzipLayer(t, tarFiles(t, "gen.txt=one"))))
+	pushTo(t, reg+"/e2e/bb:2", ociImage(t, gzipLayer(t, base), gzipLayer(t, tarFiles(t, "gen.txt=two"))))
+	if r := e.cli("", "image", "pull", reg+"/e2e/bb:1", "--name", "bb"); r.code != 0 {
+		t.Fatalf("pull: %+v", r)
+	}
+	r := e.cli("", "create", "--runtime", e2eRuntime(), "--image", "bb")
+	if r.code != 0 {
+		t.Fatalf("create: %+v", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+
+	r = e.cli("", "image", "rm", "bb")
+	if r.code == 0 || !strings.Contains(r.stderr, id) || !strings.Contains(r.stderr, "cagebox rm") {
+		t.Fatalf("image rm of an image in use: %+v (want a refusal naming %s and what to do)", r, id)
+	}
+	if r := e.cli("", "exec", id, "--", "cat", "/gen.txt"); r.code != 0 || r.stdout != "one" {
+		t.Fatalf("the sandbox lost its image after a refused rm: %+v", r)
+	}
+
+	// Replace the image while the sandbox runs.
+	if r := e.cli("", "image", "pull", reg+"/e2e/bb:2", "--name", "bb", "--force"); r.code != 0 {
+		t.Fatalf("pull --force over an image in use: %+v", r)
+	}
+	// The running sandbox keeps its tree: its file, and every binary it
+	// starts, come from the old image.
+	if r := e.cli("", "exec", id, "--", "sh", "-c", "cat /gen.txt; ls /bin | wc -l"); r.code != 0 || !strings.HasPrefix(r.stdout, "one") {
+		t.Fatalf("the running sandbox's tree changed under it: %+v", r)
+	}
+	if r := e.cli("", "run", "--runtime", e2eRuntime(), "--image", "bb", "--", "cat", "/gen.txt"); r.code != 0 || r.stdout != "two" {
+		t.Fatalf("a new sandbox after the replacement: %+v (want the new image)", r)
+	}
+	retired := func() int {
+		m, _ := filepath.Glob(filepath.Join(e.home, "images", ".retired-*"))
+		return len(m)
+	}
+	if n := retired(); n != 1 {
+		t.Fatalf("%d retired trees, want the old one kept for its sandbox", n)
+	}
+	if r := e.cli("", "rm", id); r.code != 0 {
+		t.Fatalf("rm: %+v", r)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for retired() != 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := retired(); n != 0 {
+		t.Fatalf("the old tree outlived its last sandbox (%d retired trees left)", n)
+	}
+	if r := e.cli("", "image", "rm", "bb"); r.code != 0 {
+		t.Fatalf("image rm once nothing uses it: %+v", r)
+	}
+	if r := e.cli("", "run", "--runtime", e2eRuntime(), "--image", "bb", "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "bb") {
+		t.Fatalf("run on a removed image: %+v", r)
+	}
+}
