@@ -78,6 +78,17 @@ func gatewayRefusal(rule string) func(Output) error {
 	}
 }
 
+// reflectedOrRefused judges cases whose proof is the absence of a real
+// value in a reflected response (the runner searches every output for
+// it): each attempt must have been refused by the gateway or reflected by
+// the upstream; an upstream that reflects nothing leaves the case n/a.
+func reflectedOrRefused(o Output) error {
+	if strings.Contains(o.Stdout, "UNREFLECTED") {
+		return fmt.Errorf("%w: the upstream does not echo what it receives, so a swapped-in value would not be seen (%s)", ErrNotApplicable, clip(o.Stdout, 120))
+	}
+	return Marker(o)
+}
+
 // curlCode prints the body and then the status code on its own line.
 const curlCode = `curl -sS -m 8 -w '\n%{http_code}\n' `
 
@@ -222,6 +233,19 @@ for b in $(find / -xdev -perm -4000 -type f 2>/dev/null | head -3); do echo "# s
 			Attack: "host processes (kthreadd, systemd, the daemon, other sandboxes' VMMs) are visible to the guest",
 			Script: `n=0; for c in /proc/[0-9]*/comm; do n=$((n+1)); case "$(cat $c 2>/dev/null)" in kthreadd|systemd|init|sshd|containerd|dockerd|cagebox|runsc*|runc|crun|qemu-system*|firecracker) echo "ESCAPED host process visible: $(cat $c) ($c)";; esac; done
 if [ $n -gt 100 ]; then echo "ESCAPED $n processes visible"; else echo "BLOCKED $n processes visible"; fi`},
+		{Name: "runtime-sockets", Category: "host",
+			Attack: "a container engine's or cagebox's own control socket, or a runtime's state directory, is reachable from the guest (docker.sock, containerd, podman, the daemon's API): whoever talks to it starts privileged containers",
+			Script: `for p in /var/run/docker.sock /run/docker.sock /run/containerd/containerd.sock /var/run/containerd/containerd.sock /run/podman/podman.sock /var/run/crio/crio.sock /run/crun /run/runc /run/runsc /var/run/runsc /var/lib/cagebox /var/lib/cagebox/cagebox.sock /run/cagebox /var/lib/docker /var/lib/containerd; do
+  if [ -e "$p" ]; then echo "ESCAPED present in the guest: $p"; else echo "BLOCKED absent: $p"; fi
+done
+if command -v python3 >/dev/null 2>&1; then python3 -c "
+import socket
+for p in ('/var/run/docker.sock', '/run/containerd/containerd.sock', '/var/lib/cagebox/cagebox.sock', '@containerd-shim', '@cagebox'):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(p.replace('@', chr(0), 1)); print('ESCAPED connected to %s' % p)
+    except OSError as ex: print('BLOCKED %s: %s' % (p, ex.strerror))
+"; fi`},
 		{Name: "host-net", Category: "host",
 			Attack: "the guest sees the host's network interfaces (it shares the host's network namespace)",
 			Script: `ifs=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | grep -v '^lo$')
@@ -327,6 +351,34 @@ if grep -v '^00000000000000000000000000000000 00 .* lo$' /proc/net/ipv6_route 2>
     r = t.recv(4096)
     print(('ESCAPED forwarded: %r' % r[:60]) if r else 'BLOCKED closed without data')
 except Exception as ex: print('BLOCKED %s' % ex)`)},
+		{Name: "encoded-placeholder", Category: "exfiltration",
+			Attack: "the placeholder, encoded (base64, percent-encoding, Basic auth, split across headers, in the query), makes the gateway swap the real value in for a host it is not bound to (the allowed upstream reflects what it receives, and every output is searched for the real value)",
+			Needs:  []string{"curl", "python3", "upstream"},
+			Script: `p="${{{SECRET_VAR}}}"
+b64=$(printf '%s' "$p" | base64 | tr -d '
+')
+pct=$(python3 -c "import sys,urllib.parse; print(''.join('%%%02X' % c for c in sys.argv[1].encode()))" "$p")
+half=$(( ${#p} / 2 ))
+a=$(printf '%s' "$p" | cut -c1-$half); z=$(printf '%s' "$p" | cut -c$((half+1))-)
+try() { what=$1; shift; out=$(curl -sS -m 8 -w '
+%{http_code}' "$@" 2>&1); code=$(printf '%s' "$out" | tail -n 1)
+  case "$out" in *"denied by cagebox"*) echo "BLOCKED $what: the gateway refused ($code)";;
+    *auth=*) echo "BLOCKED $what: forwarded without the real value ($code)"; printf '%s
+' "$out" | head -n 5;;
+    *) echo "UNREFLECTED $what: $code";; esac; }
+try base64-bearer -H "Authorization: Bearer $b64" https://{{UPSTREAM}}/selftest
+try basic-auth -u "x:$p" https://{{UPSTREAM}}/selftest
+try percent-encoded-query "https://{{UPSTREAM}}/selftest?t=$pct"
+try plain-query "https://{{UPSTREAM}}/selftest?t=$p"
+try split-headers -H "Authorization: Bearer $a" -H "X-Rest: $z" https://{{UPSTREAM}}/selftest
+try lowercase -H "authorization: bearer $p" https://{{UPSTREAM}}/selftest`, Check: reflectedOrRefused},
+		{Name: "reflected-secret", Category: "exfiltration",
+			Attack: "an upstream the credential is bound to echoes the request back (a debug endpoint, an error page): the real value it received reaches the guest in the response",
+			Needs:  []string{"curl", "upstream"},
+			Script: `out=$(curl -sS -m 8 -w '
+%{http_code}' -H "Authorization: Bearer ${{{REFLECT_VAR}}}" https://{{UPSTREAM}}/selftest 2>&1)
+case "$out" in *auth=*) echo "BLOCKED the response reached the guest (searched for the real value)"; printf '%s
+' "$out" | head -n 5;; *) echo "UNREFLECTED $(printf '%s' "$out" | tail -n 1)";; esac`, Check: reflectedOrRefused},
 		{Name: "placeholder-unbound", Category: "exfiltration",
 			Attack: "a credential placeholder sent to a host it is not bound to is forwarded (the gateway would leak it or swap it in)",
 			Needs:  []string{"curl", "upstream"},

@@ -3,6 +3,7 @@ package selftest
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -119,5 +120,68 @@ func TestRunOverTheAPI(t *testing.T) {
 	}
 	if s := f.created[0].Secrets; len(s) != 1 || s[0].Name != SecretVar || s[0].Hosts[0] != BoundHost {
 		t.Fatalf("secret binding: %+v", s)
+	}
+}
+
+// TestRunFailsOnLeakedValue: whatever a case checks, output that carries a
+// secret's real value (as is, base64 or hex) is a FAIL, and a reflection
+// case against an upstream that echoes nothing is n/a, not a pass.
+func TestRunFailsOnLeakedValue(t *testing.T) {
+	var mu sync.Mutex
+	var values []string
+	f := &fakeDaemon{answer: func(script string) (string, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case strings.Contains(script, "command -v $t"):
+			return "python3\ncurl\n", 0
+		case strings.Contains(script, "leak-raw"):
+			return "BLOCKED\nauth=Bearer " + values[0] + "\n", 0
+		case strings.Contains(script, "leak-b64"):
+			return "BLOCKED " + base64.StdEncoding.EncodeToString([]byte(values[1])) + "\n", 0
+		case strings.Contains(script, "unreflected"):
+			return "UNREFLECTED 200\n", 0
+		}
+		return "BLOCKED\n", 0
+	}}
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	// The fake learns the values from the create request, as a guest whose
+	// gateway swapped them in would see them.
+	orig := f.answer
+	f.answer = func(script string) (string, int) {
+		f.mu.Lock()
+		if len(values) == 0 && len(f.created) > 0 {
+			for _, s := range f.created[0].Secrets {
+				values = append(values, s.Value)
+			}
+		}
+		f.mu.Unlock()
+		return orig(script)
+	}
+	cases := []Case{
+		{Name: "raw", Category: "x", Attack: "a", Script: "leak-raw"},
+		{Name: "b64", Category: "x", Attack: "a", Script: "leak-b64"},
+		{Name: "refl", Category: "x", Attack: "a", Script: "unreflected", Check: reflectedOrRefused},
+		{Name: "clean", Category: "x", Attack: "a", Script: "true"},
+	}
+	rep, err := Run(context.Background(), client.TCP(srv.URL, ""), cases, Options{Runtimes: []string{"container"}, Upstream: "up.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(values) != 2 {
+		t.Fatalf("secrets bound with an upstream: %d, want the unbound one and the reflected one", len(values))
+	}
+	v := rep.Results[0].Verdicts
+	for name, want := range map[string]Status{"raw": Fail, "b64": Fail, "refl": NA, "clean": Pass} {
+		if v[name].Status != want {
+			t.Errorf("%s: %+v, want %s", name, v[name], want)
+		}
+		if strings.Contains(v[name].Reason, values[0]) || strings.Contains(v[name].Reason, values[1]) {
+			t.Errorf("%s: the verdict repeats the secret: %s", name, v[name].Reason)
+		}
+	}
+	if s := f.created[0].Secrets; s[1].Name != ReflectVar || s[1].Hosts[0] != "up.test" {
+		t.Errorf("reflected secret binding: %+v", s[1])
 	}
 }

@@ -9,7 +9,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -98,6 +100,11 @@ func Marker(o Output) error {
 	return nil
 }
 
+// ErrNotApplicable, wrapped by a check's error, makes the verdict n/a: the
+// case could not be judged here (say, the upstream does not reflect what
+// it receives), which is neither a pass nor a failure.
+var ErrNotApplicable = errors.New("not applicable")
+
 // Evaluate runs a case's check on an output.
 func Evaluate(c Case, o Output) Verdict {
 	check := c.Check
@@ -105,21 +112,47 @@ func Evaluate(c Case, o Output) Verdict {
 		check = Marker
 	}
 	if err := check(o); err != nil {
+		if errors.Is(err, ErrNotApplicable) {
+			return Verdict{Status: NA, Reason: err.Error()}
+		}
 		return Verdict{Status: Fail, Reason: err.Error()}
 	}
 	return Verdict{Status: Pass}
 }
 
+// leaked reports whether an output carries a secret's real value, as is or
+// in a common encoding. Every case's output is checked: whatever the case
+// attacks, a real value that reaches the guest is an escape of the kind
+// cagebox exists to prevent.
+func leaked(o Output, values ...string) string {
+	all := o.Stdout + o.Stderr
+	for _, v := range values {
+		if v == "" {
+			continue
+		}
+		for _, form := range []string{v, base64.StdEncoding.EncodeToString([]byte(v)), base64.RawURLEncoding.EncodeToString([]byte(v)), hex.EncodeToString([]byte(v))} {
+			if strings.Contains(all, form) {
+				return form
+			}
+		}
+	}
+	return ""
+}
+
 // Expand fills a script's placeholders.
 func Expand(script string, e Env) string {
-	return strings.NewReplacer("{{UPSTREAM}}", e.Upstream, "{{GATEWAY}}", e.Gateway, "{{SECRET_VAR}}", SecretVar).Replace(script)
+	return strings.NewReplacer("{{UPSTREAM}}", e.Upstream, "{{GATEWAY}}", e.Gateway, "{{SECRET_VAR}}", SecretVar, "{{REFLECT_VAR}}", ReflectVar).Replace(script)
 }
 
 // SecretVar is the guest variable holding a placeholder bound only to
-// BoundHost, which no sandbox of the selftest may reach.
+// BoundHost, which no sandbox of the selftest may reach. ReflectVar, given
+// when there is an upstream, holds a placeholder bound to the upstream
+// itself: the gateway swaps it in there, and if the upstream echoes it the
+// response must reach the guest with the real value scrubbed.
 const (
-	SecretVar = "CBX_SELFTEST_TOKEN"
-	BoundHost = "bound.selftest.invalid"
+	SecretVar  = "CBX_SELFTEST_TOKEN"
+	BoundHost  = "bound.selftest.invalid"
+	ReflectVar = "CBX_SELFTEST_REFLECT"
 )
 
 // Result is one runtime's column.
@@ -296,18 +329,21 @@ func Run(ctx context.Context, c *client.Client, cases []Case, o Options) (*Repor
 }
 
 func runOne(ctx context.Context, c *client.Client, cases []Case, o Options, res *Result) error {
-	tok := make([]byte, 18)
+	tok := make([]byte, 36)
 	if _, err := rand.Read(tok); err != nil {
 		return err
 	}
+	// The real values: random, made for this run, never shown.
+	secret, reflected := "cbxst"+hex.EncodeToString(tok[:18]), "cbxsr"+hex.EncodeToString(tok[18:])
 	req := &api.CreateSandboxRequest{
 		Runtime: res.Runtime,
 		Image:   o.Image,
 		Timeout: "30m",
-		Secrets: []api.SecretBinding{{Name: SecretVar, Value: "cbxst" + hex.EncodeToString(tok), Hosts: []string{BoundHost}}},
+		Secrets: []api.SecretBinding{{Name: SecretVar, Value: secret, Hosts: []string{BoundHost}}},
 	}
 	if o.Upstream != "" {
 		req.Allow = []string{o.Upstream}
+		req.Secrets = append(req.Secrets, api.SecretBinding{Name: ReflectVar, Value: reflected, Hosts: []string{o.Upstream}})
 	}
 	sb, err := c.Create(ctx, req)
 	if err != nil {
@@ -356,9 +392,12 @@ func runOne(ctx context.Context, c *client.Client, cases []Case, o Options, res 
 		}
 		out, err := execScript(ctx, c, sb.ID, Expand(cs.Script, env), o.CaseTimeout)
 		var v Verdict
-		if err != nil {
+		switch {
+		case err != nil:
 			v = Verdict{Status: Fail, Reason: "exec: " + err.Error()}
-		} else {
+		case leaked(out, secret, reflected) != "":
+			v = Verdict{Status: Fail, Reason: "a secret's real value reached the guest (in its output)"}
+		default:
 			v = Judge(cs, res.Class, out)
 		}
 		res.Verdicts[cs.Name] = v

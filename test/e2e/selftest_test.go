@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -26,6 +28,9 @@ func TestSelftest(t *testing.T) {
 	e := newDebianEnv(t)
 	const name = "selftest.example.test"
 	up := newUpstream(t, name)
+	// It echoes the credentials it receives: the encoded-placeholder and
+	// reflected-secret cases look for a real value in what comes back.
+	up.reflect = true
 	e.startDaemon(up.daemonArgs(name)...)
 
 	r := e.cli("", "runtimes", "--json")
@@ -93,8 +98,19 @@ func TestSelftest(t *testing.T) {
 	if anyFail != (r.code == 1) {
 		t.Errorf("exit code %d with FAILs=%v: %s", r.code, anyFail, r.stderr)
 	}
-	if got := up.requests(); len(got) != 0 {
-		t.Errorf("the upstream saw requests from the attacks: %v", got)
+	// Only the encoded-placeholder and reflected-secret cases may reach
+	// the upstream (to the allowed name, by the front door); none of what
+	// reached it may carry the real value of the credential bound
+	// elsewhere (its values start "cbxst"), in any common encoding.
+	for _, got := range up.requests() {
+		if !strings.Contains(got, " "+name+" /selftest ") {
+			t.Errorf("the upstream saw a request no case should have got through: %s", got)
+		}
+		for _, form := range []string{"cbxst", base64.StdEncoding.EncodeToString([]byte("cbxst"))[:6], hex.EncodeToString([]byte("cbxst"))} {
+			if strings.Contains(got, form) {
+				t.Errorf("the upstream received the real value of a credential bound to another host (%q): %s", form, got)
+			}
+		}
 	}
 	// The table form has a row per case and a score per runtime.
 	if r := e.cli("", "selftest", "--runtime", "container", "--image", "busybox"); !strings.Contains(r.stdout, "SCORE") || !strings.Contains(r.stdout, "n/a") || !strings.Contains(r.stdout, "capabilities") {
