@@ -67,7 +67,7 @@ type Image struct {
 	ManifestDigest string `json:"manifest_digest,omitempty"`
 	PlatformDigest string `json:"platform_digest,omitempty"`
 	// Config is what an OCI image's config says about running it
-	// (recorded, not yet used by sandboxes).
+	// (its Env, WorkingDir and User are used by sandboxes: internal/sandbox/imageconfig.go).
 	Config *Config `json:"config,omitempty"`
 }
 

@@ -118,6 +118,14 @@ func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequ
 		return nil, fmt.Errorf("%w: agent of %s: %v", errdefs.ErrUnavailable, id, err)
 	}
 	areq := &agentproto.ExecRequest{Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User, Timeout: timeout, Stdin: req.Stdin}
+	e.mu.Lock()
+	if areq.Cwd == "" {
+		areq.Cwd = e.execCwd
+	}
+	if areq.User == "" {
+		areq.User = e.execUser
+	}
+	e.mu.Unlock()
 	if !req.Stdin {
 		stdin = nil
 	}

@@ -179,11 +179,12 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 		RootFS:     img.Path,
 		AgentPath:  m.cfg.AgentPath,
 		AgentToken: newToken(),
-		Env:        append(append([]string(nil), req.Env...), secretEnv...),
+		Env:        guestEnv(img, req.Env, secretEnv),
 		Hostname:   "sandbox",
 		Resources:  res,
 	}
 	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: doc, PolicyRef: req.PolicyRef, Secrets: bound}
+	sr.ExecCwd, sr.ExecUser = imageExecDefaults(img)
 	now := m.cfg.Now().UTC()
 	rec := m.newRecord(id, tenant, p, &sr, StatusCreating, now)
 	log := m.log.With("sandbox", id, "tenant", tenant.ID, "runtime", rt.Name())
@@ -238,7 +239,7 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 	// handshake is started alongside the runtime: it completes the moment
 	// the agent runs, overlapping the runtime's own exit.
 	t1 := time.Now()
-	e := &entry{id: id, tenant: tenant.ID, sb: sb, token: spec.AgentToken, active: now, persisted: now, started: make(chan struct{})}
+	e := &entry{id: id, tenant: tenant.ID, sb: sb, token: spec.AgentToken, active: now, persisted: now, started: make(chan struct{}), execCwd: sr.ExecCwd, execUser: sr.ExecUser}
 	// A sandbox restored from a template answers to the template's token
 	// until it is claimed as this sandbox.
 	info := claimInfo(sb)

@@ -133,6 +133,9 @@ type entry struct {
 	// active is the last API activity; persisted is the value last written
 	// to the store (the reaper writes it back, so execs cost no store write).
 	active, persisted time.Time
+	// execCwd and execUser are the defaults of execs that name none (the
+	// image config's WorkingDir and User); set before the entry is live.
+	execCwd, execUser string
 }
 
 // New returns a Manager. Call Recover before serving requests.
@@ -168,6 +171,10 @@ type specRecord struct {
 	Policy      *policy.Document    `json:"policy,omitempty"`
 	PolicyRef   string              `json:"policy_ref,omitempty"`
 	Secrets     []boundSecret       `json:"secrets,omitempty"`
+	// ExecCwd and ExecUser are the defaults of execs that name no cwd or
+	// user: the image config's WorkingDir and User (imageconfig.go).
+	ExecCwd  string `json:"exec_cwd,omitempty"`
+	ExecUser string `json:"exec_user,omitempty"`
 }
 
 func newID() string {

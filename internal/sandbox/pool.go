@@ -346,7 +346,7 @@ func (m *Manager) claim(ctx context.Context, tenant *store.Tenant, p *createPara
 	spec := &isolation.Spec{
 		ID:         id,
 		AgentToken: newToken(),
-		Env:        append(append([]string(nil), req.Env...), secretEnv...),
+		Env:        guestEnv(p.img, req.Env, secretEnv),
 		Hostname:   rootfs.DefaultHostname,
 		Resources:  p.res,
 	}
@@ -374,6 +374,7 @@ func (m *Manager) claim(ctx context.Context, tenant *store.Tenant, p *createPara
 	now := m.cfg.Now().UTC()
 	sr := specRecord{Resources: p.res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: filepath.Join(m.cfg.StateDir, id),
 		IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: p.doc, PolicyRef: req.PolicyRef, Secrets: bound}
+	sr.ExecCwd, sr.ExecUser = imageExecDefaults(p.img)
 	rec = m.newRecord(id, tenant, p, &sr, StatusRunning, now)
 	rec.State, _ = json.Marshal(pd.sb.State())
 	if err := m.cfg.Store.CreateSandbox(sctx, rec); err != nil {
@@ -385,6 +386,7 @@ func (m *Manager) claim(ctx context.Context, tenant *store.Tenant, p *createPara
 	e := pd.e
 	e.mu.Lock()
 	e.tenant, e.active, e.persisted = tenant.ID, now, now
+	e.execCwd, e.execUser = sr.ExecCwd, sr.ExecUser
 	e.mu.Unlock()
 	m.mu.Lock()
 	m.live[id] = e

@@ -158,7 +158,7 @@ func (e *env) cachedImages() string {
 	ents, _ := os.ReadDir(filepath.Join(e.home, "images"))
 	var out []string
 	for _, en := range ents {
-		if !strings.HasPrefix(en.Name(), ".lock-") {
+		if !strings.HasPrefix(en.Name(), ".lock-") && en.Name() != ".refs.lock" {
 			out = append(out, en.Name())
 		}
 	}

@@ -3,8 +3,11 @@ package e2e
 import (
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 )
 
 // TestImageInUse: an image a sandbox uses cannot be removed under it, and
@@ -68,5 +71,58 @@ func TestImageInUse(t *testing.T) {
 	}
 	if r := e.cli("", "run", "--runtime", e2eRuntime(), "--image", "bb", "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "bb") {
 		t.Fatalf("run on a removed image: %+v", r)
+	}
+}
+
+// TestImageConfig: a pulled image's config gives sandboxes their base
+// environment and the default working directory and user of execs, as
+// `docker run` does; the request overrides each.
+func TestImageConfig(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	reg := startRegistry(t)
+	base := tarTree(t, filepath.Join(e.home, "images", "busybox", "rootfs"))
+	img := ociImage(t, gzipLayer(t, base), gzipLayer(t, tarFiles(t, "work/hello.txt=hi")))
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.Config.Env = []string{"PATH=/bin:/usr/bin", "FOO=from-image", "BAR=kept"}
+	cf.Config.WorkingDir = "/work"
+	cf.Config.User = "65534:65534"
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	pushTo(t, reg+"/e2e/cfg:1", img)
+	if r := e.cli("", "image", "pull", reg+"/e2e/cfg:1", "--name", "cfg"); r.code != 0 {
+		t.Fatalf("pull: %+v", r)
+	}
+	rt := e2eRuntime()
+	r := e.cli("", "run", "--runtime", rt, "--image", "cfg", "--", "sh", "-c", "echo $FOO $BAR; pwd; id -u; cat hello.txt")
+	if r.code != 0 || r.stdout != "from-image kept\n/work\n65534\nhi" {
+		t.Fatalf("run in an image with a config: %+v (want the image's env, cwd and user)", r)
+	}
+	r = e.cli("", "run", "--runtime", rt, "--image", "cfg", "--env", "FOO=mine", "--", "sh", "-c", "echo $FOO $BAR")
+	if r.code != 0 || r.stdout != "mine kept\n" {
+		t.Fatalf("the request's env over the image's: %+v", r)
+	}
+	r = e.cli("", "create", "--runtime", rt, "--image", "cfg")
+	if r.code != 0 {
+		t.Fatalf("create: %+v", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	if r := e.cli("", "exec", "--user", "0", "--workdir", "/", id, "--", "sh", "-c", "id -u; pwd"); r.code != 0 || r.stdout != "0\n/\n" {
+		t.Fatalf("exec naming its user and cwd: %+v", r)
+	}
+	// The defaults survive a daemon restart (they are in the record).
+	e.stopDaemon(syscall.SIGTERM)
+	e.startDaemon()
+	if r := e.cli("", "exec", id, "--", "sh", "-c", "id -u; pwd"); r.code != 0 || r.stdout != "65534\n/work\n" {
+		t.Fatalf("exec after a restart: %+v", r)
+	}
+	// Images built here have no config: root in /, as before.
+	if r := e.cli("", "run", "--runtime", rt, "--image", "busybox", "--", "sh", "-c", "id -u; pwd"); r.code != 0 || r.stdout != "0\n/\n" {
+		t.Fatalf("run in a built image: %+v", r)
 	}
 }
