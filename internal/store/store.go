@@ -162,6 +162,9 @@ type Store interface {
 	// PolicyStore is the live policy's state.
 	PolicyStore
 
+	// WebhookStore is webhooks and their delivery queue.
+	WebhookStore
+
 	// PutTool creates (replace false: ErrConflict if the name is taken)
 	// or replaces a tenant's tool; GetTool/DeleteTool: ErrNotFound if
 	// missing; ListTools: tenantID "" lists every tenant's.

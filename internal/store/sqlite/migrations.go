@@ -117,4 +117,37 @@ CREATE TABLE tools (
 	PRIMARY KEY (tenant_id, name)
 );
 `},
+	{Version: 6, Name: "webhooks", SQL: `
+CREATE TABLE webhooks (
+	id         TEXT PRIMARY KEY,
+	tenant_id  TEXT NOT NULL REFERENCES tenants(id),
+	sandbox_id TEXT NOT NULL,
+	name       TEXT NOT NULL,
+	port       INTEGER NOT NULL,
+	path       TEXT NOT NULL,
+	verify     TEXT NOT NULL,
+	secret     TEXT NOT NULL,
+	token_hash BLOB NOT NULL UNIQUE,
+	created_at INTEGER NOT NULL,
+	UNIQUE (sandbox_id, name)
+);
+CREATE INDEX webhooks_tenant ON webhooks (tenant_id, sandbox_id);
+CREATE TABLE webhook_deliveries (
+	id          INTEGER PRIMARY KEY AUTOINCREMENT,
+	webhook_id  TEXT NOT NULL REFERENCES webhooks(id) ON DELETE CASCADE,
+	sandbox_id  TEXT NOT NULL,
+	key         TEXT NOT NULL,
+	method      TEXT NOT NULL,
+	header      TEXT NOT NULL,
+	body        BLOB NOT NULL,
+	received_at INTEGER NOT NULL,
+	next_at     INTEGER NOT NULL,
+	attempts    INTEGER NOT NULL DEFAULT 0,
+	state       TEXT NOT NULL,
+	result      TEXT NOT NULL DEFAULT '',
+	finished_at INTEGER,
+	UNIQUE (webhook_id, key)
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (state, next_at);
+`},
 }
