@@ -74,6 +74,12 @@ const (
 	EventPoolMissed     EventKind = "pool.missed"
 	EventPoolFilled     EventKind = "pool.filled"
 	EventPoolFillFailed EventKind = "pool.fill_failed"
+
+	// Webhooks (package hooks).
+	EventWebhookReceived  EventKind = "webhook.received"
+	EventWebhookRejected  EventKind = "webhook.rejected"
+	EventWebhookDelivered EventKind = "webhook.delivered"
+	EventWebhookFailed    EventKind = "webhook.failed"
 )
 
 // EventClass is how the daemon treats an event under load.
@@ -128,7 +134,42 @@ var eventCatalog = []EventPayload{
 	PolicyChanged{}, PolicyTrigger{}, PolicyBudgetExhausted{}, PolicyFrozen{}, PolicyThawed{},
 	ApprovalPending{}, ApprovalDecided{},
 	PoolClaimed{}, PoolMissed{}, PoolFilled{}, PoolFillFailed{},
+	WebhookReceived{}, WebhookRejected{}, WebhookDelivered{}, WebhookFailed{},
 	EventsDropped{},
+}
+
+// WebhookReceived: a verified delivery was queued for the sandbox.
+type WebhookReceived struct {
+	Webhook  string `json:"webhook"`
+	Delivery int64  `json:"delivery"`
+	Bytes    int64  `json:"bytes"`
+}
+
+// WebhookRejected: a request to a webhook URL was refused (forged,
+// stale, replayed, too large, queue full, secret unavailable).
+type WebhookRejected struct {
+	Webhook string `json:"webhook"`
+	Status  int    `json:"status"`
+	Reason  string `json:"reason"`
+}
+
+// WebhookDelivered: the guest answered a delivery with a 2xx.
+type WebhookDelivered struct {
+	Webhook    string `json:"webhook"`
+	Delivery   int64  `json:"delivery"`
+	Status     int    `json:"status"`
+	Attempts   int    `json:"attempts"`
+	DurationMs int64  `json:"duration_ms"`
+}
+
+// WebhookFailed: a delivery attempt failed; GaveUp when it will not be
+// tried again.
+type WebhookFailed struct {
+	Webhook  string `json:"webhook"`
+	Delivery int64  `json:"delivery"`
+	Attempts int    `json:"attempts"`
+	Error    string `json:"error"`
+	GaveUp   bool   `json:"gave_up,omitempty"`
 }
 
 // PoolClaimed: a create was served from a warm pool (the event's
@@ -479,3 +520,7 @@ func (PoolClaimed) EventKind() EventKind           { return EventPoolClaimed }
 func (PoolMissed) EventKind() EventKind            { return EventPoolMissed }
 func (PoolFilled) EventKind() EventKind            { return EventPoolFilled }
 func (PoolFillFailed) EventKind() EventKind        { return EventPoolFillFailed }
+func (WebhookReceived) EventKind() EventKind       { return EventWebhookReceived }
+func (WebhookRejected) EventKind() EventKind       { return EventWebhookRejected }
+func (WebhookDelivered) EventKind() EventKind      { return EventWebhookDelivered }
+func (WebhookFailed) EventKind() EventKind         { return EventWebhookFailed }

@@ -575,3 +575,30 @@ type AccessResult struct {
 	By       string `json:"by,omitempty"`
 	Reason   string `json:"reason,omitempty"`
 }
+
+// WebhookRequest adds a webhook to a sandbox (POST
+// /v1/sandboxes/{id}/webhooks): deliveries to its URL, verified with the
+// vault secret Secret by the scheme Verify, go to the guest's Port and Path.
+type WebhookRequest struct {
+	Name   string `json:"name"`
+	Port   int    `json:"port"`
+	Path   string `json:"path,omitempty"`
+	Verify string `json:"verify"`
+	Secret string `json:"secret"`
+}
+
+// Webhook is a sandbox's webhook. URL and Token are in the answer to its
+// creation only.
+type Webhook struct {
+	Name      string    `json:"name"`
+	SandboxID string    `json:"sandbox_id"`
+	Port      int       `json:"port"`
+	Path      string    `json:"path"`
+	Verify    string    `json:"verify"`
+	Secret    string    `json:"secret"`
+	URL       string    `json:"url,omitempty"`
+	Token     string    `json:"token,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	// Pending counts deliveries not yet delivered.
+	Pending int `json:"pending"`
+}

@@ -32,8 +32,10 @@ type WebhookStore interface {
 	// if the webhook already has a delivery with d.Key (a replay), ErrFull
 	// if it has maxPending undelivered ones.
 	EnqueueDelivery(ctx context.Context, d *Delivery, maxPending int) error
-	// DueDeliveries returns undelivered deliveries with NextAt <= now,
-	// oldest first, at most limit; sandboxID "" for every sandbox.
+	// DueDeliveries returns, of each sandbox, its oldest undelivered
+	// delivery if its NextAt <= now (deliveries reach a sandbox in the
+	// order they came: one being retried holds back the next), at most
+	// limit; sandboxID "" for every sandbox.
 	DueDeliveries(ctx context.Context, sandboxID string, now time.Time, limit int) ([]*Delivery, error)
 	// FinishDelivery marks a delivery delivered (ok) or dead (given up),
 	// recording the attempt's outcome; RetryDelivery records a failed

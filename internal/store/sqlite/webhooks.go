@@ -136,8 +136,9 @@ func (s *Store) DueDeliveries(ctx context.Context, sandboxID string, t time.Time
 	if limit <= 0 {
 		limit = -1
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT `+deliveryCols+` FROM webhook_deliveries WHERE state = ? AND next_at <= ? AND (? = '' OR sandbox_id = ?) ORDER BY next_at, id LIMIT ?`,
-		store.DeliveryPending, toNanos(t), sandboxID, sandboxID, limit)
+	rows, err := s.r.QueryContext(ctx, `SELECT `+deliveryCols+` FROM webhook_deliveries d WHERE state = ? AND next_at <= ? AND (? = '' OR sandbox_id = ?)
+		AND id = (SELECT MIN(id) FROM webhook_deliveries h WHERE h.sandbox_id = d.sandbox_id AND h.state = ?) ORDER BY next_at, id LIMIT ?`,
+		store.DeliveryPending, toNanos(t), sandboxID, sandboxID, store.DeliveryPending, limit)
 	if err != nil {
 		return nil, fmt.Errorf("due deliveries: %w", err)
 	}

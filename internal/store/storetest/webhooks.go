@@ -55,18 +55,25 @@ func testWebhooks(t *testing.T, s store.Store) {
 	}
 	wantErr(t, "queue at its bound", s.EnqueueDelivery(ctx(t), &store.Delivery{WebhookID: "wh-1", SandboxID: "sb-1", Key: "k3", Method: "POST", ReceivedAt: t0}, 2), store.ErrFull)
 	wantErr(t, "unknown webhook", s.EnqueueDelivery(ctx(t), &store.Delivery{WebhookID: "wh-none", SandboxID: "sb-1", Key: "k", Method: "POST"}, 2), store.ErrNotFound)
+	// Only a sandbox's oldest pending delivery is due: order is kept.
 	due, err := s.DueDeliveries(ctx(t), "sb-1", t0.Add(time.Hour), 10)
-	if err != nil || len(due) != 2 || due[0].Key != "k1" || !bytes.Equal(due[0].Body, []byte(`{"a":1}`)) || due[0].Header.Get("X-Github-Event") != "push" {
+	if err != nil || len(due) != 1 || due[0].Key != "k1" || !bytes.Equal(due[0].Body, []byte(`{"a":1}`)) || due[0].Header.Get("X-Github-Event") != "push" {
 		t.Fatalf("due: %+v %v", due, err)
 	}
 	if err := s.RetryDelivery(ctx(t), d1.ID, "connection refused", t0.Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	if due, _ := s.DueDeliveries(ctx(t), "", t0.Add(30*time.Second), 10); len(due) != 1 || due[0].Key != "k2" {
-		t.Fatalf("due before the retry time: %+v", due)
+	if due, _ := s.DueDeliveries(ctx(t), "", t0.Add(30*time.Second), 10); len(due) != 0 {
+		t.Fatalf("due while the head waits for its retry: %+v", due)
+	}
+	if due, _ := s.DueDeliveries(ctx(t), "", t0.Add(2*time.Minute), 10); len(due) != 1 || due[0].Key != "k1" || due[0].Attempts != 1 {
+		t.Fatalf("due at the retry time: %+v", due)
 	}
 	if err := s.FinishDelivery(ctx(t), d1.ID, true, "200", t0.Add(2*time.Minute)); err != nil {
 		t.Fatal(err)
+	}
+	if due, _ := s.DueDeliveries(ctx(t), "", t0.Add(2*time.Minute), 10); len(due) != 1 || due[0].Key != "k2" {
+		t.Fatalf("due after the head is done: %+v", due)
 	}
 	wantErr(t, "finish twice", s.FinishDelivery(ctx(t), d1.ID, true, "200", t0), store.ErrNotFound)
 	if n, _ := s.PendingDeliveries(ctx(t), "wh-1"); n != 1 {
