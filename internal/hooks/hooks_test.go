@@ -293,7 +293,9 @@ func TestQueueFullAndRestart(t *testing.T) {
 	// A service whose guest never answers (a sleeping sandbox that cannot
 	// be woken yet): deliveries stay queued.
 	svc := New(Config{Store: db, BaseURL: "https://hooks.test", MaxPending: 2,
-		Secret:  func(context.Context, string, string) ([]byte, func(), error) { return []byte(hookSecret), func() {}, nil },
+		Secret: func(context.Context, string, string) ([]byte, func(), error) {
+			return []byte(hookSecret), func() {}, nil
+		},
 		Deliver: func(context.Context, string, int, *http.Request) (int, error) { return 0, errors.New("asleep") }})
 	w, err := svc.Add(context.Background(), "t1", "sb-1", &api.WebhookRequest{Name: "gh", Port: 8080, Path: "/hook", Verify: "github", Secret: "GH_HOOK"})
 	if err != nil {

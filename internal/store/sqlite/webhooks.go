@@ -197,4 +197,3 @@ func (s *Store) PruneDeliveries(ctx context.Context, before time.Time, limit int
 	}
 	return res.RowsAffected()
 }
-
