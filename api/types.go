@@ -575,3 +575,11 @@ type AccessResult struct {
 	By       string `json:"by,omitempty"`
 	Reason   string `json:"reason,omitempty"`
 }
+
+// ConsoleSession is a one-time link to the web console (POST
+// /v1/console/sessions, admin over the unix socket): opening URL in a
+// browser before ExpiresAt logs it in as the admin, once.
+type ConsoleSession struct {
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
