@@ -34,7 +34,7 @@ func SecureHeaders(h http.Handler) http.Handler {
 		hd := w.Header()
 		hd.Set("Content-Security-Policy", CSP)
 		hd.Set("X-Content-Type-Options", "nosniff")
-		hd.Set("Referrer-Policy", "no-referrer")
+		hd.Set("Referrer-Policy", "same-origin")
 		hd.Set("X-Frame-Options", "DENY")
 		hd.Set("Cross-Origin-Opener-Policy", "same-origin")
 		if strings.HasPrefix(r.URL.Path, "/ui/static/") {

@@ -8,8 +8,13 @@ let session = null; // GET /ui/session: tenant, admin, csrf
 let cleanup = []; // run when the page changes (streams, sockets)
 
 // h builds an element: h('a', {href: '#/x', onclick: f}, 'text', child…).
+// attrs may be left out: a string, node, array or null there is a child.
 export function h(tag, attrs, ...kids) {
   const e = document.createElement(tag);
+  if (attrs === null || attrs === undefined || typeof attrs !== 'object' || attrs instanceof Node || Array.isArray(attrs)) {
+    kids.unshift(attrs);
+    attrs = {};
+  }
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === undefined || v === null || v === false) continue;
     if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
@@ -358,7 +363,7 @@ async function toolsPage() {
   app().replaceChildren(h('h1', 'Tools'),
     h('table', { id: 'tools' }, h('thead', h('tr', h('th', 'Name'), h('th', 'Description'), h('th', 'Command'), h('th', 'Image'), h('th', 'Allow'))),
       h('tbody', (list || []).map(t => h('tr', h('td', t.name), h('td', t.description || ''), h('td', h('code', (t.argv || []).join(' '))),
-        h('td', t.image || ''), h('td', (t.allow || []).join(', ') || t.policy_ref || '')))),
+        h('td', t.image || ''), h('td', (t.allow || []).join(', ') || t.policy_ref || ''))))),
     (list || []).length ? null : h('p', { class: 'muted' }, 'No tools: cagebox tool add registers one.'));
 }
 
