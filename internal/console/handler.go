@@ -37,7 +37,7 @@ func SecureHeaders(h http.Handler) http.Handler {
 		hd.Set("Referrer-Policy", "same-origin")
 		hd.Set("X-Frame-Options", "DENY")
 		hd.Set("Cross-Origin-Opener-Policy", "same-origin")
-		if strings.HasPrefix(r.URL.Path, "/ui/static/") {
+		if p := r.URL.Path; strings.HasPrefix(p, "/ui/static/") && (strings.HasSuffix(p, ".js") || strings.HasSuffix(p, ".mjs") || strings.HasSuffix(p, ".css")) {
 			hd.Set("Cache-Control", "no-cache")
 		} else {
 			hd.Set("Cache-Control", "no-store")

@@ -1,5 +1,5 @@
 // cagebox console: a single-page app over the daemon's /v1 API. Every
-// element is built with the DOM API and text nodes (never innerHTML), so
+// element is built with the DOM API and text nodes (never by parsing HTML), so
 // nothing the API returns is ever parsed as markup; the CSP forbids inline
 // script and style besides.
 import { openTerminal } from './term.js';
