@@ -85,7 +85,18 @@ func (s *Server) createConsoleSession(w http.ResponseWriter, r *http.Request, t 
 		if err != nil {
 			return fmt.Errorf("open the console listener on 127.0.0.1: %w", err)
 		}
-		srv := &http.Server{Handler: console.SecureHeaders(s), ReadHeaderTimeout: 10 * time.Second,
+		host := l.Addr().String()
+		// Only requests addressed to 127.0.0.1:PORT: a page of another
+		// site whose name was re-bound to 127.0.0.1 (DNS rebinding) gets
+		// nothing, not even the login page.
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Host != host {
+				http.Error(w, "this console listener answers to http://"+host+" only", http.StatusMisdirectedRequest)
+				return
+			}
+			s.ServeHTTP(w, r)
+		})
+		srv := &http.Server{Handler: console.SecureHeaders(h), ReadHeaderTimeout: 10 * time.Second,
 			ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
 				return context.WithValue(ctx, consoleOnlyKey, true)
 			}}
@@ -94,20 +105,21 @@ func (s *Server) createConsoleSession(w http.ResponseWriter, r *http.Request, t 
 				s.log.Error("console listener", "err", err)
 			}
 		}()
-		s.consoleLn = &consoleListener{srv: srv, origin: "http://" + l.Addr().String()}
-		s.log.Info("console listening on loopback", "addr", l.Addr().String())
+		s.consoleLn = &consoleListener{srv: srv, origin: "http://" + host}
+		s.log.Info("console listening on loopback", "addr", host)
 	}
 	tok, exp := s.console.NewToken(s.consoleLn.origin)
 	writeJSON(w, 200, &api.ConsoleSession{URL: console.LoginURL(s.consoleLn.origin, tok), ExpiresAt: exp.UTC()})
 	return nil
 }
 
-// closeConsole closes the console listener (daemon shutdown).
-func (s *Server) closeConsole(ctx context.Context) {
+// closeConsole closes the console listener and its connections (daemon
+// shutdown: a browser's event stream would otherwise hold it open).
+func (s *Server) closeConsole() {
 	s.consoleMu.Lock()
 	defer s.consoleMu.Unlock()
 	if s.consoleLn != nil {
-		_ = s.consoleLn.srv.Shutdown(ctx)
+		_ = s.consoleLn.srv.Close()
 		s.consoleLn = nil
 	}
 }

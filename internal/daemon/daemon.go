@@ -426,7 +426,7 @@ func Run(ctx context.Context, cfg Config) error {
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
 	_ = unixSrv.Shutdown(sctx)
-	srv.closeConsole(sctx)
+	srv.closeConsole()
 	if tcpSrv != nil {
 		_ = tcpSrv.Shutdown(sctx)
 	}

@@ -159,6 +159,14 @@ func TestConsole(t *testing.T) {
 	if resp.StatusCode != 401 {
 		t.Errorf("an API key on the console listener: %d, want 401", resp.StatusCode)
 	}
+	// DNS rebinding: a request for another name on that port gets nothing.
+	req, _ = http.NewRequest("GET", base+"/ui/login", nil)
+	req.Host = "rebound.example.test:" + strings.TrimPrefix(base, "http://127.0.0.1:")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Errorf("console listener under another Host: %d, want 421", resp.StatusCode)
+	}
 	// And a console link is made over the unix socket only.
 	resp2, err := tc.Raw(ctx, "POST", "/v1/console/sessions", "", nil)
 	if err != nil {
