@@ -210,6 +210,19 @@ async function tenantFlow(browser) {
     const ex = await waitText(page.locator('#term-status'), /exited/);
     check('terminal: exit status shown', /code 3/.test(ex), ex);
   });
+  await step('create: the form makes a sandbox, and it can be removed', async () => {
+    await page.goto(`${BASE}/ui/#/sandboxes`);
+    await page.waitForSelector('#create-sandbox');
+    await page.selectOption('#create-sandbox select[name=image]', 'busybox');
+    await page.fill('#create-sandbox input[name=memory]', '128');
+    await page.click('#create-sandbox button[type=submit]');
+    await page.waitForURL(/#\/sandboxes\/sb-/, { timeout: 30000 });
+    const mem = await waitText(page.locator('#sandbox-memory'), /128 MiB/);
+    const st = await page.textContent('#sandbox-status');
+    check('create: the form makes a sandbox with the limits asked', st === 'running' && mem === '128 MiB', `${st} ${mem}`);
+    await page.click('#btn-rm');
+    await page.waitForSelector('#sandboxes');
+  });
   await step('buttons: pause, resume, stop, remove', async () => {
     await page.goto(`${BASE}/ui/#/sandboxes/${SANDBOX}`);
     await page.waitForSelector('#btn-pause:not([disabled])');

@@ -179,7 +179,9 @@ async function policyEditor(path, method) {
 
 // ---- events
 
-const verdictOf = (e) => (e.data && e.data.verdict) || (e.kind === 'egress.allow' ? 'allow' : e.kind === 'egress.deny' ? 'deny' : '');
+const verdictOf = (e) => (e.data && e.data.verdict) ||
+  ({ 'egress.allow': 'allow', 'egress.deny': 'deny', 'approval.pending': 'hold' })[e.kind] ||
+  (e.kind === 'approval.decided' && e.data ? ({ allowed: 'allow', denied: 'deny' })[e.data.state] || '' : '');
 
 function eventRow(e) {
   const d = e.data || {};
