@@ -602,3 +602,11 @@ type Webhook struct {
 	// Pending counts deliveries not yet delivered.
 	Pending int `json:"pending"`
 }
+
+// ConsoleSession is a one-time link to the web console (POST
+// /v1/console/sessions, admin over the unix socket): opening URL in a
+// browser before ExpiresAt logs it in as the admin, once.
+type ConsoleSession struct {
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expires_at"`
+}

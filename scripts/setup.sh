@@ -18,6 +18,9 @@ done
 # (test/mcp). Machines of this kind ship Node 20; elsewhere Debian's works.
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
+# Debian's Chromium runs the web console's browser test (test/console,
+# playwright-core driving /usr/bin/chromium headless).
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   apt-get update -qq

@@ -23,6 +23,7 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/audit"
+	"github.com/cagebox/cagebox/internal/console"
 	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/hostname"
@@ -400,7 +401,7 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() { errc <- unixSrv.Serve(ul) }()
 	var tcpSrv *http.Server
 	if tl != nil {
-		tcpSrv = &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tl.tls}
+		tcpSrv = &http.Server{Handler: console.SecureHeaders(srv), ReadHeaderTimeout: 10 * time.Second, TLSConfig: tl.tls}
 		go func() {
 			if tl.tls != nil {
 				errc <- tcpSrv.ServeTLS(tl.Listener, "", "")
@@ -428,6 +429,7 @@ func Run(ctx context.Context, cfg Config) error {
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
 	_ = unixSrv.Shutdown(sctx)
+	srv.closeConsole()
 	if tcpSrv != nil {
 		_ = tcpSrv.Shutdown(sctx)
 	}

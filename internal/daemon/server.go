@@ -20,6 +20,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/console"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/sandbox"
@@ -100,6 +101,7 @@ func Routes() []Route {
 		{Method: "GET", Path: "/v1/tools/{name}", handler: (*Server).getTool},
 		{Method: "DELETE", Path: "/v1/tools/{name}", handler: (*Server).deleteTool},
 		{Method: "POST", Path: "/v1/tools/{name}/execute", handler: (*Server).executeTool},
+		{Method: "POST", Path: "/v1/console/sessions", Admin: true, handler: (*Server).createConsoleSession},
 	}
 }
 
@@ -116,6 +118,12 @@ type Server struct {
 	// imageOps holds a token per pull or import under way: at most
 	// cap(imageOps) at once, each downloads, unpacks and hashes a tree.
 	imageOps chan struct{}
+	// console is the web console's sessions and pages (console.go).
+	console *console.Console
+	// consoleMu guards consoleLn, the loopback listener `cagebox console`
+	// opens (nil until then).
+	consoleMu sync.Mutex
+	consoleLn *consoleListener
 }
 
 type ctxKey int
@@ -144,6 +152,7 @@ func NewServer(st store.Store, mgr *sandbox.Manager, images *image.Cache, v *vau
 	// MCP over streamable HTTP (not a REST route: the protocol's own
 	// endpoint, documented in docs/operator.md).
 	mux.Handle("/mcp", &mcpHandler{s: s, byTenant: map[string]*mcp.StreamableHTTPHandler{}})
+	s.initConsole(mux)
 	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(api.OpenAPI)
@@ -172,6 +181,9 @@ func HashKey(key string) []byte {
 func (s *Server) authenticate(r *http.Request) (*store.Tenant, error) {
 	if v, _ := r.Context().Value(viaUnixKey).(bool); v {
 		return s.store.GetTenant(r.Context(), adminTenantID)
+	}
+	if t, ok, err := s.consoleAuth(r); ok {
+		return t, err
 	}
 	auth := r.Header.Get("Authorization")
 	key, ok := strings.CutPrefix(auth, "Bearer ")
