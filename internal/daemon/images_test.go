@@ -176,7 +176,7 @@ func TestImagePullAndImportAPI(t *testing.T) {
 	ents, _ := os.ReadDir(cache.Dir)
 	var left []string
 	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), ".lock-") {
+		if !image.IsLockFile(e.Name()) {
 			left = append(left, e.Name())
 		}
 	}

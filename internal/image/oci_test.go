@@ -177,7 +177,7 @@ func cacheHolds(t *testing.T, c *Cache, names ...string) {
 	}
 	var got []string
 	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), ".lock-") && e.Name() != refsLockFile {
+		if !IsLockFile(e.Name()) {
 			got = append(got, e.Name())
 		}
 	}

@@ -307,3 +307,10 @@ func (c *Cache) install(tmp, dst string) error {
 	}
 	return nil
 }
+
+// IsLockFile reports whether an entry of the cache directory is one of its
+// lock files (per-name build locks and the references' lock), which stay
+// when nothing else does.
+func IsLockFile(name string) bool {
+	return strings.HasPrefix(name, ".lock-") || name == refsLockFile
+}

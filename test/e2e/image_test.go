@@ -28,6 +28,7 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/client"
+	"github.com/cagebox/cagebox/internal/image"
 )
 
 // startRegistry serves an in-process OCI registry on loopback and returns
@@ -158,7 +159,7 @@ func (e *env) cachedImages() string {
 	ents, _ := os.ReadDir(filepath.Join(e.home, "images"))
 	var out []string
 	for _, en := range ents {
-		if !strings.HasPrefix(en.Name(), ".lock-") && en.Name() != ".refs.lock" {
+		if !image.IsLockFile(en.Name()) {
 			out = append(out, en.Name())
 		}
 	}
