@@ -40,6 +40,25 @@ type ExecRequest struct {
 	User    string        `json:"user,omitempty"`    // "name", "uid", "name:group" or "uid:gid"; empty = the agent's user (root)
 	Timeout time.Duration `json:"timeout,omitempty"` // 0 = none; on expiry the process group is SIGKILLed and TimedOut is set
 	Stdin   bool          `json:"stdin,omitempty"`   // whether stdin is attached (implied by a non-nil stdin reader)
+	// TTY, when set, runs the process on a pseudo-terminal of this size: a
+	// new session whose controlling terminal is the pty, stdin, stdout and
+	// stderr all on it, one output stream (stdout), stdin always attached.
+	TTY *WinSize `json:"tty,omitempty"`
+}
+
+// WinSize is a terminal's size in character cells.
+type WinSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// MaxWinSize bounds a terminal's rows and columns: a terminal larger than
+// this is a mistake, and curses programs allocate by it.
+const MaxWinSize = 4096
+
+// Valid reports whether ws is a usable terminal size (1..MaxWinSize each).
+func (ws WinSize) Valid() bool {
+	return ws.Rows >= 1 && ws.Cols >= 1 && ws.Rows <= MaxWinSize && ws.Cols <= MaxWinSize
 }
 
 // ExecResult is how a process ended.
