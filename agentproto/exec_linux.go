@@ -205,6 +205,16 @@ func (c *serverConn) run(st *yamux.Stream, fr *frameReader, fw *frameWriter, id 
 	if sio.tty != nil {
 		tty := sio.tty
 		p.also = func(sig syscall.Signal) { signalSession(p.pid, tty, sig) }
+		if sio.isig != nil {
+			sio.isig.leader = func() int {
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				if p.exited {
+					return 0
+				}
+				return p.pid
+			}
+		}
 	}
 
 	exitCh := make(chan syscall.WaitStatus, 1)
@@ -280,7 +290,13 @@ func (c *serverConn) run(st *yamux.Stream, fr *frameReader, fw *frameWriter, id 
 			switch t {
 			case frameStdin:
 				if stdin != nil {
-					if _, err := stdin.Write(b); err != nil {
+					var err error
+					if sio.isig != nil {
+						err = sio.isig.write(stdin, b)
+					} else {
+						_, err = stdin.Write(b)
+					}
+					if err != nil {
 						closeStdin()
 					}
 				}
@@ -325,6 +341,9 @@ func (c *serverConn) run(st *yamux.Stream, fr *frameReader, fw *frameWriter, id 
 	pumps.Wait()
 	for _, r := range sio.out {
 		r.Close()
+	}
+	if sio.isig != nil {
+		sio.isig.slave.Close()
 	}
 	// Stop the host-frame reader.
 	st.SetReadDeadline(time.Unix(1, 0))
@@ -435,6 +454,7 @@ type stdio struct {
 	stdin *os.File   // where stdin frames go (nil: not attached)
 	out   []*os.File // stdout then stderr; one for a pty
 	tty   *os.File   // a pty's master (also stdin and out[0])
+	isig  *isigEmu   // a pty whose kernel does not signal for Ctrl-C
 }
 
 func (s *stdio) closeChild() { closeAll(s.owned...) }
@@ -444,6 +464,9 @@ func (s *stdio) closeParent() {
 		closeAll(s.stdin)
 	}
 	closeAll(s.out...)
+	if s.isig != nil {
+		s.isig.slave.Close()
+	}
 }
 
 // openStdio makes the streams for er: pipes, or a pty (then pl starts the
@@ -461,6 +484,15 @@ func openStdio(er *ExecRequest, pl *plan) (*stdio, error) {
 		if err != nil {
 			return nil, err
 		}
+		var isig *isigEmu
+		if emulateISIG || !lineDisciplineSignals() {
+			fd, err := unix.FcntlInt(slave.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				closeAll(master, slave)
+				return nil, fmt.Errorf("dup pty: %w", err)
+			}
+			isig = &isigEmu{slave: os.NewFile(uintptr(fd), "pty-slave"), master: master, leader: func() int { return 0 }}
+		}
 		sys := pl.attr.Sys
 		sys.Setpgid = false // setsid makes it a group leader
 		sys.Setsid = true
@@ -472,6 +504,7 @@ func openStdio(er *ExecRequest, pl *plan) (*stdio, error) {
 			stdin: master,
 			out:   []*os.File{master},
 			tty:   master,
+			isig:  isig,
 		}, nil
 	}
 	s := &stdio{}

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -121,13 +124,25 @@ func signalSession(sid int, tty *os.File, sig syscall.Signal) {
 	if sig != syscall.SIGKILL && sig != syscall.SIGTERM {
 		return
 	}
+	for _, pr := range sessionProcs(sid) {
+		if pr.pid != sid {
+			syscall.Kill(pr.pid, sig)
+		}
+	}
+}
+
+type procIDs struct{ pid, pgrp int }
+
+// sessionProcs lists the processes of session sid, from /proc.
+func sessionProcs(sid int) []procIDs {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return
+		return nil
 	}
+	var out []procIDs
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == sid || pid <= 1 {
+		if err != nil || pid <= 1 {
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
@@ -143,8 +158,137 @@ func signalSession(sid int, tty *os.File, sig syscall.Signal) {
 		if len(f) < 4 {
 			continue
 		}
-		if s, err := strconv.Atoi(f[3]); err == nil && s == sid {
-			syscall.Kill(pid, sig)
+		pgrp, err1 := strconv.Atoi(f[2])
+		s, err2 := strconv.Atoi(f[3])
+		if err1 == nil && err2 == nil && s == sid {
+			out = append(out, procIDs{pid, pgrp})
 		}
+	}
+	return out
+}
+
+// The line discipline of some kernels does not turn the interrupt, quit
+// and suspend characters into signals: gVisor's before 2024
+// (google/gvisor#9898, #422) passes a typed Ctrl-C to the program as a
+// byte. There the agent does what the line discipline should: isigEmu.
+var (
+	ldSignalsOnce sync.Once
+	ldSignals     bool
+	emulateISIG   bool // tests set it to emulate where the kernel would not need it
+)
+
+// lineDisciplineSignals reports whether the kernel's pty line discipline
+// consumes VINTR (and so signals for it); probed once, on a pty of its own
+// that is no one's controlling terminal (so no signal can go anywhere).
+func lineDisciplineSignals() bool {
+	ldSignalsOnce.Do(func() { ldSignals = probeLineDiscipline() })
+	return ldSignals
+}
+
+func probeLineDiscipline() bool {
+	master, slave, err := openPTY(WinSize{Rows: 24, Cols: 80}, -1)
+	if err != nil {
+		return true // no pty at all: nothing to emulate
+	}
+	defer master.Close()
+	defer slave.Close()
+	sfd := int(slave.Fd())
+	tio, err := unix.IoctlGetTermios(sfd, unix.TCGETS)
+	if err != nil {
+		return true
+	}
+	tio.Lflag &^= unix.ICANON | unix.ECHO
+	tio.Lflag |= unix.ISIG
+	if err := unix.IoctlSetTermios(sfd, unix.TCSETS, tio); err != nil {
+		return true
+	}
+	if _, err := master.Write([]byte{tio.Cc[unix.VINTR], 'a'}); err != nil {
+		return true
+	}
+	// The line discipline may take the input asynchronously: wait for the
+	// 'a', then a little longer for anything still in flight.
+	n := 0
+	for i := 0; i < 100 && n == 0; i++ {
+		n, _ = unix.IoctlGetInt(sfd, unix.TIOCINQ)
+		if n == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	time.Sleep(10 * time.Millisecond)
+	n, _ = unix.IoctlGetInt(sfd, unix.TIOCINQ)
+	return n <= 1
+}
+
+// isigEmu turns the terminal's interrupt, quit and suspend characters typed
+// by the host into signals to the terminal's foreground job, as the line
+// discipline would with ISIG set, for kernels whose line discipline does
+// not (lineDisciplineSignals).
+type isigEmu struct {
+	slave  *os.File // a copy of the slave, to read the terminal's modes
+	master *os.File
+	leader func() int // the session leader's pid, the fallback group
+}
+
+// write writes b to w, signalling in place of each signal character.
+func (e *isigEmu) write(w io.Writer, b []byte) error {
+	tio, err := unix.IoctlGetTermios(int(e.slave.Fd()), unix.TCGETS)
+	if err != nil || tio.Lflag&unix.ISIG == 0 {
+		_, err := w.Write(b)
+		return err
+	}
+	start := 0
+	for i, c := range b {
+		var sig syscall.Signal
+		switch {
+		case c == 0: // _POSIX_VDISABLE
+		case c == tio.Cc[unix.VINTR]:
+			sig = syscall.SIGINT
+		case c == tio.Cc[unix.VQUIT]:
+			sig = syscall.SIGQUIT
+		case c == tio.Cc[unix.VSUSP]:
+			sig = syscall.SIGTSTP
+		}
+		if sig == 0 {
+			continue
+		}
+		if i > start {
+			if _, err := w.Write(b[start:i]); err != nil {
+				return err
+			}
+		}
+		start = i + 1
+		e.signal(sig)
+	}
+	if start < len(b) {
+		_, err := w.Write(b[start:])
+		return err
+	}
+	return nil
+}
+
+// signal sends sig to the terminal's foreground job. Where the kernel will
+// not tell the agent which group that is (gVisor answers TIOCGPGRP only to
+// the terminal's own session), it is every job of the session apart from
+// the shell's own group, or the leader's group when there is no other (a
+// shell with job control runs each job in a group of its own; a background
+// job gets the signal too, the one difference from a real line discipline).
+func (e *isigEmu) signal(sig syscall.Signal) {
+	if g := foregroundGroup(e.master); g > 1 {
+		syscall.Kill(-g, sig)
+		return
+	}
+	sid := e.leader()
+	if sid <= 1 {
+		return
+	}
+	sent := map[int]bool{}
+	for _, pr := range sessionProcs(sid) {
+		if pr.pgrp != sid && pr.pgrp > 1 && !sent[pr.pgrp] {
+			sent[pr.pgrp] = true
+			syscall.Kill(-pr.pgrp, sig)
+		}
+	}
+	if len(sent) == 0 {
+		syscall.Kill(-sid, sig)
 	}
 }

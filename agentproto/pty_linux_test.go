@@ -110,7 +110,18 @@ func TestPTYExecSizeAndTerminal(t *testing.T) {
 	}
 }
 
-func TestPTYInteractiveShell(t *testing.T) {
+func TestPTYInteractiveShell(t *testing.T) { testInteractiveShell(t) }
+
+// TestPTYInteractiveShellISIGEmulated runs the same with the agent doing
+// the line discipline's signalling (as it does on gVisor): Ctrl-C must
+// interrupt the job exactly as the kernel's would.
+func TestPTYInteractiveShellISIGEmulated(t *testing.T) {
+	emulateISIG = true
+	defer func() { emulateISIG = false }()
+	testInteractiveShell(t)
+}
+
+func testInteractiveShell(t *testing.T) {
 	c, _ := startPair(t, "unix")
 	r := startPTY(t, c, &ExecRequest{Argv: []string{"/bin/sh"}, Env: []string{"PS1=cbx$ "}, TTY: &WinSize{Rows: 24, Cols: 80}})
 	pos := r.out.waitFor(t, 0, `cbx\$ `, 10*time.Second)
