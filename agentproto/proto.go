@@ -206,6 +206,10 @@ const (
 	opListDir   = "list_dir"
 	opSignal    = "signal"
 	opClaim     = "claim"
+	// opArchiveGet sends a directory (or file) as a tar stream in data
+	// frames, then EOF; opArchivePut receives one and extracts it.
+	opArchiveGet = "archive_get"
+	opArchivePut = "archive_put"
 )
 
 // request is the first frame of every stream.
@@ -215,7 +219,9 @@ type request struct {
 	Exec   *ExecRequest `json:"exec,omitempty"`   // exec
 	Path   string       `json:"path,omitempty"`   // file operations
 	Mode   uint32       `json:"mode,omitempty"`   // write_file: os.FileMode
-	Max    int64        `json:"max,omitempty"`    // read_file
+	Max    int64        `json:"max,omitempty"`    // read_file; archive_put: bytes of files
+	// MaxEntries bounds archive_put's entries.
+	MaxEntries int `json:"max_entries,omitempty"`
 	Signal int          `json:"signal,omitempty"` // signal
 	// Claim is the claim operation's Claim.
 	Claim json.RawMessage `json:"claim,omitempty"`

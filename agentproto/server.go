@@ -372,6 +372,16 @@ func (c *serverConn) handle(st *yamux.Stream) {
 		if err := listDir(fw, &req); err != nil {
 			sendError(fw, err)
 		}
+	case opArchiveGet:
+		if err := archiveGet(fw, &req); err != nil {
+			sendError(fw, err)
+		}
+	case opArchivePut:
+		if err := archivePut(fr, &req); err != nil {
+			sendError(fw, err)
+			return
+		}
+		sendReply(fw, struct{}{})
 	default:
 		sendError(fw, fmt.Errorf("unknown operation %q: %w", req.Op, ErrInvalid))
 	}
