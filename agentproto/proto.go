@@ -214,15 +214,15 @@ const (
 
 // request is the first frame of every stream.
 type request struct {
-	Op     string       `json:"op"`
-	ID     uint64       `json:"id,omitempty"`     // exec: client-chosen id; signal: the exec to signal
-	Exec   *ExecRequest `json:"exec,omitempty"`   // exec
-	Path   string       `json:"path,omitempty"`   // file operations
-	Mode   uint32       `json:"mode,omitempty"`   // write_file: os.FileMode
-	Max    int64        `json:"max,omitempty"`    // read_file; archive_put: bytes of files
+	Op   string       `json:"op"`
+	ID   uint64       `json:"id,omitempty"`   // exec: client-chosen id; signal: the exec to signal
+	Exec *ExecRequest `json:"exec,omitempty"` // exec
+	Path string       `json:"path,omitempty"` // file operations
+	Mode uint32       `json:"mode,omitempty"` // write_file: os.FileMode
+	Max  int64        `json:"max,omitempty"`  // read_file; archive_put: bytes of files
 	// MaxEntries bounds archive_put's entries.
 	MaxEntries int `json:"max_entries,omitempty"`
-	Signal int          `json:"signal,omitempty"` // signal
+	Signal     int `json:"signal,omitempty"` // signal
 	// Claim is the claim operation's Claim.
 	Claim json.RawMessage `json:"claim,omitempty"`
 }
