@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -81,8 +82,14 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, t *store.Tenant) er
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		return fmt.Errorf("%w: %s is a WebSocket endpoint: send a WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)", errdefs.ErrInvalid, r.URL.Path)
 	}
-	// Default options: a cross-origin upgrade (a page of another site
-	// driving the user's browser) is refused.
+	// A cross-origin upgrade (a page of another site driving the user's
+	// browser) is refused: here with the usual JSON answer, and again by
+	// Accept's default options.
+	if o := r.Header.Get("Origin"); o != "" {
+		if u, err := url.Parse(o); err != nil || !strings.EqualFold(u.Host, r.Host) {
+			return fmt.Errorf("%w: request Origin %q is not authorized for Host %q: a terminal opens only from a page of the daemon's own origin", errdefs.ErrDenied, o, r.Host)
+		}
+	}
 	conn, err := websocket.Accept(w, r, nil)
 	if err != nil {
 		s.log.Debug("pty: websocket accept", "sandbox", id, "err", err)

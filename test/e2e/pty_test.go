@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -160,6 +163,50 @@ func TestExecTTY(t *testing.T) {
 	if tio.Lflag&unix.ICANON == 0 || tio.Lflag&unix.ECHO == 0 {
 		t.Fatalf("the terminal was left in raw mode (lflag %#x)", tio.Lflag)
 	}
+	// The WebSocket route keeps coder/websocket's Origin check: a page of
+	// another site cannot drive a user's terminal; a plain GET gets a JSON
+	// 400 saying what the route wants.
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", filepath.Join(e.home, "cagebox.sock"))
+	}}}
+	upgrade := map[string]string{"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+	for _, tc := range []struct {
+		name, query, origin string
+		upgrade             bool
+		code                int
+		body                string
+	}{
+		{"cross-origin", "", "http://evil.example", true, 403, `"kind": "denied"`},
+		{"same origin", "?argv=true", "http://cagebox", true, 101, ""},
+		{"no upgrade", "", "", false, 400, "WebSocket"},
+		{"bad size", "?rows=0", "", true, 400, "rows"},
+		{"no such sandbox", "", "", true, 404, "no sandbox"},
+	} {
+		sbID := id
+		if tc.name == "no such sandbox" {
+			sbID = "sb-nope"
+		}
+		req, _ := http.NewRequest("GET", "http://cagebox/v1/sandboxes/"+sbID+"/pty"+tc.query, nil)
+		if tc.upgrade {
+			for k, v := range upgrade {
+				req.Header.Set(k, v)
+			}
+		}
+		if tc.origin != "" {
+			req.Header.Set("Origin", tc.origin)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.code || !strings.Contains(string(b), tc.body) {
+			t.Errorf("%s: %d %q, want %d with %q", tc.name, resp.StatusCode, b, tc.code, tc.body)
+		}
+	}
+
 	// -t without a terminal says what to do instead.
 	r = e.cli("", "exec", "-t", id, "--", "sh")
 	if r.code != 125 || !strings.Contains(r.stderr, "stdin is not a terminal") {
