@@ -260,7 +260,9 @@ func (c *Client) Exec(ctx context.Context, req *ExecRequest, stdin io.Reader, st
 	return c.exec(ctx, req, stdin, stdout, stderr, nil)
 }
 
-// ExecPTY runs a process on a pseudo-terminal of size req.TTY (required):
+// ExecPTY runs a process on a pseudo-terminal of size req.TTY (required;
+// an empty req.Argv runs the user's login shell from the guest's passwd,
+// else /bin/sh):
 // stdin's bytes go to the terminal (a 0x03 is Ctrl-C: the line discipline
 // signals the foreground job), the terminal's output goes to out, and each
 // size received from resize (may be nil) resizes it. Otherwise it behaves
@@ -276,7 +278,7 @@ func (c *Client) ExecPTY(ctx context.Context, req *ExecRequest, stdin io.Reader,
 }
 
 func (c *Client) exec(ctx context.Context, req *ExecRequest, stdin io.Reader, stdout, stderr io.Writer, resize <-chan WinSize) (*ExecResult, error) {
-	if req == nil || len(req.Argv) == 0 {
+	if req == nil || (len(req.Argv) == 0 && req.TTY == nil) {
 		return nil, fmt.Errorf("agentproto: exec: empty argv: %w", ErrInvalid)
 	}
 	r := *req

@@ -85,7 +85,11 @@ func (s *Server) prepare(er *ExecRequest) (*plan, *ExecResult) {
 		return nil, startFailure(126, fmt.Errorf("chdir %s: not a directory", cwd))
 	}
 
-	path, err := lookPath(er.Argv[0], envValue(env, "PATH"), cwd)
+	argv := er.Argv
+	if len(argv) == 0 { // a pty with no command: the user's login shell
+		argv = []string{loginShell(u)}
+	}
+	path, err := lookPath(argv[0], envValue(env, "PATH"), cwd)
 	if err != nil {
 		code := 126
 		if errors.Is(err, fs.ErrNotExist) {
@@ -103,9 +107,23 @@ func (s *Server) prepare(er *ExecRequest) (*plan, *ExecResult) {
 	}
 	return &plan{
 		path: path,
-		argv: er.Argv,
+		argv: argv,
 		attr: &os.ProcAttr{Dir: cwd, Env: env, Sys: sys},
 	}, nil
+}
+
+// loginShell is u's login shell (root's when u is nil) from the guest's
+// passwd when it is an executable file, else /bin/sh.
+func loginShell(u *userInfo) string {
+	if u == nil {
+		u, _ = lookupUser("0")
+	}
+	if u != nil && strings.HasPrefix(u.Shell, "/") {
+		if fi, err := os.Stat(u.Shell); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return u.Shell
+		}
+	}
+	return "/bin/sh"
 }
 
 // errNotFound mimics exec.ErrNotFound's message.
@@ -164,7 +182,7 @@ func startError(path string, err error) *ExecResult {
 // exec runs one process for the stream st and reports its end.
 func (c *serverConn) exec(st *yamux.Stream, fr *frameReader, fw *frameWriter, req *request) {
 	er := req.Exec
-	if er == nil || len(er.Argv) == 0 {
+	if er == nil || (len(er.Argv) == 0 && er.TTY == nil) {
 		sendError(fw, fmt.Errorf("exec: empty argv: %w", ErrInvalid))
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -204,5 +205,31 @@ func TestPTYBadSize(t *testing.T) {
 	}
 	if _, err := c.Exec(ctxT(t), &ExecRequest{Argv: []string{"true"}, TTY: &WinSize{24, 80}}, nil, nil, nil); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Exec with a TTY: err %v, want ErrInvalid", err)
+	}
+}
+
+// TestPTYLoginShell: a pty exec with no command runs the user's login
+// shell from the guest's passwd, or /bin/sh when that is not executable.
+func TestPTYLoginShell(t *testing.T) {
+	c, _ := startPair(t, "unix")
+	dir := t.TempDir()
+	old := etcDir
+	etcDir = dir
+	defer func() { etcDir = old }()
+	script := filepath.Join(dir, "myshell")
+	os.WriteFile(script, []byte("#!/bin/sh\necho login-shell-ran as $0\n"), 0o755)
+	for _, tc := range []struct{ shell, want string }{
+		{script, "login-shell-ran as " + script},
+		{"/no/such/shell", "sh-fallback"},
+	} {
+		os.WriteFile(filepath.Join(dir, "passwd"), []byte("root:x:0:0:root:/root:"+tc.shell+"\n"), 0o644)
+		r := startPTY(t, c, &ExecRequest{TTY: &WinSize{Rows: 24, Cols: 80}})
+		if tc.shell != script {
+			io.WriteString(r.in, "echo sh-fallback; exit 0\n")
+		}
+		res := r.wait(t, 10*time.Second)
+		if !strings.Contains(r.out.String(), tc.want) || res.ExitCode != 0 {
+			t.Errorf("shell %s: %+v, output %q, want %q", tc.shell, res, r.out.String(), tc.want)
+		}
 	}
 }

@@ -18,7 +18,7 @@ import (
 
 // PtyOptions say what a terminal runs and its size.
 type PtyOptions struct {
-	Argv       []string // default: /bin/sh
+	Argv       []string // default: the user's login shell in the guest, else /bin/sh
 	Env        []string // KEY=VALUE
 	Cwd, User  string
 	Timeout    string // e.g. "30s": the command is killed after it

@@ -717,8 +717,8 @@ func execCmd(g *globals) *cobra.Command {
 	var interactive, tty bool
 	cmd := &cobra.Command{
 		Use:   "exec [-it] ID -- CMD [ARGS...]",
-		Short: "Run a command in a running sandbox (-it: on a terminal, e.g. a shell)",
-		Args:  cobra.MinimumNArgs(2),
+		Short: "Run a command in a running sandbox (-it: on a terminal; with no CMD, a shell)",
+		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if timeout != "" {
 				if d, err := time.ParseDuration(timeout); err != nil || d <= 0 {
@@ -726,7 +726,11 @@ func execCmd(g *globals) *cobra.Command {
 				}
 			}
 			if tty {
+				// No command: the user's login shell in the sandbox.
 				return runExecTTY(cmd.Context(), g.client(), args[0], args[1:], env, cwd, user, timeout)
+			}
+			if len(args) < 2 {
+				return &exitError{code: 2, msg: "exec: give the command after the sandbox id: cagebox exec ID -- CMD (or -it ID for a shell)"}
 			}
 			if interactive {
 				return runExecIn(cmd.Context(), g.client(), args[0], args[1:], env, cwd, user, timeout, true)

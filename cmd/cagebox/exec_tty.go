@@ -101,7 +101,7 @@ func runExecTTY(ctx context.Context, c *client.Client, id string, argv, env []st
 
 func argvName(argv []string) string {
 	if len(argv) == 0 {
-		return "/bin/sh"
+		return "the login shell"
 	}
 	return argv[0]
 }

@@ -25,15 +25,12 @@ import (
 // (or pasted) and control messages are small.
 const maxPtyMessage = 64 << 10
 
-// ptyRequest reads the pty route's query: argv (repeatable; default
-// /bin/sh), rows, cols (default 24x80), env (repeatable K=V), cwd, user,
+// ptyRequest reads the pty route's query: argv (repeatable; default the
+// user's login shell in the guest, else /bin/sh), rows, cols (default 24x80), env (repeatable K=V), cwd, user,
 // timeout (as exec's).
 func ptyRequest(r *http.Request) (*api.ExecRequest, agentproto.WinSize, error) {
 	q := r.URL.Query()
 	req := &api.ExecRequest{Argv: q["argv"], Env: q["env"], Cwd: q.Get("cwd"), User: q.Get("user"), Timeout: q.Get("timeout"), Stdin: true}
-	if len(req.Argv) == 0 {
-		req.Argv = []string{"/bin/sh"}
-	}
 	ws := agentproto.WinSize{Rows: 24, Cols: 80}
 	for name, dst := range map[string]*uint16{"rows": &ws.Rows, "cols": &ws.Cols} {
 		v := q.Get(name)
@@ -54,7 +51,7 @@ func ptyRequest(r *http.Request) (*api.ExecRequest, agentproto.WinSize, error) {
 			return nil, ws, fmt.Errorf("%w: timeout: %q is not a duration such as 30s", errdefs.ErrInvalid, req.Timeout)
 		}
 	}
-	if req.Argv[0] == "" {
+	if len(req.Argv) > 0 && req.Argv[0] == "" {
 		return nil, ws, fmt.Errorf("%w: argv: the command must not be empty", errdefs.ErrInvalid)
 	}
 	return req, ws, nil

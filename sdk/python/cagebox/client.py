@@ -472,7 +472,8 @@ class Sandbox:
 
     def pty(self, cmd: Union[str, Sequence[str], None] = None, rows: int = 24, cols: int = 80, env: Env = None,
             cwd: Optional[str] = None, user: Optional[str] = None, timeout: Duration = None) -> Pty:
-        """Starts a command on a terminal (default /bin/sh; a string is an
+        """Starts a command on a terminal (default: the user's login shell
+        in the sandbox, else /bin/sh; a string is an
         argv of one word, a list the argv) and returns the Pty: read()
         or iterate for output, write() to type (b"\x03" is Ctrl-C),
         resize(rows, cols), wait() for the exit code."""

@@ -435,7 +435,8 @@ export class Sandbox {
   }
 
   /**
-   * Starts a command on a terminal (default /bin/sh; a string is an argv
+   * Starts a command on a terminal (default: the user's login shell in
+   * the sandbox, else /bin/sh; a string is an argv
    * of one word, an array the argv): iterate the Pty for output, write()
    * to type ("\x03" is Ctrl-C), resize(rows, cols), wait() for the exit
    * code.
