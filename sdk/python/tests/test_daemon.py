@@ -432,6 +432,16 @@ class TestPty(DaemonTest):
             out = b"".join(p)
             self.assertIn(b"/dev/pts/", out)
             self.assertEqual(p.exit_code, 5)
+        with sb.pty() as p:  # the login shell
+            p.write("echo shell:$0; exit 6\r")
+            self.assertIn(b"shell:", _read_until(p, b"shell:"))
+            self.assertEqual(p.wait(), 6)
+        # Hanging up kills the command (and the session's jobs).
+        p = sb.pty(["sh", "-c", "sleep 301 & sleep 302; echo never"])
+        time.sleep(1)
+        p.close()
+        self.wait_for("the hung-up terminal's processes to be killed",
+                      lambda: b"sleep 30" not in sb.exec("ps").stdout)
         with self.assertRaises(cagebox.Invalid):
             sb.pty(rows=0)
         with self.assertRaises(cagebox.NotFound):
