@@ -254,7 +254,31 @@ func (c *Client) Health(ctx context.Context) (*Health, error) {
 // Exec returns without waiting for a stdin reader that is blocked in Read;
 // that goroutine ends when Read returns.
 func (c *Client) Exec(ctx context.Context, req *ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*ExecResult, error) {
-	if req == nil || len(req.Argv) == 0 {
+	if req != nil && req.TTY != nil {
+		return nil, fmt.Errorf("agentproto: exec: a TTY exec goes through ExecPTY: %w", ErrInvalid)
+	}
+	return c.exec(ctx, req, stdin, stdout, stderr, nil)
+}
+
+// ExecPTY runs a process on a pseudo-terminal of size req.TTY (required;
+// an empty req.Argv runs the user's login shell from the guest's passwd,
+// else /bin/sh):
+// stdin's bytes go to the terminal (a 0x03 is Ctrl-C: the line discipline
+// signals the foreground job), the terminal's output goes to out, and each
+// size received from resize (may be nil) resizes it. Otherwise it behaves
+// as Exec.
+func (c *Client) ExecPTY(ctx context.Context, req *ExecRequest, stdin io.Reader, out io.Writer, resize <-chan WinSize) (*ExecResult, error) {
+	if req == nil || req.TTY == nil {
+		return nil, fmt.Errorf("agentproto: exec: ExecPTY needs a TTY size: %w", ErrInvalid)
+	}
+	if !req.TTY.Valid() {
+		return nil, fmt.Errorf("agentproto: exec: pty size %dx%d: rows and cols must be 1..%d: %w", req.TTY.Rows, req.TTY.Cols, MaxWinSize, ErrInvalid)
+	}
+	return c.exec(ctx, req, stdin, out, nil, resize)
+}
+
+func (c *Client) exec(ctx context.Context, req *ExecRequest, stdin io.Reader, stdout, stderr io.Writer, resize <-chan WinSize) (*ExecResult, error) {
+	if req == nil || (len(req.Argv) == 0 && req.TTY == nil) {
 		return nil, fmt.Errorf("agentproto: exec: empty argv: %w", ErrInvalid)
 	}
 	r := *req
@@ -275,6 +299,11 @@ func (c *Client) Exec(ctx context.Context, req *ExecRequest, stdin io.Reader, st
 		} else {
 			go pumpStdin(s.fw, stdin)
 		}
+	}
+	if resize != nil {
+		done := make(chan struct{})
+		defer close(done)
+		go pumpResize(s.fw, resize, done)
 	}
 	for {
 		t, p, err := s.fr.next()
@@ -342,6 +371,27 @@ func (c *Client) kill(id uint64) {
 	defer s.close()
 	var v struct{}
 	_ = s.reply(&v)
+}
+
+// pumpResize sends each size from ch as a resize frame until done.
+func pumpResize(fw *frameWriter, ch <-chan WinSize, done <-chan struct{}) {
+	for {
+		select {
+		case <-done:
+			return
+		case ws, ok := <-ch:
+			if !ok {
+				return
+			}
+			if !ws.Valid() {
+				continue
+			}
+			b := []byte{byte(ws.Rows >> 8), byte(ws.Rows), byte(ws.Cols >> 8), byte(ws.Cols)}
+			if fw.write(frameResize, b) != nil {
+				return
+			}
+		}
+	}
 }
 
 func pumpStdin(fw *frameWriter, r io.Reader) {

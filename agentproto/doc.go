@@ -8,8 +8,9 @@
 // per-sandbox token, the agent compares it in constant time and answers with
 // a hello-ok frame or an error frame and closes. After the handshake both
 // sides run a yamux session over the connection (the host is the yamux
-// client). Each operation (exec, health, file write/read, directory listing,
-// signal) is one yamux stream.
+// client). Each operation (exec — on pipes or on a pty —, health, file
+// write/read, directory listing, tar archive get/put, signal) is one yamux
+// stream.
 //
 // On a stream, data travels in frames: a 5-byte header (type byte, big-endian
 // uint32 payload length) followed by the payload. Control messages are JSON
@@ -26,7 +27,11 @@
 // The files are by side: the host's in client.go; the guest's in server.go
 // (handshake, the registry of running processes, file operations, Shutdown),
 // exec_linux.go (starting a process: user lookup through passwd.go, working
-// directory, stdio pumps, timeouts, exit status), reaper_linux.go ([Reaper]:
+// directory, stdio pumps, timeouts, exit status), pty_linux.go (a pty
+// exec's terminal: allocation on the guest's devpts, resize, signals to the
+// session's jobs, the line discipline's Ctrl-C where the kernel does not do
+// it), archive_linux.go (tar streams through internal/tarx),
+// reaper_linux.go ([Reaper]:
 // PID 1's reaping of orphans, which hands exec'd children's statuses back to
 // exec); frame.go and proto.go (frames and messages) are both sides'.
 // cmd/cagebox-agent is the process around the [Server]: PID 1 duties, the

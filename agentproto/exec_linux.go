@@ -85,7 +85,11 @@ func (s *Server) prepare(er *ExecRequest) (*plan, *ExecResult) {
 		return nil, startFailure(126, fmt.Errorf("chdir %s: not a directory", cwd))
 	}
 
-	path, err := lookPath(er.Argv[0], envValue(env, "PATH"), cwd)
+	argv := er.Argv
+	if len(argv) == 0 { // a pty with no command: the user's login shell
+		argv = []string{loginShell(u)}
+	}
+	path, err := lookPath(argv[0], envValue(env, "PATH"), cwd)
 	if err != nil {
 		code := 126
 		if errors.Is(err, fs.ErrNotExist) {
@@ -103,9 +107,23 @@ func (s *Server) prepare(er *ExecRequest) (*plan, *ExecResult) {
 	}
 	return &plan{
 		path: path,
-		argv: er.Argv,
+		argv: argv,
 		attr: &os.ProcAttr{Dir: cwd, Env: env, Sys: sys},
 	}, nil
+}
+
+// loginShell is u's login shell (root's when u is nil) from the guest's
+// passwd when it is an executable file, else /bin/sh.
+func loginShell(u *userInfo) string {
+	if u == nil {
+		u, _ = lookupUser("0")
+	}
+	if u != nil && strings.HasPrefix(u.Shell, "/") {
+		if fi, err := os.Stat(u.Shell); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return u.Shell
+		}
+	}
+	return "/bin/sh"
 }
 
 // errNotFound mimics exec.ErrNotFound's message.
@@ -164,7 +182,7 @@ func startError(path string, err error) *ExecResult {
 // exec runs one process for the stream st and reports its end.
 func (c *serverConn) exec(st *yamux.Stream, fr *frameReader, fw *frameWriter, req *request) {
 	er := req.Exec
-	if er == nil || len(er.Argv) == 0 {
+	if er == nil || (len(er.Argv) == 0 && er.TTY == nil) {
 		sendError(fw, fmt.Errorf("exec: empty argv: %w", ErrInvalid))
 		return
 	}
@@ -195,31 +213,27 @@ func (c *serverConn) run(st *yamux.Stream, fr *frameReader, fw *frameWriter, id 
 		return fail
 	}
 
-	// Pipes; the child's ends are closed once it has started.
-	var stdinR, stdinW *os.File
-	var err error
-	if er.Stdin {
-		if stdinR, stdinW, err = os.Pipe(); err != nil {
-			close(p.done)
-			return startFailure(126, fmt.Errorf("stdin pipe: %w", err))
-		}
-	} else if stdinR, err = openDevNull(); err != nil {
+	// Pipes or a pty; the child's ends are closed once it has started.
+	sio, err := openStdio(er, pl)
+	if err != nil {
 		close(p.done)
 		return startFailure(126, err)
 	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		closeAll(stdinR, stdinW)
-		close(p.done)
-		return startFailure(126, fmt.Errorf("stdout pipe: %w", err))
+	pl.attr.Files = sio.child
+	if sio.tty != nil {
+		tty := sio.tty
+		p.also = func(sig syscall.Signal) { signalSession(p.pid, tty, sig) }
+		if sio.isig != nil {
+			sio.isig.leader = func() int {
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				if p.exited {
+					return 0
+				}
+				return p.pid
+			}
+		}
 	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		closeAll(stdinR, stdinW, outR, outW)
-		close(p.done)
-		return startFailure(126, fmt.Errorf("stderr pipe: %w", err))
-	}
-	pl.attr.Files = []*os.File{stdinR, outW, errW}
 
 	exitCh := make(chan syscall.WaitStatus, 1)
 	startProcess := os.StartProcess
@@ -244,13 +258,9 @@ func (c *serverConn) run(st *yamux.Stream, fr *frameReader, fw *frameWriter, id 
 	} else {
 		pid, err = start()
 	}
-	if er.Stdin {
-		stdinR.Close()
-	}
-	outW.Close()
-	errW.Close()
+	sio.closeChild()
 	if err != nil {
-		closeAll(stdinW, outR, errR)
+		sio.closeParent()
 		close(p.done)
 		return startError(pl.path, err)
 	}
@@ -272,19 +282,23 @@ func (c *serverConn) run(st *yamux.Stream, fr *frameReader, fw *frameWriter, id 
 	}
 
 	var pumps sync.WaitGroup
-	pumps.Add(2)
-	go pump(&pumps, outR, fw, frameStdout)
-	go pump(&pumps, errR, fw, frameStderr)
+	pumps.Add(len(sio.out))
+	for i, r := range sio.out {
+		go pump(&pumps, r, fw, []frameType{frameStdout, frameStderr}[i])
+	}
 
-	// Frames from the host: stdin, stdin-close, signal. The end of the
-	// stream before the process exits means the host is gone: kill.
+	// Frames from the host: stdin, stdin-close, signal, resize. The end of
+	// the stream before the process exits means the host is gone: kill.
 	go func() {
-		stdin := stdinW
-		defer func() {
-			if stdin != nil {
+		stdin := sio.stdin
+		// A pty's master is also its output: never closed here.
+		closeStdin := func() {
+			if stdin != nil && sio.tty == nil {
 				stdin.Close()
 			}
-		}()
+			stdin = nil
+		}
+		defer closeStdin()
 		for {
 			t, b, err := fr.next()
 			if err != nil {
@@ -294,15 +308,28 @@ func (c *serverConn) run(st *yamux.Stream, fr *frameReader, fw *frameWriter, id 
 			switch t {
 			case frameStdin:
 				if stdin != nil {
-					if _, err := stdin.Write(b); err != nil {
-						stdin.Close()
-						stdin = nil
+					var err error
+					if sio.isig != nil {
+						err = sio.isig.write(stdin, b)
+					} else {
+						_, err = stdin.Write(b)
+					}
+					if err != nil {
+						closeStdin()
 					}
 				}
 			case frameStdinClose:
-				if stdin != nil {
-					stdin.Close()
-					stdin = nil
+				// On a pty the terminal stays: end of input is the
+				// line discipline's business (a ^D byte).
+				if sio.tty == nil {
+					closeStdin()
+				}
+			case frameResize:
+				if sio.tty != nil && len(b) == 4 {
+					ws := WinSize{Rows: uint16(b[0])<<8 | uint16(b[1]), Cols: uint16(b[2])<<8 | uint16(b[3])}
+					if ws.Valid() {
+						setWinSize(sio.tty, ws)
+					}
 				}
 			case frameSignal:
 				if len(b) == 1 && b[0] >= 1 && b[0] <= 64 {
@@ -320,15 +347,22 @@ func (c *serverConn) run(st *yamux.Stream, fr *frameReader, fw *frameWriter, id 
 	close(p.done)
 	// Unblock a stdin write the process will never read, and stop waiting
 	// for output that a background child may hold open.
-	if stdinW != nil {
-		stdinW.Close()
+	if sio.tty != nil {
+		sio.tty.SetWriteDeadline(time.Unix(1, 0))
+	} else if sio.stdin != nil {
+		sio.stdin.Close()
 	}
 	deadline := time.Now().Add(drainGrace)
-	outR.SetReadDeadline(deadline)
-	errR.SetReadDeadline(deadline)
+	for _, r := range sio.out {
+		r.SetReadDeadline(deadline)
+	}
 	pumps.Wait()
-	outR.Close()
-	errR.Close()
+	for _, r := range sio.out {
+		r.Close()
+	}
+	if sio.isig != nil {
+		sio.isig.slave.Close()
+	}
 	// Stop the host-frame reader.
 	st.SetReadDeadline(time.Unix(1, 0))
 
@@ -429,6 +463,95 @@ func drainAvailable(r *os.File, buf []byte, send func(int)) {
 			return
 		}
 	}
+}
+
+// stdio is a process's standard streams, both ends.
+type stdio struct {
+	child []*os.File // stdin, stdout, stderr as the child gets them
+	owned []*os.File // child ends to close once it has started (not the shared /dev/null)
+	stdin *os.File   // where stdin frames go (nil: not attached)
+	out   []*os.File // stdout then stderr; one for a pty
+	tty   *os.File   // a pty's master (also stdin and out[0])
+	isig  *isigEmu   // a pty whose kernel does not signal for Ctrl-C
+}
+
+func (s *stdio) closeChild() { closeAll(s.owned...) }
+
+func (s *stdio) closeParent() {
+	if s.tty == nil {
+		closeAll(s.stdin)
+	}
+	closeAll(s.out...)
+	if s.isig != nil {
+		s.isig.slave.Close()
+	}
+}
+
+// openStdio makes the streams for er: pipes, or a pty (then pl starts the
+// child as a session leader with the pty as its controlling terminal).
+func openStdio(er *ExecRequest, pl *plan) (*stdio, error) {
+	if er.TTY != nil {
+		if !er.TTY.Valid() {
+			return nil, fmt.Errorf("pty size %dx%d: rows and cols must be 1..%d", er.TTY.Rows, er.TTY.Cols, MaxWinSize)
+		}
+		uid := -1
+		if c := pl.attr.Sys.Credential; c != nil {
+			uid = int(c.Uid)
+		}
+		master, slave, err := openPTY(*er.TTY, uid)
+		if err != nil {
+			return nil, err
+		}
+		var isig *isigEmu
+		if emulateISIG || !lineDisciplineSignals() {
+			fd, err := unix.FcntlInt(slave.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				closeAll(master, slave)
+				return nil, fmt.Errorf("dup pty: %w", err)
+			}
+			isig = &isigEmu{slave: os.NewFile(uintptr(fd), "pty-slave"), master: master, leader: func() int { return 0 }}
+		}
+		sys := pl.attr.Sys
+		sys.Setpgid = false // setsid makes it a group leader
+		sys.Setsid = true
+		sys.Setctty = true
+		sys.Ctty = 0 // the child's fd 0
+		return &stdio{
+			child: []*os.File{slave, slave, slave},
+			owned: []*os.File{slave},
+			stdin: master,
+			out:   []*os.File{master},
+			tty:   master,
+			isig:  isig,
+		}, nil
+	}
+	s := &stdio{}
+	var stdinR *os.File
+	var err error
+	if er.Stdin {
+		if stdinR, s.stdin, err = os.Pipe(); err != nil {
+			return nil, fmt.Errorf("stdin pipe: %w", err)
+		}
+		s.owned = append(s.owned, stdinR)
+	} else if stdinR, err = openDevNull(); err != nil {
+		return nil, err
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		s.closeChild()
+		closeAll(s.stdin)
+		return nil, fmt.Errorf("stdout pipe: %w", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		s.closeChild()
+		closeAll(s.stdin, outR, outW)
+		return nil, fmt.Errorf("stderr pipe: %w", err)
+	}
+	s.child = []*os.File{stdinR, outW, errW}
+	s.owned = append(s.owned, outW, errW)
+	s.out = []*os.File{outR, errR}
+	return s, nil
 }
 
 func closeAll(fs ...*os.File) {

@@ -39,12 +39,13 @@ const (
 	frameStdinClose                      // close process stdin; empty
 	frameExit                            // JSON ExecResult, last frame of an exec
 	frameSignal                          // one byte: signal number for the process group
+	frameResize                          // 4 bytes: rows, cols (big-endian uint16) of a pty exec
 	frameTypeEnd
 )
 
 func (t frameType) String() string {
 	names := [...]string{"invalid", "hello", "hello-ok", "request", "reply", "error",
-		"data", "eof", "stdin", "stdout", "stderr", "stdin-close", "exit", "signal"}
+		"data", "eof", "stdin", "stdout", "stderr", "stdin-close", "exit", "signal", "resize"}
 	if int(t) < len(names) {
 		return names[t]
 	}
@@ -60,6 +61,8 @@ func (t frameType) maxPayload() int {
 		return 0
 	case frameSignal:
 		return 1
+	case frameResize:
+		return 4
 	default:
 		return MaxFrameSize
 	}

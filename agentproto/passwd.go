@@ -18,6 +18,7 @@ type passwdEntry struct {
 	Name     string
 	UID, GID uint32
 	Home     string
+	Shell    string
 }
 
 type groupEntry struct {
@@ -32,6 +33,7 @@ type userInfo struct {
 	UID, GID uint32
 	Groups   []uint32 // supplementary groups
 	Home     string   // empty when unknown
+	Shell    string   // login shell; empty when unknown
 }
 
 // parsePasswd parses passwd(5) lines; malformed lines are skipped.
@@ -47,7 +49,7 @@ func parsePasswd(r io.Reader) ([]passwdEntry, error) {
 		if err1 != nil || err2 != nil {
 			return
 		}
-		out = append(out, passwdEntry{Name: f[0], UID: uid, GID: gid, Home: f[5]})
+		out = append(out, passwdEntry{Name: f[0], UID: uid, GID: gid, Home: f[5], Shell: f[6]})
 	})
 	return out, err
 }
@@ -144,7 +146,7 @@ func resolveUser(spec string, users []passwdEntry, groups []groupEntry) (*userIn
 		u.UID = pw.UID
 	}
 	if pw != nil {
-		u.Name, u.GID, u.Home = pw.Name, pw.GID, pw.Home
+		u.Name, u.GID, u.Home, u.Shell = pw.Name, pw.GID, pw.Home, pw.Shell
 		for _, g := range groups {
 			for _, m := range g.Members {
 				if m == pw.Name && g.GID != u.GID {

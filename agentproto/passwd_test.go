@@ -41,7 +41,7 @@ func TestParsePasswd(t *testing.T) {
 	if want := []string{"root", "daemon", "alice", "bob", "nobody"}; !reflect.DeepEqual(names, want) {
 		t.Fatalf("users %v, want %v", names, want)
 	}
-	if users[2] != (passwdEntry{Name: "alice", UID: 1000, GID: 1000, Home: "/home/alice"}) {
+	if users[2] != (passwdEntry{Name: "alice", UID: 1000, GID: 1000, Home: "/home/alice", Shell: "/bin/bash"}) {
 		t.Fatalf("alice = %+v", users[2])
 	}
 	groups, err := parseGroup(strings.NewReader(testGroup))
@@ -61,13 +61,13 @@ func TestResolveUser(t *testing.T) {
 		want    *userInfo
 		wantErr string
 	}{
-		{spec: "root", want: &userInfo{Name: "root", UID: 0, GID: 0, Home: "/root"}},
-		{spec: "0", want: &userInfo{Name: "root", UID: 0, GID: 0, Home: "/root"}},
-		{spec: "alice", want: &userInfo{Name: "alice", UID: 1000, GID: 1000, Groups: []uint32{100, 999, 10}, Home: "/home/alice"}},
-		{spec: "1000", want: &userInfo{Name: "alice", UID: 1000, GID: 1000, Groups: []uint32{100, 999, 10}, Home: "/home/alice"}},
-		{spec: "bob", want: &userInfo{Name: "bob", UID: 1001, GID: 100, Groups: []uint32{999, 10}, Home: "/home/bob"}},
-		{spec: "alice:docker", want: &userInfo{Name: "alice", UID: 1000, GID: 999, Groups: []uint32{100, 999, 10}, Home: "/home/alice"}},
-		{spec: "1000:5", want: &userInfo{Name: "alice", UID: 1000, GID: 5, Groups: []uint32{100, 999, 10}, Home: "/home/alice"}},
+		{spec: "root", want: &userInfo{Name: "root", UID: 0, GID: 0, Home: "/root", Shell: "/bin/bash"}},
+		{spec: "0", want: &userInfo{Name: "root", UID: 0, GID: 0, Home: "/root", Shell: "/bin/bash"}},
+		{spec: "alice", want: &userInfo{Name: "alice", UID: 1000, GID: 1000, Groups: []uint32{100, 999, 10}, Home: "/home/alice", Shell: "/bin/bash"}},
+		{spec: "1000", want: &userInfo{Name: "alice", UID: 1000, GID: 1000, Groups: []uint32{100, 999, 10}, Home: "/home/alice", Shell: "/bin/bash"}},
+		{spec: "bob", want: &userInfo{Name: "bob", UID: 1001, GID: 100, Groups: []uint32{999, 10}, Home: "/home/bob", Shell: "/bin/sh"}},
+		{spec: "alice:docker", want: &userInfo{Name: "alice", UID: 1000, GID: 999, Groups: []uint32{100, 999, 10}, Home: "/home/alice", Shell: "/bin/bash"}},
+		{spec: "1000:5", want: &userInfo{Name: "alice", UID: 1000, GID: 5, Groups: []uint32{100, 999, 10}, Home: "/home/alice", Shell: "/bin/bash"}},
 		{spec: "4242", want: &userInfo{UID: 4242, GID: 4242}},
 		{spec: "4242:4343", want: &userInfo{UID: 4242, GID: 4343}},
 		{spec: "mallory", wantErr: "unknown user"},

@@ -40,6 +40,25 @@ type ExecRequest struct {
 	User    string        `json:"user,omitempty"`    // "name", "uid", "name:group" or "uid:gid"; empty = the agent's user (root)
 	Timeout time.Duration `json:"timeout,omitempty"` // 0 = none; on expiry the process group is SIGKILLed and TimedOut is set
 	Stdin   bool          `json:"stdin,omitempty"`   // whether stdin is attached (implied by a non-nil stdin reader)
+	// TTY, when set, runs the process on a pseudo-terminal of this size: a
+	// new session whose controlling terminal is the pty, stdin, stdout and
+	// stderr all on it, one output stream (stdout), stdin always attached.
+	TTY *WinSize `json:"tty,omitempty"`
+}
+
+// WinSize is a terminal's size in character cells.
+type WinSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// MaxWinSize bounds a terminal's rows and columns: a terminal larger than
+// this is a mistake, and curses programs allocate by it.
+const MaxWinSize = 4096
+
+// Valid reports whether ws is a usable terminal size (1..MaxWinSize each).
+func (ws WinSize) Valid() bool {
+	return ws.Rows >= 1 && ws.Cols >= 1 && ws.Rows <= MaxWinSize && ws.Cols <= MaxWinSize
 }
 
 // ExecResult is how a process ended.
@@ -187,17 +206,23 @@ const (
 	opListDir   = "list_dir"
 	opSignal    = "signal"
 	opClaim     = "claim"
+	// opArchiveGet sends a directory (or file) as a tar stream in data
+	// frames, then EOF; opArchivePut receives one and extracts it.
+	opArchiveGet = "archive_get"
+	opArchivePut = "archive_put"
 )
 
 // request is the first frame of every stream.
 type request struct {
-	Op     string       `json:"op"`
-	ID     uint64       `json:"id,omitempty"`     // exec: client-chosen id; signal: the exec to signal
-	Exec   *ExecRequest `json:"exec,omitempty"`   // exec
-	Path   string       `json:"path,omitempty"`   // file operations
-	Mode   uint32       `json:"mode,omitempty"`   // write_file: os.FileMode
-	Max    int64        `json:"max,omitempty"`    // read_file
-	Signal int          `json:"signal,omitempty"` // signal
+	Op   string       `json:"op"`
+	ID   uint64       `json:"id,omitempty"`   // exec: client-chosen id; signal: the exec to signal
+	Exec *ExecRequest `json:"exec,omitempty"` // exec
+	Path string       `json:"path,omitempty"` // file operations
+	Mode uint32       `json:"mode,omitempty"` // write_file: os.FileMode
+	Max  int64        `json:"max,omitempty"`  // read_file; archive_put: bytes of files
+	// MaxEntries bounds archive_put's entries.
+	MaxEntries int `json:"max_entries,omitempty"`
+	Signal     int `json:"signal,omitempty"` // signal
 	// Claim is the claim operation's Claim.
 	Claim json.RawMessage `json:"claim,omitempty"`
 }

@@ -262,6 +262,10 @@ type process struct {
 	pid      int // 0 until started
 	exited   bool
 	timedOut bool
+	// also, for a process on a pty, passes a signal on to the rest of its
+	// session: a shell with job control runs each job in a process group
+	// of its own.
+	also func(sig syscall.Signal)
 }
 
 func (p *process) setPID(pid int) {
@@ -284,6 +288,9 @@ func (p *process) signalLocked(sig syscall.Signal) {
 	if err := syscall.Kill(-p.pid, sig); err != nil {
 		// The leader may have moved to another group.
 		syscall.Kill(p.pid, sig)
+	}
+	if p.also != nil {
+		p.also(sig)
 	}
 }
 
@@ -365,6 +372,16 @@ func (c *serverConn) handle(st *yamux.Stream) {
 		if err := listDir(fw, &req); err != nil {
 			sendError(fw, err)
 		}
+	case opArchiveGet:
+		if err := archiveGet(fw, &req); err != nil {
+			sendError(fw, err)
+		}
+	case opArchivePut:
+		if err := archivePut(fr, &req); err != nil {
+			sendError(fw, err)
+			return
+		}
+		sendReply(fw, struct{}{})
 	default:
 		sendError(fw, fmt.Errorf("unknown operation %q: %w", req.Op, ErrInvalid))
 	}

@@ -610,3 +610,20 @@ type ConsoleSession struct {
 	URL       string    `json:"url"`
 	ExpiresAt time.Time `json:"expires_at"`
 }
+
+// PtyControl is a text (JSON) message on the pty WebSocket
+// (GET /v1/sandboxes/{id}/pty). Client → server: {"type":"resize","rows":N,
+// "cols":M}. Server → client, once, just before a normal close (1000):
+// {"type":"exit","exit_code":N,"signal":"SIGX"} (signal only when a signal
+// ended the command; timed_out, oom_killed and error as on an exec's exit
+// frame). Binary messages, both ways, are the terminal's bytes.
+type PtyControl struct {
+	Type      string `json:"type"`
+	Rows      int    `json:"rows,omitempty"`
+	Cols      int    `json:"cols,omitempty"`
+	ExitCode  *int   `json:"exit_code,omitempty"`
+	Signal    string `json:"signal,omitempty"`
+	TimedOut  bool   `json:"timed_out,omitempty"`
+	OOMKilled bool   `json:"oom_killed,omitempty"`
+	Error     string `json:"error,omitempty"`
+}

@@ -605,7 +605,12 @@ func stdinAttached() bool {
 
 // runExec runs argv and turns its result into the CLI's exit code.
 func runExec(ctx context.Context, c *client.Client, id string, argv []string, env []string, cwd, user, timeout string) error {
-	req := &api.ExecRequest{Argv: argv, Env: env, Cwd: cwd, User: user, Timeout: timeout, Stdin: stdinAttached()}
+	return runExecIn(ctx, c, id, argv, env, cwd, user, timeout, stdinAttached())
+}
+
+// runExecIn is runExec with stdin forwarded or not.
+func runExecIn(ctx context.Context, c *client.Client, id string, argv []string, env []string, cwd, user, timeout string, stdin bool) error {
+	req := &api.ExecRequest{Argv: argv, Env: env, Cwd: cwd, User: user, Timeout: timeout, Stdin: stdin}
 	res, err := c.Exec(ctx, id, req, os.Stdin, os.Stdout, os.Stderr)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -709,19 +714,32 @@ func createCmd(g *globals) *cobra.Command {
 func execCmd(g *globals) *cobra.Command {
 	var env []string
 	var cwd, user, timeout string
+	var interactive, tty bool
 	cmd := &cobra.Command{
-		Use:   "exec ID -- CMD [ARGS...]",
-		Short: "Run a command in a running sandbox",
-		Args:  cobra.MinimumNArgs(2),
+		Use:   "exec [-it] ID -- CMD [ARGS...]",
+		Short: "Run a command in a running sandbox (-it: on a terminal; with no CMD, a shell)",
+		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if timeout != "" {
 				if d, err := time.ParseDuration(timeout); err != nil || d <= 0 {
 					return &exitError{code: 125, msg: fmt.Sprintf("--timeout: %q is not a duration such as 30s", timeout)}
 				}
 			}
+			if tty {
+				// No command: the user's login shell in the sandbox.
+				return runExecTTY(cmd.Context(), g.client(), args[0], args[1:], env, cwd, user, timeout)
+			}
+			if len(args) < 2 {
+				return &exitError{code: 2, msg: "exec: give the command after the sandbox id: cagebox exec ID -- CMD (or -it ID for a shell)"}
+			}
+			if interactive {
+				return runExecIn(cmd.Context(), g.client(), args[0], args[1:], env, cwd, user, timeout, true)
+			}
 			return runExec(cmd.Context(), g.client(), args[0], args[1:], env, cwd, user, timeout)
 		},
 	}
+	cmd.Flags().BoolVarP(&interactive, "interactive", "i", false, "forward stdin even when it is a terminal")
+	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "run the command on a terminal (raw mode locally; Ctrl-C and window size go to the sandbox); stdin must be a terminal")
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().StringVarP(&cwd, "workdir", "w", "", "working directory")
 	cmd.Flags().StringVarP(&user, "user", "u", "", "user (name, uid or uid:gid)")

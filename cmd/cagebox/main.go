@@ -82,6 +82,7 @@ func newRoot() *cobra.Command {
 		runCmd(g),
 		createCmd(g),
 		execCmd(g),
+		cpCmd(g),
 		lsCmd(g),
 		inspectCmd(g),
 		stopCmd(g),

@@ -67,6 +67,17 @@ type ExecOutput struct {
 // result carries OOMKilled when the sandbox's OOM counter rose during a
 // run that ended by SIGKILL.
 func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequest, stdin io.Reader, out ExecOutput) (*api.ExecFrame, error) {
+	if !req.Stdin {
+		stdin = nil
+	}
+	return m.execute(ctx, tenant, id, req, func(c *agentproto.Client, areq *agentproto.ExecRequest) (*agentproto.ExecResult, error) {
+		return c.Exec(ctx, areq, stdin, out.Stdout, out.Stderr)
+	})
+}
+
+// execute checks req, finds the running sandbox, counts the exec as
+// activity while it runs, and reports its end; run starts it on the agent.
+func (m *Manager) execute(ctx context.Context, tenant, id string, req *api.ExecRequest, run func(*agentproto.Client, *agentproto.ExecRequest) (*agentproto.ExecResult, error)) (*api.ExecFrame, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return nil, invalid("argv: give the command to run")
 	}
@@ -126,10 +137,7 @@ func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequ
 		areq.User = e.execUser
 	}
 	e.mu.Unlock()
-	if !req.Stdin {
-		stdin = nil
-	}
-	res, err := c.Exec(ctx, areq, stdin, out.Stdout, out.Stderr)
+	res, err := run(c, areq)
 	if err != nil {
 		if ctx.Err() == nil && isConnErr(err) {
 			e.dropClient(c)

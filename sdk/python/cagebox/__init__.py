@@ -27,6 +27,8 @@ from .client import (
     Tenants,
     Tools,
 )
+from ._tar import UnsafeArchive
+from .pty import Pty
 from .errors import (
     CageboxError,
     Conflict,
@@ -43,7 +45,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Approvals", "Cagebox", "EventStream", "ExecResult", "ExecStream", "Files", "NamedPolicies", "Output",
-    "Policy", "Record", "Sandbox", "Secrets", "Tenants", "Tools",
+    "Policy", "Pty", "Record", "Sandbox", "Secrets", "Tenants", "Tools", "UnsafeArchive",
     "CageboxError", "Conflict", "ConnectionFailed", "Denied", "InternalError", "Invalid", "NotFound",
     "Unauthorized", "Unavailable",
 ]

@@ -12,11 +12,15 @@ import datetime
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 from .errors import CageboxError, InternalError, NotFound
+from . import _tar
 from ._transport import LineStream, Transport
+from ._ws import WebSocket
+from .pty import Pty
 
 DEFAULT_HOME = "/var/lib/cagebox"
 
@@ -276,6 +280,44 @@ class Files:
         """Lists a directory: records with name, size, mode, mod_time, is_dir."""
         return Record.of(self._sb._t.call("GET /v1/sandboxes/{id}/dir", {"id": self._sb.id}, query={"path": path}))
 
+    def archive_get(self, path: str) -> bytes:
+        """The directory (or file) at path as a tar archive (the guest's
+        word: extract it with download_dir's checks, not tarfile's
+        extractall)."""
+        return self._sb._t.call("GET /v1/sandboxes/{id}/archive", {"id": self._sb.id}, query={"path": path},
+                                decode=False)
+
+    def archive_put(self, path: str, archive: Any) -> None:
+        """Extracts a tar archive (bytes or a binary file) under the
+        directory path (made if missing). The daemon refuses (Invalid)
+        entries that would land outside it, device nodes, and archives over
+        1 GiB of files or 100000 entries."""
+        if isinstance(archive, (bytes, bytearray, memoryview)):
+            archive = bytes(archive)
+        self._sb._t.call("PUT /v1/sandboxes/{id}/archive", {"id": self._sb.id}, query={"path": path},
+                         raw=archive, content_type="application/x-tar")
+
+    def upload_dir(self, local: str, remote: str) -> None:
+        """Copies the local directory's contents (or a file) under the
+        sandbox directory remote: modes and symlinks kept; device nodes,
+        FIFOs and sockets skipped."""
+        with tempfile.TemporaryFile() as tmp:
+            _tar.write_tree(tmp, local)
+            tmp.seek(0)
+            self.archive_put(remote, tmp)
+
+    def download_dir(self, remote: str, local: str) -> int:
+        """Copies the sandbox directory's contents (or a file) under the
+        local directory (made if missing); returns the number of entries.
+        The archive is treated as hostile: nothing lands outside local (no
+        absolute names, no .., nothing through a symlink), device nodes are
+        refused, size and entries are bounded (_tar.UnsafeArchive)."""
+        conn, resp = self._sb._t.open("GET /v1/sandboxes/{id}/archive", {"id": self._sb.id}, query={"path": remote})
+        try:
+            return _tar.safe_extract(resp, local)
+        finally:
+            conn.close()
+
 
 class Policy:
     """A running sandbox's live egress policy (sb.policy). Every change is
@@ -427,6 +469,20 @@ class Sandbox:
             req["stdin"] = True
         first = json.dumps(req).encode() + b"\n"
         return ExecStream(self._t.duplex("POST /v1/sandboxes/{id}/exec", {"id": self.id}, first, chunks))
+
+    def pty(self, cmd: Union[str, Sequence[str], None] = None, rows: int = 24, cols: int = 80, env: Env = None,
+            cwd: Optional[str] = None, user: Optional[str] = None, timeout: Duration = None) -> Pty:
+        """Starts a command on a terminal (default: the user's login shell
+        in the sandbox, else /bin/sh; a string is an
+        argv of one word, a list the argv) and returns the Pty: read()
+        or iterate for output, write() to type (b"\x03" is Ctrl-C),
+        resize(rows, cols), wait() for the exit code."""
+        argv: Optional[List[str]] = None
+        if cmd is not None:
+            argv = [cmd] if isinstance(cmd, str) else list(cmd)
+        q = {"argv": argv, "rows": rows, "cols": cols, "env": env_list(env), "cwd": cwd, "user": user,
+             "timeout": duration(timeout)}
+        return Pty(WebSocket.connect(self._t, "GET /v1/sandboxes/{id}/pty", {"id": self.id}, q))
 
     def pause(self, to_disk: bool = False) -> "Sandbox":
         """Freezes every process (memory kept). to_disk=True hibernates a

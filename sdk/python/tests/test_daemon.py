@@ -389,6 +389,117 @@ class TestSecretsAndEvents(DaemonTest):
         self.assertTrue(all(e.seq > last for e in self.cb.events(after=last)))
 
 
+def _read_until(p, needle, timeout=20):
+    """Reads the terminal until needle shows up (in a thread-free way: the
+    WebSocket's socket has a timeout)."""
+    buf = b""
+    deadline = time.time() + timeout
+    while needle not in buf:
+        if time.time() > deadline:
+            raise AssertionError(f"no {needle!r} on the terminal; it shows {buf!r}")
+        b = p.read()
+        if not b:
+            raise AssertionError(f"terminal ended before {needle!r}; it showed {buf!r}")
+        buf += b
+    return buf
+
+
+class TestPty(DaemonTest):
+    def test_shell_resize_ctrl_c_exit(self):
+        sb = self.new()
+        with sb.pty("sh", rows=30, cols=100, env={"PS1": "cbx$ "}) as p:
+            _read_until(p, b"cbx$ ")
+            p.write("stty size\r")
+            _read_until(p, b"30 100")
+            p.resize(40, 132)
+            time.sleep(0.3)
+            p.write("stty size\r")
+            _read_until(p, b"40 132")
+            p.write("sleep 100\r")
+            time.sleep(1)
+            t0 = time.time()
+            p.write(b"\x03")
+            p.write("echo alive$((40+2))\r")
+            _read_until(p, b"alive42")
+            self.assertLess(time.time() - t0, 20)
+            p.write("exit 3\r")
+            self.assertEqual(p.wait(), 3)
+            self.assertEqual(p.result["type"], "exit")
+
+    def test_command_and_errors(self):
+        sb = self.new()
+        with sb.pty(["sh", "-c", "test -t 0 && tty && exit 5"]) as p:
+            out = b"".join(p)
+            self.assertIn(b"/dev/pts/", out)
+            self.assertEqual(p.exit_code, 5)
+        with sb.pty() as p:  # the login shell
+            p.write("echo shell:$0; exit 6\r")
+            self.assertIn(b"shell:", _read_until(p, b"shell:"))
+            self.assertEqual(p.wait(), 6)
+        # Hanging up kills the command (and the session's jobs).
+        p = sb.pty(["sh", "-c", "sleep 301 & sleep 302; echo never"])
+        time.sleep(1)
+        p.close()
+        self.wait_for("the hung-up terminal's processes to be killed",
+                      lambda: b"sleep 30" not in sb.exec("ps").stdout)
+        with self.assertRaises(cagebox.Invalid):
+            sb.pty(rows=0)
+        with self.assertRaises(cagebox.NotFound):
+            self.cb.sandbox("sb-nope").pty()
+        with sb.pty(["no-such-command"]) as p:
+            self.assertEqual(p.wait(), 127)
+            self.assertIn("not found", p.result.get("error", ""))
+
+
+class TestArchive(DaemonTest):
+    def test_upload_download_round_trip(self):
+        import tempfile
+        sb = self.new()
+        src = tempfile.mkdtemp()
+        self.addCleanup(__import__("shutil").rmtree, src)
+        os.makedirs(os.path.join(src, "sub", "deep"), 0o750)
+        os.mkdir(os.path.join(src, "empty"), 0o700)
+        with open(os.path.join(src, "run.sh"), "w") as f:
+            f.write("#!/bin/sh\necho ran\n")
+        os.chmod(os.path.join(src, "run.sh"), 0o755)
+        with open(os.path.join(src, "sub", "deep", "data"), "wb") as f:
+            f.write(b"x" * 100000)
+        os.symlink("sub/deep/data", os.path.join(src, "link"))
+        sb.files.upload_dir(src, "/work/up")
+        r = sb.exec("cd /work/up && ./run.sh && stat -c '%n %a' run.sh empty sub/deep && readlink link")
+        self.assertEqual(r.exit_code, 0, r.stderr)
+        for want in (b"ran", b"run.sh 755", b"empty 700", b"sub/deep 750", b"sub/deep/data"):
+            self.assertIn(want, r.stdout)
+        back = os.path.join(tempfile.mkdtemp(), "back")
+        self.addCleanup(__import__("shutil").rmtree, os.path.dirname(back))
+        self.assertGreaterEqual(sb.files.download_dir("/work/up", back), 6)
+        self.assertEqual(os.stat(os.path.join(back, "run.sh")).st_mode & 0o777, 0o755)
+        self.assertEqual(os.stat(os.path.join(back, "empty")).st_mode & 0o777, 0o700)
+        self.assertEqual(os.readlink(os.path.join(back, "link")), "sub/deep/data")
+        with open(os.path.join(back, "link"), "rb") as f:
+            self.assertEqual(len(f.read()), 100000)
+        raw = sb.files.archive_get("/work/up/run.sh")
+        import tarfile
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
+            self.assertEqual(tf.getnames(), ["run.sh"])
+
+    def test_escapes_refused(self):
+        import tarfile
+        sb = self.new()
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            ti = tarfile.TarInfo("ln")
+            ti.type, ti.linkname = tarfile.SYMTYPE, "/"
+            tf.addfile(ti)
+            ti = tarfile.TarInfo("ln/escaped")
+            ti.size = 1
+            tf.addfile(ti, io.BytesIO(b"x"))
+        with self.assertRaises(cagebox.Invalid) as c:
+            sb.files.archive_put("/work/t", buf.getvalue())
+        self.assertIn("symlink", str(c.exception))
+        self.assertNotEqual(sb.exec("test -e /escaped").exit_code, 0)
+
+
 class TestTCP(DaemonTest):
     def test_api_key(self):
         self.cb.tenants.create("sdk-team")
@@ -408,6 +519,11 @@ class TestTCP(DaemonTest):
             self.assertEqual(sb.exec("cat", stdin=big).stdout, big)
             sb.files.write("/tmp/f", b"x")
             self.assertEqual(sb.files.read("/tmp/f"), b"x")
+            # A terminal over HTTPS with the tenant's key.
+            with sb.pty(["sh", "-c", "read line; echo got:$line; exit 4"]) as p:
+                p.write("hello\r")
+                self.assertIn(b"got:hello", _read_until(p, b"got:hello"))
+                self.assertEqual(p.wait(), 4)
             # The tenant sees its own sandboxes only; the admin sees all.
             self.assertEqual([s.id for s in tcp.sandboxes()], [sb.id])
             self.assertIn(sb.id, [s.id for s in self.cb.sandboxes()])

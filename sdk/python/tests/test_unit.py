@@ -159,3 +159,132 @@ class TestBuildBackend(unittest.TestCase):
             sdist = backend.build_sdist(d)
             with tarfile.open(os.path.join(d, sdist)) as t:
                 self.assertIn(f"cagebox-{cagebox.__version__}/pyproject.toml", t.getnames())
+
+
+class TestSafeExtract(unittest.TestCase):
+    """download_dir's checks, with crafted archives (Python 3.9 has no
+    tarfile extraction filters)."""
+
+    def tar(self, *entries):
+        import io
+        import tarfile
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for name, typ, extra in entries:
+                ti = tarfile.TarInfo(name)
+                ti.type = typ
+                data = None
+                if typ == tarfile.REGTYPE:
+                    body = extra if isinstance(extra, bytes) else b"x"
+                    ti.size = len(body)
+                    data = io.BytesIO(body)
+                elif extra is not None:
+                    ti.linkname = extra
+                tf.addfile(ti, data)
+        buf.seek(0)
+        return buf
+
+    def setUp(self):
+        import shutil
+        import tempfile
+        self.base = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.base)
+        self.dest = os.path.join(self.base, "dest")
+        with open(os.path.join(self.base, "secret"), "w") as f:
+            f.write("s")
+
+    def test_refusals(self):
+        import tarfile
+        from cagebox import _tar
+        cases = {
+            "dotdot": [("../evil", tarfile.REGTYPE, None)],
+            "absolute": [("/evil", tarfile.REGTYPE, None)],
+            "symlink then through it": [("ln", tarfile.SYMTYPE, ".."), ("ln/evil", tarfile.REGTYPE, None)],
+            "absolute symlink then through it": [("ln", tarfile.SYMTYPE, "/tmp"), ("ln/evil", tarfile.REGTYPE, None)],
+            "hard link out": [("hl", tarfile.LNKTYPE, "../secret")],
+            "device": [("null", tarfile.CHRTYPE, None)],
+            "fifo": [("p", tarfile.FIFOTYPE, None)],
+        }
+        for name, ents in cases.items():
+            with self.subTest(name):
+                with self.assertRaises(_tar.UnsafeArchive):
+                    _tar.safe_extract(self.tar(*ents), self.dest)
+                self.assertFalse(os.path.exists(os.path.join(self.base, "evil")))
+                self.assertFalse(os.path.exists("/tmp/evil"))
+                self.assertFalse(os.path.lexists(os.path.join(self.dest, "hl")))
+                with open(os.path.join(self.base, "secret")) as f:
+                    self.assertEqual(f.read(), "s")
+
+    def test_limits(self):
+        import tarfile
+        from cagebox import _tar
+        with self.assertRaises(_tar.UnsafeArchive):
+            _tar.safe_extract(self.tar(*[(f"f{i}", tarfile.REGTYPE, None) for i in range(5)]), self.dest, max_entries=4)
+        with self.assertRaises(_tar.UnsafeArchive):
+            _tar.safe_extract(self.tar(("big", tarfile.REGTYPE, b"x" * 100)), self.dest, max_bytes=10)
+
+    def test_round_trip_and_replacing_a_symlink(self):
+        import io
+        from cagebox import _tar
+        src = os.path.join(self.base, "src")
+        os.makedirs(os.path.join(src, "d"))
+        with open(os.path.join(src, "d", "f"), "w") as f:
+            f.write("data")
+        os.chmod(os.path.join(src, "d", "f"), 0o640)
+        os.symlink("d/f", os.path.join(src, "l"))
+        buf = io.BytesIO()
+        _tar.write_tree(buf, src)
+        buf.seek(0)
+        # A symlink already where a file goes is replaced, not written through.
+        os.makedirs(os.path.join(self.dest, "d"))
+        os.symlink(os.path.join(self.base, "secret"), os.path.join(self.dest, "d", "f"))
+        _tar.safe_extract(buf, self.dest)
+        with open(os.path.join(self.base, "secret")) as f:
+            self.assertEqual(f.read(), "s")
+        with open(os.path.join(self.dest, "l")) as f:
+            self.assertEqual(f.read(), "data")
+        self.assertEqual(os.stat(os.path.join(self.dest, "d", "f")).st_mode & 0o777, 0o640)
+
+
+class TestWebSocketFrames(unittest.TestCase):
+    def test_accept_key_and_masking(self):
+        from cagebox import _ws
+        # RFC 6455 section 1.3's example.
+        self.assertEqual(_ws.accept_key("dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+        f = _ws.encode_frame(_ws.OP_TEXT, b"Hello", mask=bytes([0x37, 0xFA, 0x21, 0x3D]))
+        # RFC 6455 section 5.7: a masked "Hello".
+        self.assertEqual(f, bytes([0x81, 0x85, 0x37, 0xFA, 0x21, 0x3D, 0x7F, 0x9F, 0x4D, 0x51, 0x58]))
+        big = _ws.encode_frame(_ws.OP_BINARY, b"a" * 70000, mask=b"\0\0\0\0")
+        self.assertEqual(big[1], 0x80 | 127)
+
+    def test_fragments_ping_close(self):
+        import socket
+        import struct
+        from cagebox import _ws
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+
+        def frame(op, payload, fin=True):  # server frames: unmasked
+            n = len(payload)
+            assert n < 126
+            return bytes([(0x80 if fin else 0) | op, n]) + payload
+
+        b.sendall(frame(_ws.OP_BINARY, b"ab", fin=False) + frame(_ws.OP_PING, b"p") +
+                  frame(_ws.OP_CONT, b"cd") + frame(_ws.OP_CLOSE, struct.pack("!H", 1000) + b"bye"))
+        ws = _ws.WebSocket(a)
+        self.assertEqual(ws.recv(), (_ws.OP_BINARY, b"abcd"))
+        with self.assertRaises(_ws.Closed) as c:
+            ws.recv()
+        self.assertEqual((c.exception.code, c.exception.reason), (1000, "bye"))
+        # It answered the ping with a pong and the close with a close, masked.
+        got = b.recv(100)
+        self.assertEqual(got[0], 0x80 | _ws.OP_PONG)
+        self.assertTrue(got[1] & 0x80)
+        # A masked frame from the server is a protocol error.
+        a2, b2 = socket.socketpair()
+        self.addCleanup(a2.close)
+        self.addCleanup(b2.close)
+        b2.sendall(bytes([0x82, 0x81, 1, 2, 3, 4, 5]))
+        with self.assertRaises(_ws.WebSocketError):
+            _ws.WebSocket(a2).recv()

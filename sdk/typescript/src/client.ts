@@ -12,6 +12,7 @@ import type * as http from "node:http";
 import * as path from "node:path";
 
 import { CageboxError, InternalError, NotFound } from "./errors.js";
+import { Pty } from "./pty.js";
 import { jsonLines, Transport, type Params, type TransportOptions } from "./transport.js";
 import type * as api from "./types.js";
 
@@ -233,6 +234,42 @@ export class Files {
   list(dir = "/"): Promise<api.FileInfo[]> {
     return this.sb.t.call("GET /v1/sandboxes/{id}/dir", { id: this.sb.id }, { query: { path: dir } });
   }
+
+  /**
+   * The directory (or file) at path as a tar stream (a Readable): a
+   * directory's contents with names relative to it, symlinks as links. It
+   * is the guest's word: extract it as hostile (no absolute names, no ..,
+   * nothing through a symlink, no device nodes), e.g. with `cagebox cp`.
+   * A stream that errors mid-way was cut short by the daemon.
+   */
+  archiveGet(dirPath: string): Promise<http.IncomingMessage> {
+    return this.sb.t.open("GET /v1/sandboxes/{id}/archive", { id: this.sb.id }, { query: { path: dirPath }, timeoutMs: false });
+  }
+
+  /**
+   * Extracts a tar archive (bytes, or a stream / async iterable of chunks)
+   * under the directory path (made if missing). The daemon refuses
+   * (Invalid) entries that would land outside it, device nodes, and
+   * archives over 1 GiB of files or 100000 entries.
+   */
+  async archivePut(dirPath: string, archive: Uint8Array | AsyncIterable<Uint8Array> | Iterable<Uint8Array>): Promise<void> {
+    const params = { id: this.sb.id };
+    const o = { query: { path: dirPath }, contentType: "application/x-tar", timeoutMs: false as const };
+    if (archive instanceof Uint8Array) {
+      const res = await this.sb.t.open("PUT /v1/sandboxes/{id}/archive", params, { ...o, body: archive });
+      res.resume();
+      return;
+    }
+    const chunks = archive;
+    const res = await this.sb.t.open("PUT /v1/sandboxes/{id}/archive", params, o, async (r: http.ClientRequest) => {
+      for await (const c of chunks as AsyncIterable<Uint8Array>) {
+        if (r.destroyed) return;
+        if (!r.write(c)) await new Promise<void>((res) => { r.once("drain", res); r.once("close", res); });
+      }
+      r.end();
+    });
+    res.resume();
+  }
 }
 
 export interface RuleOptions {
@@ -395,6 +432,20 @@ export class Sandbox {
       body: first, contentType: "application/octet-stream", timeoutMs: false, signal: o.signal,
     }, feed);
     return new ExecStream(res, this.t);
+  }
+
+  /**
+   * Starts a command on a terminal (default: the user's login shell in
+   * the sandbox, else /bin/sh; a string is an argv
+   * of one word, an array the argv): iterate the Pty for output, write()
+   * to type ("\x03" is Ctrl-C), resize(rows, cols), wait() for the exit
+   * code.
+   */
+  pty(cmd?: string | string[], o: { rows?: number; cols?: number; env?: Env; cwd?: string; user?: string; timeout?: Duration } = {}): Promise<Pty> {
+    const argv = cmd === undefined ? undefined : typeof cmd === "string" ? [cmd] : cmd;
+    return Pty.open(this.t, "GET /v1/sandboxes/{id}/pty", { id: this.id }, {
+      argv, rows: o.rows ?? 24, cols: o.cols ?? 80, env: envList(o.env), cwd: o.cwd, user: o.user, timeout: duration(o.timeout),
+    });
   }
 
   /**

@@ -11,6 +11,8 @@
 
 export * from "./client.js";
 export * from "./errors.js";
+export { Pty } from "./pty.js";
+export type { PtyExit } from "./pty.js";
 export type * from "./types.js";
 export { routePath, Transport } from "./transport.js";
 export type { TransportOptions } from "./transport.js";

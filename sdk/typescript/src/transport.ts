@@ -195,6 +195,42 @@ export class Transport {
     });
   }
 
+  /**
+   * A WebSocket opening handshake (ws.ts): a GET with the upgrade headers.
+   * Resolves with the socket once the daemon answers 101; rejects with the
+   * API error of any other answer. Array query values repeat the parameter.
+   */
+  upgrade(route: string, params: Params, query: Record<string, string | number | string[] | undefined>,
+    extra: Record<string, string>): Promise<{ res: http.IncomingMessage; socket: import("node:net").Socket; head: Buffer }> {
+    let [method, path] = routePath(route, params);
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(query)) {
+      if (v === undefined || v === "") continue;
+      for (const x of Array.isArray(v) ? v : [v]) q.append(k, String(x));
+    }
+    if ([...q].length) path += `?${q}`;
+    return new Promise((resolve, reject) => {
+      let req: http.ClientRequest;
+      try {
+        req = this.start(method, path, this.headers(undefined, extra));
+      } catch (err) {
+        reject(err);
+        return;
+      }
+      req.setTimeout(this.timeoutMs, () => req.destroy(new Error(`no answer within ${this.timeoutMs} ms`)));
+      req.on("error", (err: Error & { code?: string }) => reject(this.fail(err)));
+      req.on("upgrade", (res, socket, head) => {
+        req.setTimeout(0);
+        resolve({ res, socket: socket as import("node:net").Socket, head });
+      });
+      req.on("response", (res) => {
+        this.check(res).then(() => reject(new CageboxError(`the daemon answered ${res.statusCode} instead of switching to a WebSocket`)),
+          reject);
+      });
+      req.end();
+    });
+  }
+
   /** One request, the whole answer read: decoded JSON (undefined for an empty body). */
   async call<T>(route: string, params?: Params, o: RequestOptions = {}): Promise<T> {
     const data = await this.bytes(route, params, o);

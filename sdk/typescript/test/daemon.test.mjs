@@ -28,6 +28,39 @@ async function waitFor(what, fn, ms = 15_000) {
   throw new Error(`timed out waiting for ${what}`);
 }
 
+
+// One ustar entry (header + padded body), for crafting archives.
+function tarEntry(name, type = "0", body = Buffer.alloc(0), linkname = "") {
+  const h = Buffer.alloc(512);
+  h.write(name, 0, 100);
+  h.write("0000644\0", 100);
+  h.write("0000000\0", 108);
+  h.write("0000000\0", 116);
+  h.write(body.length.toString(8).padStart(11, "0") + "\0", 124);
+  h.write("14712345670\0", 136);
+  h.write("        ", 148);
+  h.write(type, 156);
+  h.write(linkname, 157, 100);
+  h.write("ustar\0" + "00", 257);
+  let sum = 0;
+  for (const b of h) sum += b;
+  h.write(sum.toString(8).padStart(6, "0") + "\0 ", 148);
+  const pad = Buffer.alloc((512 - (body.length % 512)) % 512);
+  return Buffer.concat([h, body, pad]);
+}
+
+async function readUntil(it, p, needle, ms = 20_000) {
+  let seen = "";
+  const deadline = Date.now() + ms;
+  while (!seen.includes(needle)) {
+    if (Date.now() > deadline) throw new Error(`no ${JSON.stringify(needle)} on the terminal; it shows ${JSON.stringify(seen)}`);
+    const { value, done } = await it.next();
+    if (done) throw new Error(`terminal ended before ${JSON.stringify(needle)}; it showed ${JSON.stringify(seen)}`);
+    seen += value.toString();
+  }
+  return seen;
+}
+
 describe("against a real daemon", { skip: reason || false }, () => {
   let d;
   let cb;
@@ -331,6 +364,67 @@ describe("against a real daemon", { skip: reason || false }, () => {
     });
   });
 
+  describe("terminal and archives", () => {
+    let sb;
+    before(async () => {
+      sb = await cb.create({ image: "busybox" });
+    });
+    after(async () => {
+      await sb.remove();
+    });
+
+    it("pty: prompt, resize, Ctrl-C, exit code", async () => {
+      const p = await sb.pty("sh", { rows: 30, cols: 100, env: { PS1: "cbx$ " } });
+      const it = p[Symbol.asyncIterator]();
+      await readUntil(it, p, "cbx$ ");
+      p.write("stty size\r");
+      await readUntil(it, p, "30 100");
+      p.resize(40, 132);
+      await sleep(300);
+      p.write("stty size\r");
+      await readUntil(it, p, "40 132");
+      p.write("sleep 100\r");
+      await sleep(1000);
+      const t0 = Date.now();
+      p.write("\x03");
+      p.write("echo alive$((40+2))\r");
+      await readUntil(it, p, "alive42");
+      assert.ok(Date.now() - t0 < 20_000);
+      p.write("exit 3\r");
+      assert.equal(await p.wait(), 3);
+      assert.equal(p.result.type, "exit");
+    });
+
+    it("pty: errors before the upgrade are API errors", async () => {
+      await assert.rejects(sb.pty(undefined, { rows: 0 }), (e) => e instanceof cagebox.Invalid && /rows/.test(e.message));
+      const p = await sb.pty(["no-such-command"]);
+      assert.equal(await p.wait(), 127);
+      assert.match(p.result.error, /not found/);
+    });
+
+    it("archives: put a tree, get it back, escapes refused", async () => {
+      const src = fs.mkdtempSync(path.join(d.home, "src-"));
+      fs.mkdirSync(path.join(src, "sub"), { mode: 0o750 });
+      fs.writeFileSync(path.join(src, "run.sh"), "#!/bin/sh\necho ran\n", { mode: 0o755 });
+      fs.writeFileSync(path.join(src, "sub", "data"), "x".repeat(100000));
+      fs.symlinkSync("sub/data", path.join(src, "link"));
+      const { execFileSync } = await import("node:child_process");
+      const tarball = execFileSync("tar", ["-C", src, "-cf", "-", "."], { maxBuffer: 1 << 24 });
+      await sb.files.archivePut("/work/up", Readable.from([tarball.subarray(0, 1000), tarball.subarray(1000)]));
+      const r = await sb.exec("cd /work/up && ./run.sh && stat -c '%n %a' run.sh sub && readlink link && wc -c < link");
+      assert.equal(r.exitCode, 0, r.stderr.toString());
+      for (const want of ["ran", "run.sh 755", "sub 750", "sub/data", "100000"]) assert.ok(r.stdout.toString().includes(want), r.stdout.toString());
+      const res = await sb.files.archiveGet("/work/up");
+      const chunks = [];
+      for await (const c of res) chunks.push(c);
+      const names = execFileSync("tar", ["-tf", "-"], { input: Buffer.concat(chunks) }).toString().split("\n").filter(Boolean).sort();
+      assert.deepEqual(names, ["./", "link", "run.sh", "sub/", "sub/data"]);
+      const evil = Buffer.concat([tarEntry("ln", "2", Buffer.alloc(0), "/"), tarEntry("ln/escaped", "0", Buffer.from("x")), Buffer.alloc(1024)]);
+      await assert.rejects(sb.files.archivePut("/work/t", evil), (e) => e instanceof cagebox.Invalid && /symlink/.test(e.message));
+      assert.notEqual((await sb.exec("test -e /escaped")).exitCode, 0);
+    });
+  });
+
   it("TCP with an API key", async () => {
     await cb.tenants.create("sdk-team-js");
     assert.ok((await cb.tenants.list()).some((t) => t.name === "sdk-team-js"));
@@ -343,6 +437,11 @@ describe("against a real daemon", { skip: reason || false }, () => {
     await tcp.withSandbox({ image: "busybox" }, async (sb) => {
       assert.equal(sb.info.tenant, "sdk-team-js");
       assert.equal((await sb.exec("cat", { stdin: "over tcp" })).stdout.toString(), "over tcp");
+      // A terminal over HTTPS with the tenant's key.
+      const p = await sb.pty(["sh", "-c", "read line; echo got:$line; exit 4"]);
+      p.write("hello\r");
+      await readUntil(p[Symbol.asyncIterator](), p, "got:hello");
+      assert.equal(await p.wait(), 4);
       const big = randomBytes(4 << 20);
       assert.ok((await sb.exec("cat", { stdin: big })).stdout.equals(big));
       await sb.files.write("/tmp/f", "x");

@@ -93,3 +93,33 @@ describe("daemon resolution", () => {
     await assert.rejects(new Cagebox({ socket: "/nonexistent/cagebox.sock" }).health(), (e) => e instanceof cagebox.ConnectionFailed && /cagebox daemon/.test(e.message));
   });
 });
+
+describe("websocket frames", async () => {
+  const ws = await import("../dist/ws.js");
+  it("accept key and masking (RFC 6455 examples)", () => {
+    assert.equal(ws.acceptKey("dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+    const f = ws.encodeFrame(ws.OP_TEXT, Buffer.from("Hello"), Buffer.from([0x37, 0xfa, 0x21, 0x3d]));
+    assert.deepEqual([...f], [0x81, 0x85, 0x37, 0xfa, 0x21, 0x3d, 0x7f, 0x9f, 0x4d, 0x51, 0x58]);
+    assert.equal(ws.encodeFrame(ws.OP_BINARY, Buffer.alloc(70000))[1], 0x80 | 127);
+  });
+  it("fragments, ping, close", async () => {
+    const { PassThrough } = await import("node:stream");
+    const sock = new PassThrough();
+    sock.setNoDelay = () => {};
+    const written = [];
+    sock.write = (b) => { written.push(b); return true; };
+    const got = [];
+    let closed;
+    new ws.WebSocket(sock, Buffer.alloc(0), { message: (op, d) => got.push([op, d.toString()]), close: (code, reason) => { closed = [code, reason]; } });
+    const frame = (op, payload, fin = true) => Buffer.concat([Buffer.from([(fin ? 0x80 : 0) | op, payload.length]), payload]);
+    sock.emit("data", Buffer.concat([frame(ws.OP_BINARY, Buffer.from("ab"), false), frame(ws.OP_PING, Buffer.from("p"))]));
+    sock.emit("data", frame(ws.OP_CONT, Buffer.from("cd")));
+    const close = Buffer.alloc(2);
+    close.writeUInt16BE(1000);
+    sock.emit("data", frame(ws.OP_CLOSE, Buffer.concat([close, Buffer.from("bye")])));
+    assert.deepEqual(got, [[ws.OP_BINARY, "abcd"]]);
+    assert.deepEqual(closed, [1000, "bye"]);
+    assert.equal(written[0][0], 0x80 | ws.OP_PONG);
+    assert.ok(written[0][1] & 0x80, "client frames are masked");
+  });
+});
