@@ -117,4 +117,14 @@ CREATE TABLE tools (
 	PRIMARY KEY (tenant_id, name)
 );
 `},
+	{Version: 6, Name: "volumes", SQL: `
+CREATE TABLE volumes (
+	tenant_id  TEXT NOT NULL REFERENCES tenants(id),
+	name       TEXT NOT NULL,
+	size_bytes INTEGER NOT NULL,
+	vm_written INTEGER NOT NULL DEFAULT 0,
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (tenant_id, name)
+);
+`},
 }
