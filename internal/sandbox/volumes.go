@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
@@ -104,9 +105,15 @@ func closeMounts(ms []isolation.Mount) {
 	}
 }
 
+// volumeHolder is a sandbox holding a volume, and the sandbox's status.
+type volumeHolder struct {
+	api.VolumeAttachment
+	status string
+}
+
 // holders lists the sandboxes of tenant (not yet removed) that mount
 // volume name.
-func (m *Manager) holders(ctx context.Context, tenant, name string) ([]api.VolumeAttachment, error) {
+func (m *Manager) holders(ctx context.Context, tenant, name string) ([]volumeHolder, error) {
 	all, err := m.volumeHolders(ctx, tenant)
 	if err != nil {
 		return nil, err
@@ -116,12 +123,12 @@ func (m *Manager) holders(ctx context.Context, tenant, name string) ([]api.Volum
 
 // volumeHolders maps each of tenant's mounted volumes to the sandboxes
 // holding it.
-func (m *Manager) volumeHolders(ctx context.Context, tenant string) (map[string][]api.VolumeAttachment, error) {
+func (m *Manager) volumeHolders(ctx context.Context, tenant string) (map[string][]volumeHolder, error) {
 	rs, err := m.cfg.Store.ListSandboxes(ctx, tenant)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
-	out := map[string][]api.VolumeAttachment{}
+	out := map[string][]volumeHolder{}
 	for _, r := range rs {
 		if r.Status == StatusDestroyed || r.Status == StatusFailed {
 			continue
@@ -132,52 +139,81 @@ func (m *Manager) volumeHolders(ctx context.Context, tenant string) (map[string]
 		}
 		for _, s := range sr.Mounts {
 			if s.Type == mounts.Volume {
-				out[s.Source] = append(out[s.Source], api.VolumeAttachment{Sandbox: r.ID, RW: s.RW})
+				out[s.Source] = append(out[s.Source], volumeHolder{api.VolumeAttachment{Sandbox: r.ID, RW: s.RW}, r.Status})
 			}
 		}
 	}
 	return out, nil
 }
 
+// removalWait bounds how long a create waits for a sandbox being removed
+// (RemoveAsync: `cagebox run` ends with one) to release a volume.
+const removalWait = 30 * time.Second
+
 // recordWithVolumes creates rec (whose spec names its mounts) once every
 // volume it mounts is free for it: no other holder at all for a read-write
-// mount, no read-write holder for a read-only one (ErrConflict otherwise).
-// A volume a microVM mounts read-write is marked VMWritten first.
+// mount, no read-write holder for a read-only one (ErrConflict otherwise;
+// a holder being removed is waited for). A volume a microVM mounts
+// read-write is marked VMWritten first.
 func (m *Manager) recordWithVolumes(ctx context.Context, rec *store.Sandbox, specs []mounts.Spec, rt isolation.Runtime) error {
+	deadline := time.Now().Add(removalWait)
+	for {
+		removing, err := m.tryRecordWithVolumes(ctx, rec, specs, rt)
+		if !removing || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// tryRecordWithVolumes is one attempt of recordWithVolumes; removing
+// reports a conflict only with sandboxes being removed.
+func (m *Manager) tryRecordWithVolumes(ctx context.Context, rec *store.Sandbox, specs []mounts.Spec, rt isolation.Runtime) (removing bool, err error) {
 	m.volMu.Lock()
 	defer m.volMu.Unlock()
-	var held map[string][]api.VolumeAttachment
+	var held map[string][]volumeHolder
+	removing = true
 	for _, s := range specs {
 		if s.Type != mounts.Volume {
 			continue
 		}
 		if held == nil {
-			var err error
 			if held, err = m.volumeHolders(ctx, rec.TenantID); err != nil {
-				return err
+				return false, err
 			}
 		}
 		for _, h := range held[s.Source] {
-			if s.RW || h.RW {
+			if !s.RW && !h.RW {
+				continue
+			}
+			removing = removing && h.status == StatusRemoving
+			if err == nil {
 				mode := "read-only"
 				if h.RW {
 					mode = "read-write"
 				}
-				return fmt.Errorf("%w: volume %s is mounted %s by sandbox %s: a volume is mounted read-write by one sandbox, or read-only by any number; remove %s first (cagebox rm %s) or mount the volume read-only", errdefs.ErrConflict, s.Source, mode, h.Sandbox, h.Sandbox, h.Sandbox)
+				err = fmt.Errorf("%w: volume %s is mounted %s by sandbox %s: a volume is mounted read-write by one sandbox, or read-only by any number; remove %s first (cagebox rm %s) or mount the volume read-only", errdefs.ErrConflict, s.Source, mode, h.Sandbox, h.Sandbox, h.Sandbox)
 			}
 		}
+	}
+	if err != nil {
+		return removing, err
 	}
 	for _, s := range specs {
 		if s.Type == mounts.Volume && s.RW && rt.Class() == isolation.Hypervisor {
 			if err := m.cfg.Store.SetVolumeVMWritten(ctx, rec.TenantID, s.Source); err != nil {
-				return fmt.Errorf("mark volume %s: %w", s.Source, err)
+				return false, fmt.Errorf("mark volume %s: %w", s.Source, err)
 			}
 		}
 	}
 	if err := m.cfg.Store.CreateSandbox(ctx, rec); err != nil {
-		return fmt.Errorf("record sandbox: %w", err)
+		return false, fmt.Errorf("record sandbox: %w", err)
 	}
-	return nil
+	return false, nil
 }
 
 // CreateVolume makes a tenant's named volume: a sparse ext4 image under
@@ -229,42 +265,63 @@ func (m *Manager) ListVolumes(ctx context.Context, tenant string) ([]api.Volume,
 	}
 	out := make([]api.Volume, 0, len(vs))
 	for _, v := range vs {
-		out = append(out, api.Volume{Name: v.Name, SizeBytes: v.SizeBytes, CreatedAt: v.CreatedAt, VMOnly: v.VMWritten, AttachedTo: held[v.Name]})
+		av := api.Volume{Name: v.Name, SizeBytes: v.SizeBytes, CreatedAt: v.CreatedAt, VMOnly: v.VMWritten}
+		for _, h := range held[v.Name] {
+			av.AttachedTo = append(av.AttachedTo, h.VolumeAttachment)
+		}
+		out = append(out, av)
 	}
 	return out, nil
 }
 
 // RemoveVolume deletes a tenant's volume and its data; a volume a sandbox
-// still mounts is a conflict.
+// still mounts is a conflict (a sandbox being removed is waited for).
 func (m *Manager) RemoveVolume(ctx context.Context, tenant, name string) error {
+	deadline := time.Now().Add(removalWait)
+	for {
+		removing, err := m.tryRemoveVolume(ctx, tenant, name)
+		if !removing || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (m *Manager) tryRemoveVolume(ctx context.Context, tenant, name string) (removing bool, err error) {
 	m.volMu.Lock()
 	defer m.volMu.Unlock()
 	if _, err := m.cfg.Store.GetVolume(ctx, tenant, name); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("%w: no volume is named %q (cagebox volume ls lists them)", errdefs.ErrNotFound, name)
+			return false, fmt.Errorf("%w: no volume is named %q (cagebox volume ls lists them)", errdefs.ErrNotFound, name)
 		}
-		return err
+		return false, err
 	}
 	hs, err := m.holders(ctx, tenant, name)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if len(hs) > 0 {
+		removing = true
 		ids := make([]string, len(hs))
 		for i, h := range hs {
 			ids[i] = h.Sandbox
+			removing = removing && h.status == StatusRemoving
 		}
-		return fmt.Errorf("%w: volume %s is mounted by %s: remove the sandbox first (cagebox rm %s)", errdefs.ErrConflict, name, strings.Join(ids, ", "), ids[0])
+		return removing, fmt.Errorf("%w: volume %s is mounted by %s: remove the sandbox first (cagebox rm %s)", errdefs.ErrConflict, name, strings.Join(ids, ", "), ids[0])
 	}
 	p := m.volumePath(tenant, name)
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove volume image: %w", err)
+		return false, fmt.Errorf("remove volume image: %w", err)
 	}
 	if err := m.cfg.Store.DeleteVolume(ctx, tenant, name); err != nil {
-		return err
+		return false, err
 	}
 	m.log.Info("volume removed", "tenant", tenant, "volume", name)
-	return nil
+	return false, nil
 }
 
 // mountsView is the API form of a sandbox's recorded mounts.
