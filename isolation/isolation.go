@@ -138,6 +138,12 @@ type Spec struct {
 	ReadOnlyRoot bool
 }
 
+// MountingRuntime is implemented by runtimes that honour Spec.Mounts and
+// Spec.ReadOnlyRoot; the daemon refuses both for any other runtime.
+type MountingRuntime interface {
+	SupportsMounts() bool
+}
+
 // Mount is one resolved mount of a Spec.
 type Mount struct {
 	// Type is mounts.Bind or mounts.Volume.

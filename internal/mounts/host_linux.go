@@ -141,7 +141,13 @@ func MountImage(img, dst string, rw, exec bool) error {
 	// Closing our descriptor of an auto-clearing loop device that nothing
 	// mounted detaches it; a mount holds it until unmounted.
 	defer loop.Close()
-	if err := unix.Mount(dev, dst, "ext4", Flags(rw, exec), "errors=remount-ro"); err != nil {
+	data := "errors=remount-ro"
+	if !rw {
+		// A read-only mount does not replay the journal (it could not
+		// write the replay to a read-only loop device).
+		data = "noload"
+	}
+	if err := unix.Mount(dev, dst, "ext4", Flags(rw, exec), data); err != nil {
 		return fmt.Errorf("mount volume image (%s): %w", dev, err)
 	}
 	if err := unix.Mount("", dst, "", unix.MS_PRIVATE, ""); err != nil {

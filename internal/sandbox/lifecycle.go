@@ -187,7 +187,7 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 	}
 	// Bind sources are opened now and held until the runtime has mounted
 	// them (mounts.Source).
-	ims, err := m.resolveMounts(tenant.ID, p.mounts)
+	ims, err := m.resolveMounts(tenant.ID, p.mounts, rt)
 	if err != nil {
 		return nil, err
 	}

@@ -40,8 +40,11 @@ func mountErr(err error) error {
 // volume exists and may be mounted by rt, and that bind mounts are allowed
 // at all. Bind sources are resolved later (resolveMounts), at create.
 func (m *Manager) checkMounts(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest, rt isolation.Runtime) ([]mounts.Spec, error) {
-	if len(req.Mounts) == 0 {
+	if len(req.Mounts) == 0 && !req.ReadOnlyRoot {
 		return nil, nil
+	}
+	if mr, ok := rt.(isolation.MountingRuntime); !ok || !mr.SupportsMounts() {
+		return nil, invalid("the %s runtime does not take mounts or a read-only root yet: use --runtime container, gvisor or qemu", rt.Name())
 	}
 	in := make([]mounts.Spec, len(req.Mounts))
 	for i, am := range req.Mounts {
@@ -51,7 +54,11 @@ func (m *Manager) checkMounts(ctx context.Context, tenant *store.Tenant, req *ap
 	if err != nil {
 		return nil, mountErr(err)
 	}
+	vm := rt.Class() == isolation.Hypervisor
 	for _, s := range specs {
+		if s.Type == mounts.Bind && s.RW && vm {
+			return nil, invalid("mount %s: a microVM gets a read-only copy of a host directory: drop rw (a volume holds data the sandbox writes)", s)
+		}
 		if s.Type != mounts.Volume {
 			continue
 		}
@@ -79,7 +86,7 @@ func (m *Manager) volumePath(tenant, name string) string {
 // runtime mounts through the descriptor, so a path swapped after the check
 // changes nothing). The caller closes what it returns (closeMounts) once
 // the runtime's Create has returned.
-func (m *Manager) resolveMounts(tenant string, specs []mounts.Spec) ([]isolation.Mount, error) {
+func (m *Manager) resolveMounts(tenant string, specs []mounts.Spec, rt isolation.Runtime) ([]isolation.Mount, error) {
 	var out []isolation.Mount
 	for _, s := range specs {
 		im := isolation.Mount{Type: s.Type, Name: s.Source, Target: s.Target, RW: s.RW, Exec: s.Exec}
@@ -89,6 +96,11 @@ func (m *Manager) resolveMounts(tenant string, specs []mounts.Spec) ([]isolation
 			if err != nil {
 				closeMounts(out)
 				return nil, mountErr(err)
+			}
+			if !src.Dir && rt.Class() == isolation.Hypervisor {
+				_ = src.Close()
+				closeMounts(out)
+				return nil, invalid("mount %s: a microVM mounts host directories (copied into a disk), not single files: bind the file's directory", s)
 			}
 			im.Bind = src
 		case mounts.Volume:

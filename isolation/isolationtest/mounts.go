@@ -140,10 +140,8 @@ func Mounts(t *testing.T, rt isolation.Runtime, o Options) {
 				}
 			}
 		}
-		if rt.Class() != isolation.Hypervisor {
-			out, _ = sh(t, g, "", "grep ' /code ' /proc/self/mountinfo")
-			checkFlags("guest", out)
-		}
+		out, _ = sh(t, g, "", "grep ' /code ' /proc/self/mountinfo")
+		checkFlags("guest", out)
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
 		var host string
 		for _, l := range strings.Split(string(mi), "\n") {
@@ -174,6 +172,9 @@ func Mounts(t *testing.T, rt isolation.Runtime, o Options) {
 	})
 
 	t.Run("BindFile", func(t *testing.T) {
+		if rt.Class() == isolation.Hypervisor {
+			t.Skip("a microVM mounts host directories (as disks), not single files (the daemon refuses them)")
+		}
 		g := StartSpec(t, rt, o, func(s *isolation.Spec) {
 			s.Mounts = []isolation.Mount{bind(t, code+"/main.py", "/app/main.py", false, false)}
 		})
