@@ -3,10 +3,12 @@ package e2e
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/mounts"
@@ -126,6 +128,31 @@ func TestMounts(t *testing.T) {
 		"sh", "-c", "cat /data/note; echo x > /tmp/ok && echo tmp-ok; echo x > /etc/poison")
 	if r.code == 0 || r.stdout != "from-run\nfrom-a\ntmp-ok\n" || !strings.Contains(r.stderr, "Read-only file system") {
 		t.Errorf("read-only root: %+v", r)
+	}
+
+	// A holder that dies while no daemon runs releases the volume when
+	// the daemon, restarted, finds it gone.
+	if rt == "container" {
+		c := strings.TrimSpace(e.cli("", "create", "--runtime", rt, "--mount", "type=volume,src=data,dst=/data,rw").stdout)
+		if c == "" {
+			t.Fatal("create with a rw volume failed")
+		}
+		e.stopDaemon(syscall.SIGKILL)
+		if out, err := exec.Command("runc", "--root", filepath.Join(e.home, "oci"), "kill", c, "KILL").CombinedOutput(); err != nil {
+			t.Logf("kill %s: %v %s", c, err, out)
+		}
+		time.Sleep(300 * time.Millisecond)
+		e.startDaemon("--mount-root", root)
+		d := strings.TrimSpace(e.cli("", "create", "--runtime", rt, "--mount", "type=volume,src=data,dst=/data,rw").stdout)
+		if d == "" {
+			t.Fatalf("the volume of %s, which died while the daemon was down, was not released", c)
+		}
+		if r := e.cli("", "rm", d); r.code != 0 {
+			t.Fatalf("rm: %+v", r)
+		}
+		if l := mounts.LoopsOf(img); len(l) > 0 {
+			t.Errorf("loop devices left on the volume: %v", l)
+		}
 	}
 
 	if r := e.cli("", "volume", "rm", "data"); r.code != 0 {
