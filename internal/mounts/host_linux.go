@@ -134,6 +134,9 @@ func MountImage(img, dst string, rw, exec bool) error {
 		return fmt.Errorf("open volume image: %w", err)
 	}
 	defer f.Close()
+	if err := CheckDetached(img, rw); err != nil {
+		return err
+	}
 	loop, dev, err := attachLoop(f, !rw)
 	if err != nil {
 		return err
@@ -208,9 +211,18 @@ func Unmount(p string) {
 	}
 }
 
+// MountInfo is the mount table of the calling thread's mount namespace:
+// /proc/thread-self, not /proc/self, which is the main thread's, and the
+// main thread can be left in another namespace (a goroutine that unshared
+// its mount namespace on a locked thread that Go cannot end, as gVisor's
+// runner does, wedges it there), where it would show mounts long gone.
+func MountInfo() ([]byte, error) {
+	return os.ReadFile("/proc/thread-self/mountinfo")
+}
+
 // MountPointsBelow lists the mount points at or below dir, deepest first.
 func MountPointsBelow(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	b, err := MountInfo()
 	if err != nil {
 		return nil
 	}
@@ -232,6 +244,28 @@ func UnmountBelow(dir string) {
 	for _, p := range MountPointsBelow(dir) {
 		Unmount(p)
 	}
+}
+
+// CheckDetached fails when a loop device still holds the image read-write
+// (or at all, when rw: a new writer): a mount of it is alive somewhere on
+// the host — a copy in another process's mount namespace keeps its
+// filesystem, and so its auto-clearing loop device, after the daemon
+// unmounted it. Mounting the file again would put a second filesystem
+// instance on one image, and the first one's late writeback would corrupt
+// (or, for a reader, change under) the second. Read-only loops of
+// concurrent readers do not count for a reader.
+func CheckDetached(img string, rw bool) error {
+	var busy []string
+	for _, l := range LoopsOf(img) {
+		ro, err := os.ReadFile("/sys/block/" + l + "/ro")
+		if rw || err != nil || strings.TrimSpace(string(ro)) != "1" {
+			busy = append(busy, l)
+		}
+	}
+	if len(busy) > 0 {
+		return fmt.Errorf("volume image %s is still attached to %s (a mount of it lives on elsewhere on the host): retry once that sandbox is gone, or see which process holds it with `losetup -l`", filepath.Base(img), strings.Join(busy, ", "))
+	}
+	return nil
 }
 
 // LoopsOf lists the loop devices whose backing file is p (for leak

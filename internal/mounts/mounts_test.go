@@ -293,6 +293,10 @@ func TestHostMounts(t *testing.T) {
 	if l := LoopsOf(img); len(l) != 1 {
 		t.Errorf("loops of the image while mounted: %v", l)
 	}
+	// While a read-write loop holds the image, no second instance.
+	if err := MountImage(img, stage+"/v2", false, false); err == nil || !strings.Contains(err.Error(), "still attached") {
+		t.Errorf("second mount while read-write: %v", err)
+	}
 	UnmountBelow(stage)
 	if l := LoopsOf(img); len(l) != 0 {
 		t.Errorf("loop devices left after unmount: %v", l)
@@ -309,5 +313,12 @@ func TestHostMounts(t *testing.T) {
 	}
 	if err := os.WriteFile(stage+"/v/x", nil, 0o644); !errors.Is(err, unix.EROFS) {
 		t.Errorf("write to ro volume: %v", err)
+	}
+	// Readers share it; a writer does not join them.
+	if err := MountImage(img, stage+"/v3", false, false); err != nil {
+		t.Errorf("second reader: %v", err)
+	}
+	if err := MountImage(img, stage+"/v4", true, false); err == nil {
+		t.Error("a writer mounted the image while readers hold it")
 	}
 }

@@ -142,7 +142,7 @@ func Mounts(t *testing.T, rt isolation.Runtime, o Options) {
 		}
 		out, _ = sh(t, g, "", "grep ' /code ' /proc/self/mountinfo")
 		checkFlags("guest", out)
-		mi, _ := os.ReadFile("/proc/self/mountinfo")
+		mi, _ := mounts.MountInfo()
 		var host string
 		for _, l := range strings.Split(string(mi), "\n") {
 			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], stateDir+"/mnt/") {

@@ -143,7 +143,7 @@ func Unmount(p string) {
 
 // MountsBelow lists the host's mounts below dir (for leak checks).
 func MountsBelow(dir string) []string {
-	mi, err := os.ReadFile("/proc/self/mountinfo")
+	mi, err := mounts.MountInfo()
 	if err != nil {
 		return nil
 	}

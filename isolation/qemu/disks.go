@@ -60,6 +60,11 @@ func prepareDisks(ctx context.Context, spec *isolation.Spec, dir string) ([]disk
 		d := diskRecord{Serial: serial, RW: m.RW}
 		switch m.Type {
 		case mounts.Volume:
+			// Not while the host kernel still has it mounted somewhere
+			// (two writers of one image).
+			if err := mounts.CheckDetached(m.Image, m.RW); err != nil {
+				return nil, nil, fmt.Errorf("qemu: mount volume %s: %w", m.Name, err)
+			}
 			d.Path = m.Image
 		case mounts.Bind:
 			if m.Bind == nil || !m.Bind.Dir || m.RW {
