@@ -66,6 +66,22 @@ type VMConfig struct {
 	// template: booted with no sandbox's identity, saved once the agent
 	// waits, restored for each sandbox and claimed).
 	AwaitClaim bool `json:"await_claim,omitempty"`
+	// Mounts are extra virtio-blk disks (ext4) the init mounts in the
+	// guest: volumes and read-only copies of host directories.
+	Mounts []VMMount `json:"mounts,omitempty"`
+	// ReadOnlyRoot makes the root read-only; /tmp becomes a tmpfs of
+	// DiskBytes.
+	ReadOnlyRoot bool `json:"read_only_root,omitempty"`
+}
+
+// VMMount is a disk the guest mounts: the virtio-blk device whose serial
+// is Serial, at Target; always nosuid and nodev, read-only unless RW,
+// noexec unless Exec.
+type VMMount struct {
+	Serial string `json:"serial"`
+	Target string `json:"target"`
+	RW     bool   `json:"rw,omitempty"`
+	Exec   bool   `json:"exec,omitempty"`
 }
 
 // String never shows the token (it may end up in logs and errors).

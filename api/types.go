@@ -57,6 +57,11 @@ type CreateSandboxRequest struct {
 	PolicyRef string `json:"policy_ref,omitempty"`
 	// Secrets are credentials the guest sees only as placeholders.
 	Secrets []SecretBinding `json:"secrets,omitempty"`
+	// Mounts are host paths and volumes to mount in the guest.
+	Mounts []Mount `json:"mounts,omitempty"`
+	// ReadOnlyRoot makes the image root read-only: only Mounts and a
+	// size-bounded /tmp are writable.
+	ReadOnlyRoot bool `json:"read_only_root,omitempty"`
 }
 
 // SecretBinding gives a sandbox a credential: env var Name holds a
@@ -162,6 +167,9 @@ type Sandbox struct {
 	// "env" mode ones, whose real value is inside the guest.
 	Secrets     []BoundSecret `json:"secrets,omitempty"`
 	RealInGuest []string      `json:"real_values_in_guest,omitempty"`
+	// Mounts and ReadOnlyRoot are as created.
+	Mounts       []Mount `json:"mounts,omitempty"`
+	ReadOnlyRoot bool    `json:"read_only_root,omitempty"`
 }
 
 // Network describes a sandbox's routed link.
@@ -626,4 +634,45 @@ type PtyControl struct {
 	TimedOut  bool   `json:"timed_out,omitempty"`
 	OOMKilled bool   `json:"oom_killed,omitempty"`
 	Error     string `json:"error,omitempty"`
+}
+
+// Mount is a host path (type "bind": a directory or regular file below one
+// of the daemon's --mount-root directories) or a tenant's volume (type
+// "volume") mounted in the guest at Dst. Every mount is nosuid and nodev;
+// it is read-only unless RW and noexec unless Exec. The --mount syntax:
+// type=bind|volume,src=…,dst=…[,ro|rw][,exec].
+type Mount struct {
+	Type string `json:"type"`
+	Src  string `json:"src"`
+	Dst  string `json:"dst"`
+	RW   bool   `json:"rw,omitempty"`
+	Exec bool   `json:"exec,omitempty"`
+}
+
+// CreateVolumeRequest makes a named volume (an empty ext4 filesystem).
+type CreateVolumeRequest struct {
+	// Name: 1-63 of a-z 0-9 _ . - starting with a letter or digit.
+	Name string `json:"name"`
+	// SizeBytes is the filesystem's size (0: 1 GiB; 16 MiB to 64 GiB).
+	// The image is sparse: the host's disk holds only what is written.
+	SizeBytes int64 `json:"size_bytes,omitempty"`
+}
+
+// Volume is a tenant's named volume.
+type Volume struct {
+	Name      string    `json:"name"`
+	SizeBytes int64     `json:"size_bytes"`
+	CreatedAt time.Time `json:"created_at"`
+	// VMOnly: a microVM has written the volume's block device, so only
+	// microVM sandboxes may mount it (the host kernel never mounts a
+	// filesystem a guest could have crafted).
+	VMOnly bool `json:"vm_only,omitempty"`
+	// AttachedTo are the sandboxes (not yet removed) that mount it.
+	AttachedTo []VolumeAttachment `json:"attached_to,omitempty"`
+}
+
+// VolumeAttachment is a sandbox mounting a volume.
+type VolumeAttachment struct {
+	Sandbox string `json:"sandbox"`
+	RW      bool   `json:"rw,omitempty"`
 }

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/rootfs"
 )
 
@@ -127,6 +128,36 @@ type Spec struct {
 	// takes the sandbox's token, environment and guest files when claimed.
 	// A pool fills with such sandboxes before it knows whose they will be.
 	AwaitClaim bool
+	// Mounts are host directories, files and volumes to mount in the
+	// guest, checked and resolved by the daemon (package mounts), ordered
+	// by Target. Each is nosuid and nodev, read-only unless RW, noexec
+	// unless Exec.
+	Mounts []Mount
+	// ReadOnlyRoot makes the image root read-only: only Mounts and a
+	// size-bounded /tmp (Resources.DiskBytes) are writable.
+	ReadOnlyRoot bool
+}
+
+// MountingRuntime is implemented by runtimes that honour Spec.Mounts and
+// Spec.ReadOnlyRoot; the daemon refuses both for any other runtime.
+type MountingRuntime interface {
+	SupportsMounts() bool
+}
+
+// Mount is one resolved mount of a Spec.
+type Mount struct {
+	// Type is mounts.Bind or mounts.Volume.
+	Type string
+	// Name is what the tenant named: a host path or a volume name.
+	Name string
+	// Target is the guest path (absolute, cleaned).
+	Target   string
+	RW, Exec bool
+	// Bind is a bind mount's checked source; the runtime mounts through
+	// its descriptor (never by path) and does not close it.
+	Bind *mounts.Source
+	// Image is a volume's ext4 image on the host.
+	Image string
 }
 
 // Guest paths of the trusted CA files (every runtime writes them as

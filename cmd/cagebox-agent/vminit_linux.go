@@ -117,6 +117,9 @@ func waitStatusString(ws unix.WaitStatus) string {
 }
 
 func powerOff(log *slog.Logger) {
+	// Writable disks are unmounted first, so a volume is left clean (a
+	// reader mounts it without replaying its journal).
+	unmountVMDisks(log)
 	unix.Sync()
 	err := unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
 	// No ACPI: a reset ends the VM too (QEMU runs with -no-reboot).
@@ -163,7 +166,15 @@ func vmBoot(log *slog.Logger, params map[string]string) (int, error) {
 		return 0, err
 	}
 	const root = "/mnt/root"
+	if cfg.ReadOnlyRoot {
+		if err := vmRunDirMount(root); err != nil {
+			return 0, err
+		}
+	}
 	if err := writeVMGuestFiles(root, cfg, token); err != nil {
+		return 0, err
+	}
+	if err := vmMountDisks(root, cfg); err != nil {
 		return 0, err
 	}
 	listen, port, err := agentTransport(params[agentproto.VMParamAgent])
@@ -190,6 +201,11 @@ func vmBoot(log *slog.Logger, params map[string]string) (int, error) {
 	}
 	if err := switchRoot(root); err != nil {
 		return 0, err
+	}
+	if cfg.ReadOnlyRoot {
+		if err := remountRootReadOnly(); err != nil {
+			return 0, err
+		}
 	}
 	cmd := exec.Command("/proc/self/exe", vmAgentArg,
 		"--listen", listen, "--token-file", rootfs.TokenFile, "--env-file", rootfs.EnvFile)
@@ -318,13 +334,17 @@ func mountRoot(cfg *agentproto.VMConfig) error {
 	if err := waitForPath(vmRootDisk, 10*time.Second); err != nil {
 		return fmt.Errorf("image disk: %w", err)
 	}
+	dev, err := rootDisk(cfg)
+	if err != nil {
+		return err
+	}
 	for _, d := range []string{"/mnt/lower", "/mnt/rw", "/mnt/root"} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
 	}
-	if err := unix.Mount(vmRootDisk, "/mnt/lower", "ext4", unix.MS_RDONLY|unix.MS_NODEV, "noload"); err != nil {
-		return fmt.Errorf("mount image disk %s: %w", vmRootDisk, err)
+	if err := unix.Mount(dev, "/mnt/lower", "ext4", unix.MS_RDONLY|unix.MS_NODEV, "noload"); err != nil {
+		return fmt.Errorf("mount image disk %s: %w", dev, err)
 	}
 	disk := cfg.DiskBytes
 	if disk <= 0 {

@@ -25,6 +25,7 @@ import (
 	"github.com/cagebox/cagebox/internal/audit"
 	"github.com/cagebox/cagebox/internal/daemon"
 	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/pool"
 	"github.com/cagebox/cagebox/internal/vmimage"
@@ -90,7 +91,7 @@ func (g *globals) ensureDaemon(ctx context.Context) (*client.Client, error) {
 
 func daemonCmd(g *globals) *cobra.Command {
 	var listen, agent, minIso, timeout, logLevel, linkPool, defRuntime string
-	var resolve, upstreamCAs, hostPublic []string
+	var resolve, upstreamCAs, hostPublic, mountRoots []string
 	var tlsCert, tlsKey string
 	var insecureListen bool
 	var proxyPort, dnsPort uint16
@@ -174,6 +175,7 @@ func daemonCmd(g *globals) *cobra.Command {
 				Pools: targets, PoolMemory: poolBytes,
 				Home: g.home, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, InsecureListen: insecureListen, AgentPath: agent, MinIsolation: floor, DefaultRuntime: defRuntime,
 				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey, Events: events,
+				MountRoots: mountRoots,
 			})
 		},
 	}
@@ -181,6 +183,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&tlsCert, "tls-cert", "", "serve --listen over HTTPS with this certificate (PEM, with its chain)")
 	cmd.Flags().StringVar(&tlsKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	cmd.Flags().BoolVar(&insecureListen, "insecure-listen", false, "allow plain HTTP on a non-loopback --listen address (API keys and secrets cross the network in clear; for trusted networks only)")
+	cmd.Flags().StringArrayVar(&mountRoots, "mount-root", nil, "a host directory whose contents tenants may bind-mount into sandboxes (--mount type=bind,src=…); none by default (repeatable; never / or the daemon's home)")
 	cmd.Flags().StringArrayVar(&hostPublic, "host-public-addr", nil, "a public address (or prefix) of this host that is on none of its interfaces, e.g. a cloud public IP behind 1:1 NAT: no upstream may have it (repeatable; interface addresses are learned)")
 	cmd.Flags().StringVar(&agent, "agent", os.Getenv("CAGEBOX_AGENT"), "path of the static cagebox-agent binary (default: beside this binary)")
 	cmd.Flags().StringVar(&minIso, "min-isolation", "", "isolation floor: namespaces, app-kernel or hypervisor")
@@ -296,6 +299,8 @@ type createFlags struct {
 	secrets, secretBody, secretEnv, secretSigV4 []string
 	secretHMAC                                  []string
 	secretHeader, secretQuery                   []string
+	mounts                                      []string
+	readOnlyRoot                                bool
 }
 
 func (f *createFlags) add(cmd *cobra.Command) {
@@ -319,6 +324,8 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringArrayVar(&f.secretSigV4, "secret-sigv4", nil, "NAME's value is ACCESS_KEY_ID:SECRET_ACCESS_KEY: the guest gets placeholder AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and the gateway re-signs its SigV4 requests with the real key (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretHMAC, "secret-hmac", nil, "NAME:header=H,sign=PART+PART...[,algorithm=sha256|sha1|sha512][,encoding=hex|base64|base64url][,prefix=P][,max-body=BYTES]: NAME is an HMAC signing key; the guest signs with a placeholder key and the gateway re-signs with the real one. PARTs: method, path, query, header:NAME, body (repeatable)")
 	cmd.Flags().StringArrayVar(&f.secretEnv, "secret-env", nil, "deliver NAME's REAL value into the guest's environment (weaker: for protocols the gateway cannot see; repeatable)")
+	cmd.Flags().StringArrayVar(&f.mounts, "mount", nil, "mount a host path below the daemon's --mount-root (type=bind,src=HOST_PATH,dst=/code) or a volume (type=volume,src=NAME,dst=/data); read-only unless ,rw; noexec unless ,exec; always nosuid,nodev (repeatable)")
+	cmd.Flags().BoolVar(&f.readOnlyRoot, "read-only-root", false, "make the image root read-only: only --mount volumes/paths given rw and a size-bounded /tmp (--disk) are writable")
 }
 
 // secretBindings parses --secret values.
@@ -496,6 +503,14 @@ func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
 		return nil, err
 	}
 	req.Secrets = sec
+	for _, m := range f.mounts {
+		sp, err := mounts.Parse(m)
+		if err != nil {
+			return nil, err
+		}
+		req.Mounts = append(req.Mounts, api.Mount{Type: sp.Type, Src: sp.Source, Dst: sp.Target, RW: sp.RW, Exec: sp.Exec})
+	}
+	req.ReadOnlyRoot = f.readOnlyRoot
 	if f.policyFile != "" {
 		b, err := os.ReadFile(f.policyFile)
 		if err != nil {

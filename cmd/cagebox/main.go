@@ -95,6 +95,7 @@ func newRoot() *cobra.Command {
 		tenantCmd(g),
 		poolCmd(g),
 		toolCmd(g),
+		volumeCmd(g),
 		executeCmd(g),
 		mcpCmd(g),
 		secretCmd(g),

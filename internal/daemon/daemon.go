@@ -32,6 +32,7 @@ import (
 	"github.com/cagebox/cagebox/internal/link"
 	"github.com/cagebox/cagebox/internal/livepolicy"
 	"github.com/cagebox/cagebox/internal/metrics"
+	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/pool"
 	"github.com/cagebox/cagebox/internal/sandbox"
@@ -80,6 +81,10 @@ type Config struct {
 	// their ready sandboxes (0: a quarter of the host's memory).
 	Pools      []pool.Target
 	PoolMemory int64
+	// MountRoots are the host directories tenants may bind-mount from
+	// (--mount-root); none: no bind mounts. Checked at start
+	// (mounts.NewRoots): never /, never overlapping Home.
+	MountRoots []string
 }
 
 // EventConfig configures audit events (package audit).
@@ -347,7 +352,12 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer closeVault()
+	roots, err := mounts.NewRoots(cfg.MountRoots, cfg.Home)
+	if err != nil {
+		return err
+	}
 	mgr = sandbox.New(sandbox.Config{
+		MountRoots: roots, VolumeDir: filepath.Join(cfg.Home, "volumes"),
 		Gateway: gw, Vault: v,
 		Store: st, Images: images, StateDir: filepath.Join(cfg.Home, "sandboxes"),
 		AgentPath: cfg.AgentPath, Logger: log, MinIsolation: cfg.MinIsolation,

@@ -105,6 +105,9 @@ func Routes() []Route {
 		{Method: "DELETE", Path: "/v1/tools/{name}", handler: (*Server).deleteTool},
 		{Method: "POST", Path: "/v1/tools/{name}/execute", handler: (*Server).executeTool},
 		{Method: "POST", Path: "/v1/console/sessions", Admin: true, handler: (*Server).createConsoleSession},
+		{Method: "POST", Path: "/v1/volumes", handler: (*Server).createVolume},
+		{Method: "GET", Path: "/v1/volumes", handler: (*Server).listVolumes},
+		{Method: "DELETE", Path: "/v1/volumes/{name}", handler: (*Server).removeVolume},
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/isolation"
@@ -39,6 +40,8 @@ type createParams struct {
 	rt            isolation.Runtime
 	img           *image.Image
 	res           isolation.Resources
+	// mounts are the request's mounts, checked (checkMounts).
+	mounts []mounts.Spec
 }
 
 // Create creates and starts a sandbox for tenant: from a warm pool when
@@ -140,8 +143,12 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 			return nil, invalid("idle_action: the %s runtime cannot hibernate a sandbox (microVMs can: --runtime qemu); use pause (frozen in memory) or destroy", rt.Name())
 		}
 	}
+	ms, err := m.checkMounts(ctx, tenant, req, rt)
+	if err != nil {
+		return nil, err
+	}
 	res := isolation.Resources{MemoryBytes: req.MemoryBytes, CPUs: req.CPUs, PIDs: req.PIDs, DiskBytes: req.DiskBytes}
-	return &createParams{req: req, timeout: timeout, idle: idle, doc: doc, rt: rt, img: img, res: res.WithDefaults()}, nil
+	return &createParams{req: req, timeout: timeout, idle: idle, doc: doc, rt: rt, img: img, res: res.WithDefaults(), mounts: ms}, nil
 }
 
 // createCold makes a sandbox from nothing.
@@ -172,26 +179,36 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 	if err != nil {
 		return nil, fmt.Errorf("%w: secrets: %v", errdefs.ErrInvalid, err)
 	}
+	// Bind sources are opened now and held until the runtime has mounted
+	// them (mounts.Source).
+	ims, err := m.resolveMounts(tenant.ID, p.mounts, rt)
+	if err != nil {
+		return nil, err
+	}
+	defer closeMounts(ims)
 	res := p.res
 	spec := &isolation.Spec{
-		ID:         id,
-		StateDir:   filepath.Join(m.cfg.StateDir, id),
-		RootFS:     img.Path,
-		AgentPath:  m.cfg.AgentPath,
-		AgentToken: newToken(),
-		Env:        guestEnv(img, req.Env, secretEnv),
-		Hostname:   "sandbox",
-		Resources:  res,
+		ID:           id,
+		StateDir:     filepath.Join(m.cfg.StateDir, id),
+		RootFS:       img.Path,
+		AgentPath:    m.cfg.AgentPath,
+		AgentToken:   newToken(),
+		Env:          guestEnv(img, req.Env, secretEnv),
+		Hostname:     "sandbox",
+		Resources:    res,
+		Mounts:       ims,
+		ReadOnlyRoot: req.ReadOnlyRoot,
 	}
-	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: doc, PolicyRef: req.PolicyRef, Secrets: bound}
+	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: doc, PolicyRef: req.PolicyRef, Secrets: bound, Mounts: p.mounts, ReadOnlyRoot: req.ReadOnlyRoot}
 	sr.ExecCwd, sr.ExecUser = imageExecDefaults(img)
 	now := m.cfg.Now().UTC()
 	rec := m.newRecord(id, tenant, p, &sr, StatusCreating, now)
 	log := m.log.With("sandbox", id, "tenant", tenant.ID, "runtime", rt.Name())
 	// The record exists before anything is made on the host, so a crash at
-	// any later point is found and cleaned up by Recover.
-	if err := m.cfg.Store.CreateSandbox(ctx, rec); err != nil {
-		return nil, fmt.Errorf("record sandbox: %w", err)
+	// any later point is found and cleaned up by Recover. The record is
+	// also what holds the sandbox's volumes.
+	if err := m.recordWithVolumes(ctx, rec, p.mounts, rt); err != nil {
+		return nil, err
 	}
 	// The record of a failed create stays, marked failed and saying why;
 	// it is marked once everything made after it is undone.

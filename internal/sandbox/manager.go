@@ -25,6 +25,7 @@ import (
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/livepolicy"
+	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/pool"
 	"github.com/cagebox/cagebox/internal/store"
@@ -87,6 +88,11 @@ type Config struct {
 	// Events is the event path (the daemon's, shared with the gateway);
 	// nil = one of the manager's own with the defaults, closed by Close.
 	Events *audit.Log
+	// MountRoots are the host directories bind mounts may come from (nil
+	// or empty: none); VolumeDir holds the tenants' volume images ("":
+	// no volumes).
+	MountRoots *mounts.Roots
+	VolumeDir  string
 }
 
 // Manager runs sandboxes for every tenant.
@@ -108,6 +114,9 @@ type Manager struct {
 	// progress, which refills wait for.
 	pool     *pool.Pool
 	creating atomic.Int64
+	// volMu serialises volume creates, removals and the check-and-record
+	// of a sandbox that mounts volumes (volumes.go).
+	volMu sync.Mutex
 }
 
 // entry is a sandbox the daemon is attached to.
@@ -175,6 +184,10 @@ type specRecord struct {
 	// user: the image config's WorkingDir and User (imageconfig.go).
 	ExecCwd  string `json:"exec_cwd,omitempty"`
 	ExecUser string `json:"exec_user,omitempty"`
+	// Mounts (checked, ordered by target) and ReadOnlyRoot are as created;
+	// the volumes a sandbox holds are read from here (volumes.go).
+	Mounts       []mounts.Spec `json:"mounts,omitempty"`
+	ReadOnlyRoot bool          `json:"read_only_root,omitempty"`
 }
 
 func newID() string {
@@ -251,6 +264,7 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 			v.RealInGuest = append(v.RealInGuest, b.Name)
 		}
 	}
+	v.Mounts, v.ReadOnlyRoot = mountsView(sr.Mounts), sr.ReadOnlyRoot
 	if gw := m.cfg.Gateway; gw != nil {
 		if a, ok := gw.Get(r.ID); ok {
 			v.Network = &api.Network{Address: a.Link.GuestAddr.String(), Gateway: a.Link.HostAddr.String(), HostIf: a.Link.HostIf}

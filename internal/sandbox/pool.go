@@ -281,6 +281,11 @@ func (m *Manager) fromPool(ctx context.Context, tenant *store.Tenant, p *createP
 	if m.pool == nil {
 		return nil, nil, false
 	}
+	// A pooled sandbox's root and mounts were made before its tenant was
+	// known: mounts and a read-only root need a cold create.
+	if len(p.mounts) > 0 || p.req.ReadOnlyRoot {
+		return nil, nil, false
+	}
 	c := pool.ClassOf(p.rt.Name(), p.img.Name, p.res)
 	if !m.pool.Pooled(c) {
 		return nil, nil, false

@@ -173,6 +173,9 @@ type Store interface {
 	ListTools(ctx context.Context, tenantID string) ([]*Tool, error)
 	DeleteTool(ctx context.Context, tenantID, name string) error
 
+	// VolumeStore is the tenants' named volumes.
+	VolumeStore
+
 	// Close releases the store. It does not cancel anything the daemon
 	// runs.
 	Close() error
@@ -302,4 +305,36 @@ type Tool struct {
 	Name      string
 	Spec      json.RawMessage
 	CreatedAt time.Time // set by PutTool
+}
+
+// Volume is a tenant's named volume: an ext4 image under the daemon's home
+// that sandboxes mount (package mounts). Which sandboxes hold it is not
+// kept here: a sandbox's record names its mounts, so a crash or restart
+// releases a volume with the sandbox that held it.
+type Volume struct {
+	TenantID  string
+	Name      string
+	SizeBytes int64
+	// VMWritten: a microVM guest has had the volume's block device
+	// writable, so its filesystem image may have been crafted; the host
+	// kernel never mounts it again (only VMs may attach it).
+	VMWritten bool
+	CreatedAt time.Time // set by CreateVolume
+}
+
+// VolumeStore keeps volumes. Tenant isolation follows the Store
+// conventions.
+type VolumeStore interface {
+	// CreateVolume inserts v. ErrConflict if the tenant has one of that
+	// name; ErrNotFound if the tenant does not exist.
+	CreateVolume(ctx context.Context, v *Volume) error
+	// GetVolume returns the tenant's volume or ErrNotFound.
+	GetVolume(ctx context.Context, tenantID, name string) (*Volume, error)
+	// ListVolumes returns the tenant's volumes by name (tenantID "": every
+	// tenant's, by tenant then name).
+	ListVolumes(ctx context.Context, tenantID string) ([]*Volume, error)
+	// SetVolumeVMWritten sets VMWritten. ErrNotFound if missing.
+	SetVolumeVMWritten(ctx context.Context, tenantID, name string) error
+	// DeleteVolume removes the row. ErrNotFound if missing.
+	DeleteVolume(ctx context.Context, tenantID, name string) error
 }

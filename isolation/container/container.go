@@ -85,6 +85,9 @@ func DetectBinary() (string, error) {
 // Name implements isolation.Runtime.
 func (rt *Runtime) Name() string { return Name }
 
+// SupportsMounts implements isolation.MountingRuntime.
+func (rt *Runtime) SupportsMounts() bool { return true }
+
 // Class implements isolation.Runtime.
 func (rt *Runtime) Class() isolation.Class { return isolation.Namespaces }
 

@@ -33,3 +33,12 @@ func TestConformancePooled(t *testing.T) {
 		Pooled:    true,
 	})
 }
+
+// TestMounts: bind mounts, volumes and a read-only root (isolationtest.Mounts).
+func TestMounts(t *testing.T) {
+	rt := container.New(container.Options{StateRoot: t.TempDir()})
+	isolationtest.Mounts(t, rt, isolationtest.Options{
+		RootFS:    isolationtest.BusyboxRoot(t),
+		AgentPath: isolationtest.BuildAgent(t),
+	})
+}

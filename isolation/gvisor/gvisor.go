@@ -99,6 +99,9 @@ func New(o Options) *Runtime {
 // Name implements isolation.Runtime.
 func (rt *Runtime) Name() string { return Name }
 
+// SupportsMounts implements isolation.MountingRuntime.
+func (rt *Runtime) SupportsMounts() bool { return true }
+
 // Class implements isolation.Runtime.
 func (rt *Runtime) Class() isolation.Class { return isolation.AppKernel }
 

@@ -120,3 +120,13 @@ func TestKVMProbeLeavesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestMounts: bind mounts (served by the gofer), volumes and a read-only
+// root (isolationtest.Mounts).
+func TestMounts(t *testing.T) {
+	rt := gvisor.New(gvisor.Options{StateRoot: t.TempDir()})
+	isolationtest.Mounts(t, rt, isolationtest.Options{
+		RootFS:    isolationtest.BusyboxRoot(t),
+		AgentPath: isolationtest.BuildAgent(t),
+	})
+}

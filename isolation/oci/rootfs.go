@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/cagebox/cagebox/internal/cleanup"
+	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/rootfs"
 	"github.com/cagebox/cagebox/isolation"
 )
@@ -22,6 +25,7 @@ const CgroupParent = "cagebox"
 const (
 	rwDir     = "rw"     // tmpfs holding the overlay's upper and work dirs
 	rootfsDir = "rootfs" // the overlay: the guest's root
+	mntDir    = "mnt"    // the tenant's mounts, staged: mnt/0, mnt/1, …
 )
 
 // PrepareRoot makes what every OCI runtime's guest needs below
@@ -83,6 +87,46 @@ func MountRoot(dir, image string, diskBytes int64) (_ string, err error) {
 	return root, nil
 }
 
+// StageMounts mounts each of spec's mounts on the host below
+// spec.StateDir/mnt — a bind through its checked descriptor, a volume's
+// image on an auto-clearing loop device — nosuid, nodev, read-only unless
+// RW and noexec unless Exec, and returns the bundle's bind mounts of them
+// (carrying the same flags, so the OCI runtime's own remount enforces them
+// too). Undo steps go on undo.
+func StageMounts(spec *isolation.Spec, undo *cleanup.Stack) ([]specs.Mount, error) {
+	var out []specs.Mount
+	for i, m := range spec.Mounts {
+		stage := filepath.Join(spec.StateDir, mntDir, strconv.Itoa(i))
+		switch m.Type {
+		case mounts.Bind:
+			if m.Bind == nil {
+				return nil, fmt.Errorf("bind mount at %s: no checked source", m.Target)
+			}
+			if err := mounts.StageBind(m.Bind, stage, m.RW, m.Exec); err != nil {
+				return nil, fmt.Errorf("mount %s at %s: %w", m.Name, m.Target, err)
+			}
+		case mounts.Volume:
+			if err := mounts.MountImage(m.Image, stage, m.RW, m.Exec); err != nil {
+				return nil, fmt.Errorf("mount volume %s at %s: %w", m.Name, m.Target, err)
+			}
+		default:
+			return nil, fmt.Errorf("mount at %s: unknown type %q", m.Target, m.Type)
+		}
+		undo.Add(func() { mounts.Unmount(stage) })
+		opts := []string{"bind", "nosuid", "nodev"}
+		if m.RW {
+			opts = append(opts, "rw")
+		} else {
+			opts = append(opts, "ro")
+		}
+		if !m.Exec {
+			opts = append(opts, "noexec")
+		}
+		out = append(out, specs.Mount{Destination: m.Target, Type: "bind", Source: stage, Options: opts})
+	}
+	return out, nil
+}
+
 // UnmountRoot unmounts what MountRoot mounted below dir. Idempotent.
 func UnmountRoot(dir string) {
 	Unmount(filepath.Join(dir, rootfsDir))
@@ -99,7 +143,7 @@ func Unmount(p string) {
 
 // MountsBelow lists the host's mounts below dir (for leak checks).
 func MountsBelow(dir string) []string {
-	mi, err := os.ReadFile("/proc/self/mountinfo")
+	mi, err := mounts.MountInfo()
 	if err != nil {
 		return nil
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
+	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/internal/runlog"
 )
@@ -47,6 +48,9 @@ type State struct {
 	CgroupsPath string   `json:"cgroups_path"`
 	// NetNS is the network namespace the sandbox joined.
 	NetNS string `json:"netns,omitempty"`
+	// Images are the volume images the sandbox mounts (for leak checks:
+	// no loop device may stay on them after Destroy).
+	Images []string `json:"images,omitempty"`
 }
 
 // Hooks are what one OCI runtime does beyond what Sandbox does for all of
@@ -88,7 +92,18 @@ func NewState(spec *isolation.Spec, binary, stateRoot string, flags []string) St
 		Dir:         spec.StateDir,
 		CgroupsPath: "/" + CgroupParent + "/" + spec.ID,
 		NetNS:       spec.NetNS,
+		Images:      volumeImages(spec),
 	}
+}
+
+func volumeImages(spec *isolation.Spec) []string {
+	var out []string
+	for _, m := range spec.Mounts {
+		if m.Image != "" {
+			out = append(out, m.Image)
+		}
+	}
+	return out
 }
 
 // Create prepares the sandbox of spec for runtime (its registry name):
@@ -102,6 +117,10 @@ func Create(runtime string, spec *isolation.Spec, st State, o BundleOptions, adj
 		return nil, err
 	}
 	o.RootFS, o.RunDir, o.CgroupsPath = rootfs, s.Path(runDir), st.CgroupsPath
+	if o.Mounts, err = StageMounts(spec, undo); err != nil {
+		return nil, err
+	}
+	o.ReadonlyRoot = o.ReadonlyRoot || spec.ReadOnlyRoot
 	sp := Spec(spec, o)
 	if adjust != nil {
 		adjust(sp)
@@ -239,6 +258,13 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 		}
 	}
 	UnmountRoot(s.st.Dir)
+	// Everything still mounted below the state dir (the tenant's staged
+	// mounts) goes before RemoveAll, which would otherwise descend into a
+	// volume or a bound host directory and delete what it holds.
+	mounts.UnmountBelow(s.st.Dir)
+	if len(mounts.MountPointsBelow(s.st.Dir)) > 0 {
+		return errors.Join(append(errs, fmt.Errorf("mounts remain below %s: state dir kept", s.st.Dir))...)
+	}
 	if err := cgroups.Remove(s.st.CgroupsPath); err != nil {
 		errs = append(errs, err)
 	}
@@ -258,6 +284,11 @@ func (s *Sandbox) Leftovers(ctx context.Context) []string {
 		out = append(out, "state dir "+s.st.Dir)
 	}
 	out = append(out, MountsBelow(s.st.Dir)...)
+	for _, img := range s.st.Images {
+		for _, l := range mounts.LoopsOf(img) {
+			out = append(out, "loop device "+l+" on "+img)
+		}
+	}
 	if st := s.CLI().Status(ctx, s.id); st != "" {
 		out = append(out, filepath.Base(s.st.Binary)+" container in state "+st)
 	}

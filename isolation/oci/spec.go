@@ -51,6 +51,9 @@ type BundleOptions struct {
 	// AgentListen is the agent's --listen argument; empty means the
 	// listening socket passed on GuestListenFD ("fd:3").
 	AgentListen string
+	// Mounts are the tenant's mounts, staged on the host (StageMounts);
+	// with ReadonlyRoot a size-bounded tmpfs /tmp comes before them.
+	Mounts []specs.Mount
 }
 
 // Spec returns the OCI runtime spec of a sandbox.
@@ -105,7 +108,7 @@ func Spec(s *isolation.Spec, o BundleOptions) *specs.Spec {
 		},
 		Root:     &specs.Root{Path: o.RootFS, Readonly: o.ReadonlyRoot},
 		Hostname: hostname,
-		Mounts:   mounts(s, o),
+		Mounts:   bundleMounts(s, o),
 		Linux: &specs.Linux{
 			Namespaces:  namespaces,
 			CgroupsPath: o.CgroupsPath,
@@ -133,7 +136,21 @@ func Spec(s *isolation.Spec, o BundleOptions) *specs.Spec {
 	}
 }
 
-func mounts(s *isolation.Spec, o BundleOptions) []specs.Mount {
+func bundleMounts(s *isolation.Spec, o BundleOptions) []specs.Mount {
+	ms := baseMounts(s, o)
+	if o.ReadonlyRoot {
+		ms = append(ms, TmpMount(s.Resources.WithDefaults().DiskBytes))
+	}
+	return append(ms, o.Mounts...)
+}
+
+// TmpMount is the writable /tmp of a guest whose root is read-only: a
+// tmpfs bounded like the writable layer it stands in for.
+func TmpMount(size int64) specs.Mount {
+	return specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", size)}}
+}
+
+func baseMounts(s *isolation.Spec, o BundleOptions) []specs.Mount {
 	return []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},

@@ -50,6 +50,8 @@ type vmConfig struct {
 	RAMAnon bool
 	// Incoming starts QEMU waiting for migrate-incoming (a restore).
 	Incoming bool
+	// Disks are extra virtio-blk disks (mounts, disks.go).
+	Disks []vmDisk
 }
 
 // args builds QEMU's arguments (without the binary).
@@ -110,6 +112,15 @@ func (c *vmConfig) args() []string {
 		// QMP, for pause, resume and power-down.
 		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d,server=on,wait=off", fdQMPSock),
 		"-mon", "chardev=qmp,mode=control",
+	}
+	for i, d := range c.Disks {
+		set := fdsetRootDisk + 1 + i
+		ro := map[bool]string{true: "off", false: "on"}[d.RW]
+		a = append(a,
+			"-add-fd", fmt.Sprintf("fd=%d,set=%d,opaque=%s", d.FD, set, d.Serial),
+			"-blockdev", fmt.Sprintf("driver=file,node-name=%sfile,filename=/dev/fdset/%d,read-only=%s,locking=off", d.Serial, set, ro),
+			"-blockdev", fmt.Sprintf("driver=raw,node-name=%s,file=%sfile,read-only=%s", d.Serial, d.Serial, ro),
+			"-device", fmt.Sprintf("virtio-blk-device,drive=%s,serial=%s", d.Serial, d.Serial))
 	}
 	a = append(a, ram...)
 	if c.Incoming {

@@ -49,6 +49,8 @@ type bootRecord struct {
 	// restored sandbox), not the machine's default RAM.
 	RAMBackend bool `json:"ram_backend,omitempty"`
 	KVM        bool `json:"kvm"`
+	// Disks are the extra disks (mounts).
+	Disks []diskRecord `json:"disks,omitempty"`
 }
 
 // hibernation is hibernated.json.
@@ -215,6 +217,14 @@ func (s *Sandbox) wake(ctx context.Context) (err error) {
 		p.files = append(p.files, lf)
 	}
 	vc := &vmConfig{KVM: rec.KVM, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, Append: rec.Append, Incoming: true}
+	dfs, err := openDisks(rec.Disks)
+	if err != nil {
+		return fmt.Errorf("qemu: resume: %w", err)
+	}
+	for i, f := range dfs {
+		vc.Disks = append(vc.Disks, vmDisk{FD: 3 + len(p.files), RW: rec.Disks[i].RW, Serial: rec.Disks[i].Serial})
+		p.files = append(p.files, f)
+	}
 	if gn := s.sd.Net; gn != nil {
 		// The TAP went with QEMU: a new one, joined to the same link.
 		spec, err := linkSpec(gn)

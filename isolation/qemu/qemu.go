@@ -45,6 +45,7 @@ import (
 	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/internal/kvm"
+	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/internal/vmproc"
@@ -161,6 +162,9 @@ func New(o Options) *Runtime {
 
 // Name implements isolation.Runtime.
 func (rt *Runtime) Name() string { return Name }
+
+// SupportsMounts implements isolation.MountingRuntime.
+func (rt *Runtime) SupportsMounts() bool { return true }
 
 // Hibernates implements isolation.HibernatingRuntime: every qemu sandbox
 // can be saved to disk (hibernate.go).
@@ -348,7 +352,9 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	// else a cold boot (which builds the template in the background).
 	var tmpl *templateMeta
 	var treq *templateRequest
-	if rt.templatesOn() {
+	// A sandbox with mounts or a read-only root boots cold: a template's
+	// guest has neither, and a claim cannot add them.
+	if rt.templatesOn() && len(spec.Mounts) == 0 && !spec.ReadOnlyRoot {
 		treq, err = rt.templateFor(arts, spec.RootFS, res, memMiB, spec.NetNS != "", ks.Usable)
 		if err != nil {
 			s.log.Warn("no qemu template: cold boot", "err", err)
@@ -374,6 +380,10 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 
 	p := &pending{binary: rt.binary, kvm: ks.Usable, kvmGID: ks.gid}
 	undo.Add(p.close)
+	disks, vmMounts, err := prepareDisks(ctx, spec, spec.StateDir)
+	if err != nil {
+		return nil, err
+	}
 	initrd := arts.Initrd
 	if tmpl == nil {
 		// The initramfs: the base plus this sandbox's configuration (with
@@ -383,6 +393,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 			Token: spec.AgentToken, Env: spec.Env, Hostname: spec.Hostname,
 			Nameserver: spec.Nameserver, TrustedCAPEM: string(spec.TrustedCAPEM),
 			PIDs: res.PIDs, DiskBytes: res.DiskBytes, AwaitClaim: spec.AwaitClaim,
+			Mounts: vmMounts, ReadOnlyRoot: spec.ReadOnlyRoot,
 		}
 		if err := vmimage.WriteSandboxInitrd(initrd, arts.Initrd, cfg); err != nil {
 			return nil, fmt.Errorf("qemu: %w", err)
@@ -443,6 +454,14 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 		vc.Net, vc.MAC = true, gn.MAC
 		np = &netParams{Addr: netip.PrefixFrom(spec.GuestAddr, spec.Prefix.Bits()), Gateway: spec.Gateway}
 	}
+	dfs, err := openDisks(disks)
+	if err != nil {
+		return nil, err
+	}
+	for i, f := range dfs {
+		vc.Disks = append(vc.Disks, vmDisk{FD: 3 + len(p.files), RW: disks[i].RW, Serial: disks[i].Serial})
+		p.files = append(p.files, f)
+	}
 	vc.Append = kernelCmdline(tsc, np)
 	if tmpl != nil {
 		rt.planRestore(s, p, vc, tmpl, tfiles)
@@ -456,7 +475,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	// How QEMU starts, for Resume after Hibernate.
 	if err := writeJSON(s.sd.path(bootFile), &bootRecord{
 		Kernel: arts.Kernel, Initrd: initrd, Disk: arts.RootDisk, MemoryMiB: memMiB, CPUs: vc.CPUs,
-		Append: vc.Append, MAC: vc.MAC, RAMBackend: vc.RAMFD > 0, KVM: p.kvm,
+		Append: vc.Append, MAC: vc.MAC, RAMBackend: vc.RAMFD > 0, KVM: p.kvm, Disks: disks,
 	}); err != nil {
 		return nil, fmt.Errorf("qemu: boot record: %w", err)
 	}
@@ -778,6 +797,11 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 		}
 	}
 	var errs []error
+	if proc.Alive() && s.hasWritableDisks() {
+		// A writable volume is left clean: the guest unmounts it when it
+		// powers off (Stop), before QEMU is killed.
+		_ = s.Stop(ctx, 10*time.Second)
+	}
 	if proc.Alive() {
 		if err := proc.Kill(); err != nil {
 			errs = append(errs, err)
@@ -794,6 +818,9 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	if err := cgroups.Remove(s.sd.Cgroup); err != nil {
 		errs = append(errs, err)
 	}
+	// A directory bound for a disk's copy is staged only while the copy
+	// is made; one left by a crash is unmounted before RemoveAll.
+	mounts.UnmountBelow(s.sd.Dir)
 	if err := os.RemoveAll(s.sd.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove state dir: %w", err))
 	}
@@ -818,6 +845,9 @@ func (s *Sandbox) Leftovers(ctx context.Context) []string {
 	out = append(out, cgroups.Existing(s.sd.Cgroup)...)
 	if _, err := os.Stat(s.sd.Dir); err == nil {
 		out = append(out, "state dir "+s.sd.Dir)
+	}
+	for _, p := range mounts.MountPointsBelow(s.sd.Dir) {
+		out = append(out, "mount "+p)
 	}
 	if s.sd.Net != nil {
 		out = append(out, s.sd.Net.Leftovers()...)

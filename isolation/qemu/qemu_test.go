@@ -458,3 +458,31 @@ func TestKVMProbe(t *testing.T) {
 		t.Fatalf("Detail %q disagrees with the verdict %s", rt.Detail(), v)
 	}
 }
+
+// TestMounts: volumes as virtio-blk disks, host directories copied into
+// read-only disks, and a read-only root (isolationtest.Mounts), with
+// templates on: such sandboxes boot cold all the same.
+func TestMounts(t *testing.T) {
+	rt := testRuntime(t)
+	rt = New(Options{Dir: rt.cache.Dir, NoBackgroundTemplates: true})
+	isolationtest.Mounts(t, rt, isolationtest.Options{
+		RootFS:       isolationtest.BusyboxRoot(t),
+		AgentPath:    isolationtest.BuildAgent(t),
+		StartTimeout: startTimeout,
+	})
+}
+
+func TestDiskArgs(t *testing.T) {
+	a := strings.Join((&vmConfig{MemoryMiB: 256, Disks: []vmDisk{{FD: 9, RW: true, Serial: "cbxmnt0"}, {FD: 10, Serial: "cbxmnt1"}}}).args(), " ")
+	for _, want := range []string{
+		"-add-fd fd=9,set=2,opaque=cbxmnt0",
+		"driver=file,node-name=cbxmnt0file,filename=/dev/fdset/2,read-only=off,locking=off",
+		"-device virtio-blk-device,drive=cbxmnt0,serial=cbxmnt0",
+		"-add-fd fd=10,set=3,opaque=cbxmnt1",
+		"driver=raw,node-name=cbxmnt1,file=cbxmnt1file,read-only=on",
+	} {
+		if !strings.Contains(a, want) {
+			t.Errorf("disk args lack %q:\n%s", want, a)
+		}
+	}
+}

@@ -150,4 +150,14 @@ CREATE TABLE webhook_deliveries (
 );
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries (state, next_at);
 `},
+	{Version: 7, Name: "volumes", SQL: `
+CREATE TABLE volumes (
+	tenant_id  TEXT NOT NULL REFERENCES tenants(id),
+	name       TEXT NOT NULL,
+	size_bytes INTEGER NOT NULL,
+	vm_written INTEGER NOT NULL DEFAULT 0,
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (tenant_id, name)
+);
+`},
 }

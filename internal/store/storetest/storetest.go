@@ -55,6 +55,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"BudgetUsage", testBudgetUsage},
 		{"Tools", testTools},
 		{"Webhooks", testWebhooks},
+		{"Volumes", testVolumes},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

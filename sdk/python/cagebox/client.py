@@ -669,6 +669,52 @@ class Tenants:
         return Record.of(self._t.call("POST /v1/tenants/{id}/keys", {"id": tenant}))
 
 
+_size = size
+
+
+class Volumes:
+    """Named volumes (cb.volumes): data that outlives sandboxes, mounted
+    with create(mounts=[{"type": "volume", "src": NAME, "dst": "/data", "rw": True}])."""
+
+    def __init__(self, t: Transport):
+        self._t = t
+
+    def create(self, name: str, size: Size = None) -> Record:
+        """An empty volume of size bytes or e.g. "4G" (default 1 GiB)."""
+        return Record.of(self._t.call("POST /v1/volumes", json_body=_drop_none({"name": name, "size_bytes": _size(size)})))
+
+    def list(self) -> List[Record]:
+        """Each volume with attached_to: the sandboxes that mount it."""
+        return Record.of(self._t.call("GET /v1/volumes"))
+
+    def remove(self, name: str) -> None:
+        """Deletes it and its data (Conflict while a sandbox mounts it)."""
+        self._t.call("DELETE /v1/volumes/{name}", {"name": name})
+
+
+def _mounts(mounts: Any) -> Optional[List[Dict[str, Any]]]:
+    """Mounts as dicts {type, src, dst, rw, exec} or strings in the CLI's
+    --mount syntax (type=bind|volume,src=...,dst=...[,ro|rw][,exec])."""
+    if not mounts:
+        return None
+    out = []
+    for m in mounts:
+        if isinstance(m, str):
+            d: Dict[str, Any] = {}
+            for part in m.split(","):
+                k, eq, v = part.strip().partition("=")
+                k = {"source": "src", "target": "dst", "destination": "dst"}.get(k, k)
+                if eq:
+                    d[k] = v
+                elif k in ("rw", "exec"):
+                    d[k] = True
+                elif k not in ("ro", "noexec"):
+                    raise ValueError(f"mount {m!r}: unknown option {k!r}")
+            m = d
+        out.append(dict(m))
+    return out
+
+
 class Tools:
     """Named tools (cb.tools): a registered command each execute runs in a
     fresh sandbox (cb.execute)."""
@@ -746,6 +792,7 @@ class Cagebox:
         self.approvals = Approvals(self._t)
         self.tenants = Tenants(self._t)
         self.tools = Tools(self._t)
+        self.volumes = Volumes(self._t)
 
     def __repr__(self) -> str:
         return f"<Cagebox {self._t.where}>"
@@ -797,7 +844,8 @@ class Cagebox:
     def create(self, runtime: Optional[str] = None, image: Optional[str] = None, allow: Optional[Sequence[str]] = None,
                secrets: Any = None, env: Env = None, memory: Size = None, cpus: Optional[float] = None,
                pids: Optional[int] = None, disk: Size = None, timeout: Duration = None, idle_timeout: Duration = None,
-               idle_action: Optional[str] = None, policy: Any = None, policy_ref: Optional[str] = None) -> Sandbox:
+               idle_action: Optional[str] = None, policy: Any = None, policy_ref: Optional[str] = None,
+               mounts: Any = None, read_only_root: bool = False) -> Sandbox:
         """Creates and starts a sandbox.
 
         runtime: a name from cb.runtimes() or "auto" (default: the daemon's
@@ -808,7 +856,10 @@ class Cagebox:
         idle_timeout: seconds or "10m"; idle_action: "destroy", "pause" or
         "hibernate" (microVMs);
         policy: a policy document (dict or JSON text); policy_ref: follow a
-        named policy.
+        named policy; mounts: host paths below the daemon's --mount-root
+        and volumes, as dicts {type, src, dst, rw, exec} or "--mount"
+        strings (read-only, nosuid, nodev, noexec unless rw/exec);
+        read_only_root: only rw mounts and a size-bounded /tmp are writable.
         """
         if isinstance(allow, str):
             allow = [allow]
@@ -817,8 +868,10 @@ class Cagebox:
             "pids": pids or None, "disk_bytes": size(disk), "timeout": duration(timeout),
             "idle_timeout": duration(idle_timeout), "idle_action": idle_action, "env": env_list(env),
             "policy": policy_doc(policy), "allow": list(allow) if allow else None, "policy_ref": policy_ref,
-            "secrets": _secret_bindings(secrets),
+            "secrets": _secret_bindings(secrets), "mounts": _mounts(mounts),
         })
+        if read_only_root:
+            req["read_only_root"] = True
         return Sandbox(self, self._t.call("POST /v1/sandboxes", json_body=req))
 
     def sandboxes(self) -> List[Sandbox]:

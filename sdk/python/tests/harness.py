@@ -163,6 +163,12 @@ class Daemon:
         with open(meta, "w") as f:
             f.write(m)
 
+        # Host files sandboxes may bind-mount (outside the daemon's home).
+        self.mount_root = tempfile.mkdtemp(prefix="cbx-sdk-mnt")
+        os.makedirs(os.path.join(self.mount_root, "code"))
+        with open(os.path.join(self.mount_root, "code", "main.py"), "w") as f:
+            f.write("print('hello')\n")
+
         self.upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
         threading.Thread(target=self.upstream.serve_forever, daemon=True).start()
         up_port = self.upstream.server_address[1]
@@ -175,7 +181,8 @@ class Daemon:
         self.proc = subprocess.Popen(
             [os.path.join(self.bin, "cagebox"), "--home", self.home, "daemon",
              "--agent", os.path.join(self.bin, "cagebox-agent"), "--default-runtime", "container",
-             "--listen", f"127.0.0.1:{self.port}", "--tls-cert", cert, "--tls-key", key, "--resolve", f"{UPSTREAM_HOST}:80=127.0.0.1:{up_port}"],
+             "--listen", f"127.0.0.1:{self.port}", "--tls-cert", cert, "--tls-key", key, "--resolve", f"{UPSTREAM_HOST}:80=127.0.0.1:{up_port}",
+             "--mount-root", self.mount_root],
             env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.client = cagebox.Cagebox(home=self.home, timeout=120)
@@ -215,3 +222,5 @@ class Daemon:
         if self.upstream is not None:
             self.upstream.shutdown()
         shutil.rmtree(self.home, ignore_errors=True)
+        if getattr(self, "mount_root", None):
+            shutil.rmtree(self.mount_root, ignore_errors=True)

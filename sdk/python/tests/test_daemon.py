@@ -546,6 +546,45 @@ class TestTCP(DaemonTest):
                     os.environ[k] = v
 
 
+class TestMounts(DaemonTest):
+    def test_volumes_and_mounts(self):
+        v = self.cb.volumes.create("sdk-data", size="64M")
+        self.addCleanup(lambda: self.cb.volumes.remove("sdk-data"))
+        self.assertEqual((v.name, v.size_bytes), ("sdk-data", 64 << 20))
+        with self.assertRaises(cagebox.Conflict):
+            self.cb.volumes.create("sdk-data")
+        with self.assertRaises(cagebox.Invalid):
+            self.cb.volumes.create("Bad/Name")
+        a = self.new(mounts=["type=volume,src=sdk-data,dst=/data,rw"])
+        self.assertEqual(a.exec(["sh", "-c", "echo kept > /data/note"]).exit_code, 0)
+        held = {x.name: x for x in self.cb.volumes.list()}["sdk-data"]
+        self.assertEqual([(h.sandbox, h.rw) for h in held.attached_to], [(a.id, True)])
+        # One read-write holder at a time; no removal while mounted.
+        with self.assertRaises(cagebox.Conflict):
+            self.new(mounts=[{"type": "volume", "src": "sdk-data", "dst": "/data", "rw": True}])
+        with self.assertRaises(cagebox.Conflict):
+            self.cb.volumes.remove("sdk-data")
+        a.remove()
+        b = self.new(mounts=[{"type": "volume", "src": "sdk-data", "dst": "/data"}], read_only_root=True)
+        r = b.exec(["cat", "/data/note"])
+        self.assertEqual((r.exit_code, r.stdout), (0, b"kept\n"))
+        self.assertNotEqual(b.exec(["sh", "-c", "echo x > /data/note"]).exit_code, 0)
+        self.assertNotEqual(b.exec(["sh", "-c", "echo x > /etc/x"]).exit_code, 0)
+        self.assertEqual(b.exec(["sh", "-c", "echo x > /tmp/x"]).exit_code, 0)
+        self.assertTrue(b.info.read_only_root)
+        b.remove()
+
+    def test_bind_mount(self):
+        src = os.path.join(D.mount_root, "code")
+        sb = self.new(mounts=[f"type=bind,src={src},dst=/code"])
+        r = sb.exec(["cat", "/code/main.py"])
+        self.assertEqual((r.exit_code, r.stdout), (0, b"print('hello')\n"))
+        self.assertNotEqual(sb.exec(["sh", "-c", "echo x > /code/main.py"]).exit_code, 0)
+        with self.assertRaises(cagebox.Invalid) as cm:
+            self.new(mounts=["type=bind,src=/etc,dst=/code"])
+        self.assertIn("mount root", str(cm.exception))
+
+
 class TestTools(DaemonTest):
     def test_tools_execute(self):
         t = self.cb.tools.add("sdk-upper", ["tr", "a-z", "A-Z"], description="upper-cases its input", image="busybox")

@@ -700,6 +700,46 @@ export interface CreateOptions {
   /** A policy document (object or JSON text). */
   policy?: api.PolicyDocument | string;
   policyRef?: string;
+  /** Host paths below the daemon's --mount-root and volumes: objects, or
+   * strings in the CLI's --mount syntax (type=bind|volume,src=…,dst=…[,ro|rw][,exec]). */
+  mounts?: (api.Mount | string)[];
+  /** Only rw mounts and a size-bounded /tmp are writable. */
+  readOnlyRoot?: boolean;
+}
+
+/** Parses the CLI's --mount syntax into a Mount. */
+export function parseMount(s: string): api.Mount {
+  const m: Record<string, unknown> = {};
+  const alias: Record<string, string> = { source: "src", target: "dst", destination: "dst" };
+  for (const part of s.split(",")) {
+    const eq = part.indexOf("=");
+    const k0 = (eq < 0 ? part : part.slice(0, eq)).trim();
+    const k = alias[k0] ?? k0;
+    if (eq >= 0) m[k] = part.slice(eq + 1);
+    else if (k === "rw" || k === "exec") m[k] = true;
+    else if (k !== "ro" && k !== "noexec") throw new TypeError(`mount ${JSON.stringify(s)}: unknown option ${JSON.stringify(k)}`);
+  }
+  return m as unknown as api.Mount;
+}
+
+/** Named volumes: data that outlives sandboxes. */
+export class Volumes {
+  constructor(private readonly t: Transport) {}
+
+  /** An empty volume of size bytes or e.g. "4G" (default 1 GiB). */
+  create(name: string, o: { size?: Size } = {}): Promise<api.Volume> {
+    return this.t.call("POST /v1/volumes", undefined, { json: dropEmpty({ name, size_bytes: size(o.size) }) });
+  }
+
+  /** Each volume with attached_to: the sandboxes that mount it. */
+  list(): Promise<api.Volume[]> {
+    return this.t.call("GET /v1/volumes");
+  }
+
+  /** Deletes it and its data (Conflict while a sandbox mounts it). */
+  async remove(name: string): Promise<void> {
+    await this.t.call("DELETE /v1/volumes/{name}", { name });
+  }
 }
 
 /**
@@ -715,6 +755,7 @@ export class Cagebox {
   readonly approvals: Approvals;
   readonly tenants: Tenants;
   readonly tools: Tools;
+  readonly volumes: Volumes;
 
   constructor(o: CageboxOptions = {}) {
     const env = process.env;
@@ -732,6 +773,7 @@ export class Cagebox {
     this.approvals = new Approvals(this.transport);
     this.tenants = new Tenants(this.transport);
     this.tools = new Tools(this.transport);
+    this.volumes = new Volumes(this.transport);
   }
 
   health(): Promise<api.Health> {
@@ -806,6 +848,8 @@ export class Cagebox {
       pids: o.pids || undefined, disk_bytes: size(o.disk), timeout: duration(o.timeout),
       idle_timeout: duration(o.idleTimeout), idle_action: o.idleAction, env: envList(o.env), policy,
       allow: o.allow, policy_ref: o.policyRef, secrets: bindings(o.secrets),
+      mounts: o.mounts?.length ? o.mounts.map((m) => (typeof m === "string" ? parseMount(m) : m)) : undefined,
+      read_only_root: o.readOnlyRoot || undefined,
     });
     return new Sandbox(this, await this.transport.call<api.SandboxInfo>("POST /v1/sandboxes", undefined, { json: req }));
   }

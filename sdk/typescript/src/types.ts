@@ -51,13 +51,24 @@ export interface SandboxInfo {
   id: string; tenant: string; runtime: string; class: string; image: string; status: string; error?: string;
   resources: Resources; created_at: string; expires_at?: string; idle_timeout?: string; idle_action?: string;
   last_active: string; network?: Network; policy?: PolicyDocument; secrets?: BoundSecret[];
-  real_values_in_guest?: string[];
+  real_values_in_guest?: string[]; mounts?: Mount[]; read_only_root?: boolean;
+}
+
+/** A host path (type "bind", below the daemon's --mount-root) or a volume
+ * (type "volume"): read-only, nosuid, nodev and noexec unless rw / exec. */
+export interface Mount { type: "bind" | "volume"; src: string; dst: string; rw?: boolean; exec?: boolean }
+
+export interface CreateVolumeRequest { name: string; size_bytes?: number }
+
+export interface Volume {
+  name: string; size_bytes: number; created_at: string; vm_only?: boolean;
+  attached_to?: { sandbox: string; rw?: boolean }[];
 }
 
 export interface CreateSandboxRequest {
   runtime?: string; image?: string; memory_bytes?: number; cpus?: number; pids?: number; disk_bytes?: number;
   timeout?: string; idle_timeout?: string; idle_action?: string; env?: string[]; policy?: PolicyDocument;
-  allow?: string[]; policy_ref?: string; secrets?: SecretBinding[];
+  allow?: string[]; policy_ref?: string; secrets?: SecretBinding[]; mounts?: Mount[]; read_only_root?: boolean;
 }
 
 export interface ExecRequest {

@@ -465,6 +465,48 @@ describe("against a real daemon", { skip: reason || false }, () => {
     }
   });
 
+  it("volumes and mounts: one rw holder, ro after, read-only root, bind", async () => {
+    const v = await cb.volumes.create("sdk-data-js", { size: "64M" });
+    try {
+      assert.deepEqual([v.name, v.size_bytes], ["sdk-data-js", 64 * 2 ** 20]);
+      await assert.rejects(cb.volumes.create("sdk-data-js"), cagebox.Conflict);
+      await assert.rejects(cb.volumes.create("Bad/Name"), cagebox.Invalid);
+      const a = await cb.create({ image: "busybox", mounts: ["type=volume,src=sdk-data-js,dst=/data,rw"] });
+      try {
+        assert.equal((await a.exec("echo kept > /data/note")).exitCode, 0);
+        const held = (await cb.volumes.list()).find((x) => x.name === "sdk-data-js");
+        assert.deepEqual(held.attached_to, [{ sandbox: a.id, rw: true }]);
+        await assert.rejects(cb.create({ image: "busybox", mounts: [{ type: "volume", src: "sdk-data-js", dst: "/data", rw: true }] }), cagebox.Conflict);
+        await assert.rejects(cb.volumes.remove("sdk-data-js"), cagebox.Conflict);
+      } finally {
+        await a.remove();
+      }
+      const b = await cb.create({ image: "busybox", mounts: [{ type: "volume", src: "sdk-data-js", dst: "/data" }], readOnlyRoot: true });
+      try {
+        const r = await b.exec(["cat", "/data/note"]);
+        assert.deepEqual([r.exitCode, r.stdout.toString()], [0, "kept\n"]);
+        assert.notEqual((await b.exec("echo x > /data/note")).exitCode, 0);
+        assert.notEqual((await b.exec("echo x > /etc/x")).exitCode, 0);
+        assert.equal((await b.exec("echo x > /tmp/x")).exitCode, 0);
+        assert.equal(b.info.read_only_root, true);
+      } finally {
+        await b.remove();
+      }
+      const src = path.join(d.mountRoot, "code");
+      const c = await cb.create({ image: "busybox", mounts: [`type=bind,src=${src},dst=/code`] });
+      try {
+        const r = await c.exec(["cat", "/code/main.py"]);
+        assert.deepEqual([r.exitCode, r.stdout.toString()], [0, "print('hello')\n"]);
+        assert.notEqual((await c.exec("echo x > /code/main.py")).exitCode, 0);
+      } finally {
+        await c.remove();
+      }
+      await assert.rejects(cb.create({ image: "busybox", mounts: ["type=bind,src=/etc,dst=/code"] }), /mount root/);
+    } finally {
+      await cb.volumes.remove("sdk-data-js");
+    }
+  });
+
   it("tools: add, list, get, execute, remove", async () => {
     const tool = await cb.tools.add("sdk-upper-js", ["tr", "a-z", "A-Z"], { description: "upper-cases its input", image: "busybox" });
     try {

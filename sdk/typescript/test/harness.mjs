@@ -134,6 +134,11 @@ export class Daemon {
     const meta = path.join(images, "default", "image.json");
     fs.writeFileSync(meta, fs.readFileSync(meta, "utf8").replace('"name": "busybox"', '"name": "default"'));
 
+    // Host files sandboxes may bind-mount (outside the daemon's home).
+    this.mountRoot = fs.mkdtempSync(path.join(os.tmpdir(), "cbx-sdk-mnt"));
+    fs.mkdirSync(path.join(this.mountRoot, "code"));
+    fs.writeFileSync(path.join(this.mountRoot, "code", "main.py"), "print('hello')\n");
+
     this.upstream = http.createServer((req, res) => {
       res.setHeader("Content-Type", "text/plain");
       res.end(`upstream says hello to ${req.url}\n`);
@@ -150,6 +155,7 @@ export class Daemon {
     this.proc = spawn(path.join(this.bin, "cagebox"), [
       "--home", this.home, "daemon", "--agent", path.join(this.bin, "cagebox-agent"), "--default-runtime", "container",
       "--listen", `127.0.0.1:${this.port}`, "--tls-cert", pki.cert, "--tls-key", pki.key, "--resolve", `${UPSTREAM_HOST}:80=127.0.0.1:${upPort}`,
+      "--mount-root", this.mountRoot,
     ], { env: this.env, stdio: ["ignore", log, log] });
     fs.closeSync(log);
     this.exited = new Promise((r) => this.proc.on("exit", r));
@@ -195,5 +201,6 @@ export class Daemon {
       await new Promise((r) => this.upstream.close(r));
     }
     fs.rmSync(this.home, { recursive: true, force: true });
+    if (this.mountRoot) fs.rmSync(this.mountRoot, { recursive: true, force: true });
   }
 }
