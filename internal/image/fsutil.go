@@ -78,7 +78,10 @@ func removeTree(dir string) error {
 // mountsUnder returns the mount points at or below dir in this mount
 // namespace, deepest first.
 func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
+	// The calling thread's table, not the process's main thread's (which
+	// a runtime's setup may have left in another mount namespace; see
+	// internal/mounts).
+	f, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil
 	}
