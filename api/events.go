@@ -74,6 +74,9 @@ const (
 	EventPoolMissed     EventKind = "pool.missed"
 	EventPoolFilled     EventKind = "pool.filled"
 	EventPoolFillFailed EventKind = "pool.fill_failed"
+
+	// Inbound (package ingress).
+	EventIngressRequest EventKind = "ingress.request"
 )
 
 // EventClass is how the daemon treats an event under load.
@@ -128,6 +131,7 @@ var eventCatalog = []EventPayload{
 	PolicyChanged{}, PolicyTrigger{}, PolicyBudgetExhausted{}, PolicyFrozen{}, PolicyThawed{},
 	ApprovalPending{}, ApprovalDecided{},
 	PoolClaimed{}, PoolMissed{}, PoolFilled{}, PoolFillFailed{},
+	IngressRequest{},
 	EventsDropped{},
 }
 
@@ -479,3 +483,19 @@ func (PoolClaimed) EventKind() EventKind           { return EventPoolClaimed }
 func (PoolMissed) EventKind() EventKind            { return EventPoolMissed }
 func (PoolFilled) EventKind() EventKind            { return EventPoolFilled }
 func (PoolFillFailed) EventKind() EventKind        { return EventPoolFillFailed }
+
+// IngressRequest: one request through the ingress listener to a
+// published port (refused ones too: Status says how it ended).
+type IngressRequest struct {
+	Method string `json:"method"`
+	Host   string `json:"host"`
+	// Path is without the query (which may carry a signature).
+	Path       string  `json:"path"`
+	Port       int     `json:"port"`
+	Status     int     `json:"status"`
+	BytesIn    int64   `json:"bytes_in"`
+	BytesOut   int64   `json:"bytes_out"`
+	DurationMS float64 `json:"duration_ms"`
+}
+
+func (IngressRequest) EventKind() EventKind { return EventIngressRequest }

@@ -117,4 +117,18 @@ CREATE TABLE tools (
 	PRIMARY KEY (tenant_id, name)
 );
 `},
+	// Published ports (package ingress). The version is the next free one
+	// when this lands (volumes take another).
+	{Version: 6, Name: "published ports", SQL: `
+CREATE TABLE ports (
+	sandbox_id TEXT NOT NULL,
+	tenant_id  TEXT NOT NULL REFERENCES tenants(id),
+	port       INTEGER NOT NULL,
+	public     INTEGER NOT NULL DEFAULT 0,
+	token_hash BLOB,
+	expires_at INTEGER,
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (sandbox_id, port)
+);
+`},
 }

@@ -54,6 +54,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Approvals", testApprovals},
 		{"BudgetUsage", testBudgetUsage},
 		{"Tools", testTools},
+		{"Ports", testPorts},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
