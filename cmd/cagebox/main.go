@@ -102,6 +102,7 @@ func newRoot() *cobra.Command {
 		freezeCmd(g, true),
 		freezeCmd(g, false),
 		selftestCmd(g),
+		portCmd(g),
 	)
 	return root
 }

@@ -79,6 +79,8 @@ type Config struct {
 	// their ready sandboxes (0: a quarter of the host's memory).
 	Pools      []pool.Target
 	PoolMemory int64
+	// Ingress is the inbound listener for published ports.
+	Ingress IngressConfig
 }
 
 // EventConfig configures audit events (package audit).
@@ -383,6 +385,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := mgr.StartPool(); err != nil {
 		return fmt.Errorf("--pool: %w", err)
 	}
+	stopIngress, err := startIngress(ctx, cfg, mgr, gw, emit, log)
+	if err != nil {
+		return err
+	}
+	defer stopIngress()
 	srv := NewServer(st, mgr, images, v, log)
 	srv.metrics = met.Handler()
 

@@ -100,6 +100,10 @@ func Routes() []Route {
 		{Method: "GET", Path: "/v1/tools/{name}", handler: (*Server).getTool},
 		{Method: "DELETE", Path: "/v1/tools/{name}", handler: (*Server).deleteTool},
 		{Method: "POST", Path: "/v1/tools/{name}/execute", handler: (*Server).executeTool},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/ports", handler: (*Server).addPort},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/ports", handler: (*Server).listPorts},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}/ports/{port}", handler: (*Server).removePort},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/ports/{port}/url", handler: (*Server).portURL},
 	}
 }
 

@@ -94,9 +94,10 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 
-	// mu guards live.
-	mu   sync.Mutex
-	live map[string]*entry
+	// mu guards live and ingress.
+	mu      sync.Mutex
+	live    map[string]*entry
+	ingress *Ingress
 
 	events    *audit.Log
 	ownEvents bool // made by New: Close closes it
@@ -124,7 +125,9 @@ type entry struct {
 	mu     sync.Mutex
 	client *agentproto.Client
 	execs  int
-	paused bool
+	// inbound counts ingress requests in flight (busy, like execs).
+	inbound int
+	paused  bool
 	// idlePaused: the idle timeout paused it, and the next exec or file
 	// operation resumes it (wake).
 	idlePaused bool
@@ -168,6 +171,8 @@ type specRecord struct {
 	Policy      *policy.Document    `json:"policy,omitempty"`
 	PolicyRef   string              `json:"policy_ref,omitempty"`
 	Secrets     []boundSecret       `json:"secrets,omitempty"`
+	// LastWake: the last wake from an idle pause.
+	LastWake *api.Wake `json:"last_wake,omitempty"`
 }
 
 func newID() string {
@@ -238,6 +243,7 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 	if sr.Policy != nil {
 		v.Policy, _ = json.Marshal(sr.Policy)
 	}
+	v.LastWake = sr.LastWake
 	for _, b := range sr.Secrets {
 		v.Secrets = append(v.Secrets, api.BoundSecret{Name: b.Name, Secret: b.Secret, Hosts: b.Hosts, Mode: b.Mode, Headers: b.Headers, Query: b.Query, HMAC: b.HMAC})
 		if b.Mode == ModeEnv {
@@ -300,7 +306,11 @@ func (m *Manager) Get(ctx context.Context, tenant, id string) (*api.Sandbox, err
 	if err != nil {
 		return nil, notFound(id, err)
 	}
-	return m.view(r), nil
+	v := m.view(r)
+	if ps, err := m.ListPorts(ctx, tenant, id); err == nil && len(ps) > 0 {
+		v.Ports = ps
+	}
+	return v, nil
 }
 
 func notFound(id string, err error) error {
