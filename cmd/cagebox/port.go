@@ -161,5 +161,6 @@ func (f *ingressFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.cfg.Cert, "ingress-cert", "", "certificate (PEM, with its chain) for D and *.D; default: one signed by the daemon's own CA, $CAGEBOX_HOME/ingress/ca.pem (trust it with curl --cacert)")
 	cmd.Flags().StringVar(&f.cfg.Key, "ingress-key", "", "private key (PEM) of --ingress-cert")
 	cmd.Flags().StringVar(&f.maxBodyStr, "ingress-max-body", "100M", "largest request body through ingress (413 beyond), e.g. 100M")
+	cmd.Flags().Float64Var(&f.cfg.Rate, "ingress-rate", 100, "requests a second each published port takes (burst 2×; a sandbox's ports together 4×); over it 429; negative = no limit")
 	cmd.Flags().IntVar(&f.cfg.PublicPort, "ingress-public-port", 0, "port in the URLs the daemon hands out (default: the --ingress port; set it behind a port-forward)")
 }

@@ -31,6 +31,9 @@ type IngressConfig struct {
 	Cert, Key string
 	// MaxBody bounds request bodies (0: ingress.DefaultMaxBody).
 	MaxBody int64
+	// Rate is each port's requests a second (a sandbox's: 4×; 0: the
+	// default, 100; negative: no limit).
+	Rate float64
 	// PublicPort is the port in the URLs the daemon hands out (0: the
 	// listener's own; set it behind a port-forward or load balancer).
 	PublicPort int
@@ -73,7 +76,8 @@ func startIngress(ctx context.Context, cfg Config, mgr *sandbox.Manager, gw *gat
 	}
 	srv := ingress.New(ingress.Config{
 		Domain: domain, Backend: mgr, Signer: &ingress.Signer{Key: key}, Emit: emit,
-		Mark: mark, MaxBody: ic.MaxBody, Logger: log.With("component", "ingress"),
+		Mark: mark, MaxBody: ic.MaxBody, Rate: ic.Rate, SandboxRate: sandboxRate(ic.Rate), Burst: int(2 * ic.Rate), SandboxBurst: int(8 * ic.Rate),
+		Logger: log.With("component", "ingress"),
 	})
 	l, err := net.Listen("tcp", ic.Addr)
 	if err != nil {
@@ -116,4 +120,11 @@ func startIngress(ctx context.Context, cfg Config, mgr *sandbox.Manager, gw *gat
 		_ = hs.Shutdown(sctx)
 		<-done
 	}, nil
+}
+
+func sandboxRate(r float64) float64 {
+	if r < 0 {
+		return -1
+	}
+	return 4 * r // 0 stays 0: the default
 }

@@ -173,6 +173,8 @@ func New(cfg Config) *Server {
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
+		ReadBufferSize:      64 << 10,
+		WriteBufferSize:     64 << 10,
 		// The guest speaks plain HTTP/1.1 on its link.
 		ForceAttemptHTTP2: false,
 		Proxy:             nil,
@@ -183,6 +185,7 @@ func New(cfg Config) *Server {
 		FlushInterval:  -1, // SSE and streaming responses are never buffered
 		ModifyResponse: s.modifyResponse,
 		ErrorHandler:   s.proxyError,
+		BufferPool:     bufPool{},
 		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
 	}
 	return s
@@ -503,3 +506,12 @@ func (c *countWriter) Write(p []byte) (int, error) {
 }
 
 func (c *countWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// bufPool lends the proxy 256 KiB copy buffers (its default is 32 KiB a
+// copy, allocated each time): fewer, larger TLS writes for big bodies.
+type bufPool struct{}
+
+var buffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+func (bufPool) Get() []byte  { return *(buffers.Get().(*[]byte)) }
+func (bufPool) Put(b []byte) { buffers.Put(&b) }
