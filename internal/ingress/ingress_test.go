@@ -153,7 +153,11 @@ func TestProxy(t *testing.T) {
 	var events []api.IngressRequest
 	var emu sync.Mutex
 	srv := New(Config{Domain: "sb.test", Backend: fb, Signer: &Signer{Key: []byte("k")}, MaxBody: 1000,
-		Emit: func(_, _ string, ev api.EventPayload) { emu.Lock(); events = append(events, ev.(api.IngressRequest)); emu.Unlock() }})
+		Emit: func(_, _ string, ev api.EventPayload) {
+			emu.Lock()
+			events = append(events, ev.(api.IngressRequest))
+			emu.Unlock()
+		}})
 	do := func(method, host, target string, hdr http.Header, body io.Reader) (*http.Response, map[string]any) {
 		r := httptest.NewRequest(method, target, body)
 		r.Host = host
