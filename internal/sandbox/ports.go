@@ -107,6 +107,9 @@ func (m *Manager) AddPort(ctx context.Context, tenant, id string, spec api.PortS
 	if in := m.ingressCfg(); in != nil && in.OnRemove != nil {
 		in.OnRemove() // a rotated token: connections made with the old one go
 	}
+	if spec.Public {
+		token = "" // not needed; its hash only keeps signatures unforgeable
+	}
 	v := m.portView(p, token)
 	return &v, nil
 }

@@ -248,7 +248,7 @@ class TestPorts(DaemonTest):
         ports = sb.ports()
         self.assertEqual([x.port for x in ports], [8080, 9090])
         self.assertFalse(any(x.get("token") for x in ports))
-        self.assertEqual([x.port for x in sb.inspect().info["ports"]], [8080, 9090])
+        self.assertEqual([x.port for x in sb.inspect()["ports"]], [8080, 9090])
         u = sb.port_url(8080, ttl="10m")
         self.assertIn("cbx_sig=", u.url)
         self.assertTrue(u.expires_at)
