@@ -298,6 +298,9 @@ func startGuest(c *client.Client, srvBin, idle string) *api.Sandbox {
 	if err != nil {
 		fail(err)
 	}
+	// A bench that fails leaves no sandbox running (the daemon stops
+	// after this, sandboxes would outlive it).
+	onFail(func() { _ = c.Remove(context.Background(), sb.ID) })
 	bin, err := os.ReadFile(srvBin)
 	if err != nil {
 		fail(err)
