@@ -378,6 +378,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
 	defer mgr.Close()
+	mgr.SyncPorts(ctx)
 	mgr.RecoverPool(ctx)
 	if err := mgr.PruneImageRefs(ctx); err != nil {
 		log.Warn("prune image references", "err", err)

@@ -318,3 +318,20 @@ func lastWake(spec json.RawMessage) *api.Wake {
 }
 
 var _ ingress.Backend = (*Manager)(nil)
+
+// SyncPorts makes every link's published ports the store's (at daemon
+// start: a crash between the store write and the rule change, or ports
+// that expired while the daemon was down, leave nothing admitted that is
+// not published).
+func (m *Manager) SyncPorts(ctx context.Context) {
+	m.reapPorts(ctx)
+	gw := m.cfg.Gateway
+	if gw == nil {
+		return
+	}
+	for _, l := range gw.Links().List() {
+		if err := m.syncPublished(ctx, l.ID); err != nil {
+			m.log.Warn("sync published ports", "sandbox", l.ID, "err", err)
+		}
+	}
+}
