@@ -386,7 +386,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := mgr.StartPool(); err != nil {
 		return fmt.Errorf("--pool: %w", err)
 	}
-	stopIngress, err := startIngress(ctx, cfg, mgr, gw, emit, log)
+	_, stopIngress, err := startIngress(cfg, mgr, gw, emit, log)
 	if err != nil {
 		return err
 	}

@@ -42,46 +42,47 @@ type IngressConfig struct {
 // IngressDir is where the daemon keeps its ingress CA and URL-signing key.
 func IngressDir(home string) string { return filepath.Join(home, "ingress") }
 
-// startIngress runs the ingress listener until ctx ends; stop waits for
-// it to close.
-func startIngress(ctx context.Context, cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit func(string, string, api.EventPayload), log *slog.Logger) (stop func(), err error) {
+// startIngress runs the ingress listener until stop, which waits for it
+// to close. srv (nil without --ingress) is also the path webhook
+// deliveries and relays take to a guest (srv.Send).
+func startIngress(cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit func(string, string, api.EventPayload), log *slog.Logger) (srv *ingress.Server, stop func(), err error) {
 	ic := cfg.Ingress
 	if ic.Addr == "" {
-		return func() {}, nil
+		return nil, func() {}, nil
 	}
 	domain, err := hostname.Parse(ic.Domain)
 	if err != nil || ic.Domain == "" {
-		return nil, fmt.Errorf("--ingress-domain %q: want a DNS name such as sandboxes.example.com (its wildcard *.D must resolve to this host)", ic.Domain)
+		return nil, nil, fmt.Errorf("--ingress-domain %q: want a DNS name such as sandboxes.example.com (its wildcard *.D must resolve to this host)", ic.Domain)
 	}
 	dir := IngressDir(cfg.Home)
 	var tlsConf *tls.Config
 	if ic.Cert != "" || ic.Key != "" {
 		if ic.Cert == "" || ic.Key == "" {
-			return nil, errors.New("--ingress-cert and --ingress-key go together")
+			return nil, nil, errors.New("--ingress-cert and --ingress-key go together")
 		}
 		tlsConf, err = ingress.FromFiles(ic.Cert, ic.Key)
 	} else {
 		tlsConf, err = ingress.SelfSigned(dir, domain)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	key, err := ingress.LoadOrCreateKey(filepath.Join(dir, "url.key"))
 	if err != nil {
-		return nil, fmt.Errorf("ingress url key: %w", err)
+		return nil, nil, fmt.Errorf("ingress url key: %w", err)
 	}
 	var mark uint32
 	if gw != nil {
 		mark = gw.Links().IngressMark()
 	}
-	srv := ingress.New(ingress.Config{
+	srv = ingress.New(ingress.Config{
 		Domain: domain, Backend: mgr, Signer: &ingress.Signer{Key: key}, Emit: emit,
 		Mark: mark, MaxBody: ic.MaxBody, Rate: ic.Rate, SandboxRate: sandboxRate(ic.Rate), Burst: int(2 * ic.Rate), SandboxBurst: int(8 * ic.Rate),
 		Logger: log.With("component", "ingress"),
 	})
 	l, err := net.Listen("tcp", ic.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("--ingress %s: %w", ic.Addr, err)
+		return nil, nil, fmt.Errorf("--ingress %s: %w", ic.Addr, err)
 	}
 	port := ic.PublicPort
 	if port == 0 {
@@ -114,7 +115,7 @@ func startIngress(ctx context.Context, cfg Config, mgr *sandbox.Manager, gw *gat
 		attrs = append(attrs, "ca", ingress.CAPath(dir))
 	}
 	log.Info("ingress listening", attrs...)
-	return func() {
+	return srv, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = hs.Shutdown(sctx)

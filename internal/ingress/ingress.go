@@ -63,6 +63,9 @@ type Backend interface {
 	// why, e.g. "ingress 8080") and counts it busy until end is called:
 	// no idle pause mid-request or mid-WebSocket.
 	Begin(ctx context.Context, id, reason string) (end func(), err error)
+	// Guest returns a sandbox's tenant and its address on its link, or an
+	// error wrapping ErrNotFound (Send: webhooks and relays).
+	Guest(ctx context.Context, id string) (tenant string, addr netip.Addr, err error)
 }
 
 // Config configures a Server.
@@ -515,3 +518,42 @@ var buffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b 
 
 func (bufPool) Get() []byte  { return *(buffers.Get().(*[]byte)) }
 func (bufPool) Put(b []byte) { buffers.Put(&b) }
+
+// Send delivers req to port of sandbox id from the host side — waking the
+// sandbox first, counting it busy meanwhile — and returns the guest's
+// status (the response body is read, at most 1 MiB, and dropped). It is
+// the path webhook deliveries and relays take after their own checks
+// (hooks.Deliver has this shape): req's URL names only the path and query
+// (its host is replaced by the guest's address), and its headers go as
+// they are — X-Cagebox-* included, which the caller sets for the guest.
+// The port must be admitted by the link's rules (published, or one of the
+// manager's extra ports).
+func (s *Server) Send(ctx context.Context, id string, port int, req *http.Request) (int, error) {
+	if port < 1 || port > 65535 {
+		return 0, fmt.Errorf("ingress: send to %s: port %d out of range", id, port)
+	}
+	_, addr, err := s.cfg.Backend.Guest(ctx, id)
+	if err != nil {
+		return 0, fmt.Errorf("ingress: send to %s: %w", id, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.WakeTimeout)
+	end, err := s.cfg.Backend.Begin(wctx, id, "delivery "+strconv.Itoa(port))
+	cancel()
+	if err != nil {
+		return 0, fmt.Errorf("ingress: send to %s: %w", id, err)
+	}
+	defer end()
+	out := req.Clone(ctx)
+	out.URL.Scheme, out.URL.Host = "http", netip.AddrPortFrom(addr, uint16(port)).String()
+	out.RequestURI = ""
+	if out.Host == "" || out.Host == req.URL.Host {
+		out.Host = out.URL.Host
+	}
+	resp, err := s.tr.RoundTrip(out)
+	if err != nil {
+		return 0, fmt.Errorf("ingress: send to %s port %d: %w", id, port, err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -128,6 +129,13 @@ func (f *fakeBackend) Resolve(_ context.Context, id string, port uint16) (*Targe
 		return nil, ErrNotFound
 	}
 	return f.target, nil
+}
+
+func (f *fakeBackend) Guest(_ context.Context, id string) (string, netip.Addr, error) {
+	if id != testID {
+		return "", netip.Addr{}, ErrNotFound
+	}
+	return f.target.Tenant, f.target.Addr.Addr(), nil
 }
 
 func (f *fakeBackend) Begin(_ context.Context, id, reason string) (func(), error) {
@@ -270,5 +278,35 @@ func TestRateLimit(t *testing.T) {
 	}
 	if codes[200] != 3 || codes[429] != 3 {
 		t.Errorf("codes %v, want 3×200 and 3×429", codes)
+	}
+}
+
+func TestSend(t *testing.T) {
+	var got *http.Request
+	var body string
+	guest := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = r
+		b, _ := io.ReadAll(r.Body)
+		body = string(b)
+		w.WriteHeader(204)
+	}))
+	defer guest.Close()
+	ap := netip.MustParseAddrPort(guest.Listener.Addr().String())
+	fb := &fakeBackend{target: &Target{Tenant: "t", Addr: ap}}
+	srv := New(Config{Domain: "sb.test", Backend: fb})
+	req, _ := http.NewRequest("POST", "http://guest/hook?x=1", strings.NewReader("payload"))
+	req.Header.Set("X-Cagebox-Delivery", "7")
+	code, err := srv.Send(context.Background(), testID, int(ap.Port()), req)
+	if err != nil || code != 204 {
+		t.Fatalf("Send: %d %v", code, err)
+	}
+	if got.URL.RequestURI() != "/hook?x=1" || got.Header.Get("X-Cagebox-Delivery") != "7" || body != "payload" {
+		t.Errorf("guest got %s %v %q", got.URL, got.Header, body)
+	}
+	if fb.busy != 0 || fb.begun[len(fb.begun)-1] != "delivery "+strconv.Itoa(int(ap.Port())) {
+		t.Errorf("Begin/end: %d %v", fb.busy, fb.begun)
+	}
+	if _, err := srv.Send(context.Background(), "sb-ffffffffffffffff", 80, req); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unknown sandbox: %v", err)
 	}
 }

@@ -94,10 +94,11 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 
-	// mu guards live and ingress.
-	mu      sync.Mutex
-	live    map[string]*entry
-	ingress *Ingress
+	// mu guards live, ingress and extraPorts.
+	mu         sync.Mutex
+	live       map[string]*entry
+	ingress    *Ingress
+	extraPorts func(ctx context.Context, id string) []uint16
 
 	events    *audit.Log
 	ownEvents bool // made by New: Close closes it

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -114,6 +113,21 @@ func (m *Manager) AddPort(ctx context.Context, tenant, id string, spec api.PortS
 	return &v, nil
 }
 
+// SetExtraPorts adds ports the link admits besides the published ones
+// (a webhook's or relay's target port, delivered through
+// ingress.Server.Send); call SyncPublished after they change.
+func (m *Manager) SetExtraPorts(fn func(ctx context.Context, id string) []uint16) {
+	m.mu.Lock()
+	m.extraPorts = fn
+	m.mu.Unlock()
+}
+
+// SyncPublished makes a sandbox link's admitted ports its published ports
+// (unexpired) plus its extra ports.
+func (m *Manager) SyncPublished(ctx context.Context, id string) error {
+	return m.syncPublished(ctx, id)
+}
+
 // syncPublished makes the link's published ports the store's (unexpired).
 func (m *Manager) syncPublished(ctx context.Context, id string) error {
 	gw := m.cfg.Gateway
@@ -130,6 +144,12 @@ func (m *Manager) syncPublished(ctx context.Context, id string) error {
 		if p.ExpiresAt == nil || now.Before(*p.ExpiresAt) {
 			ports = append(ports, uint16(p.Port))
 		}
+	}
+	m.mu.Lock()
+	extra := m.extraPorts
+	m.mu.Unlock()
+	if extra != nil {
+		ports = append(ports, extra(ctx, id)...)
 	}
 	if _, ok := gw.Links().Get(id); !ok {
 		return nil // no link (stopped or pooled): nothing to admit
@@ -308,13 +328,24 @@ func (m *Manager) Begin(ctx context.Context, id, reason string) (func(), error) 
 	return end, nil
 }
 
-// lastWake is the stored wake of a sandbox's spec record.
-func lastWake(spec json.RawMessage) *api.Wake {
-	var sr specRecord
-	if json.Unmarshal(spec, &sr) != nil {
-		return nil
+// Guest implements ingress.Backend: a sandbox's tenant and link address.
+func (m *Manager) Guest(ctx context.Context, id string) (string, netip.Addr, error) {
+	r, err := m.cfg.Store.GetSandbox(ctx, "", id)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return "", netip.Addr{}, ingress.ErrNotFound
+		}
+		return "", netip.Addr{}, err
 	}
-	return sr.LastWake
+	gw := m.cfg.Gateway
+	if gw == nil {
+		return "", netip.Addr{}, fmt.Errorf("sandbox %s has no network: %w", id, ingress.ErrNotFound)
+	}
+	a, ok := gw.Get(id)
+	if !ok {
+		return "", netip.Addr{}, fmt.Errorf("sandbox %s has no link: %w", id, ingress.ErrNotFound)
+	}
+	return r.TenantID, a.Link.GuestAddr, nil
 }
 
 var _ ingress.Backend = (*Manager)(nil)
