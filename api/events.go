@@ -80,6 +80,8 @@ const (
 	EventWebhookRejected  EventKind = "webhook.rejected"
 	EventWebhookDelivered EventKind = "webhook.delivered"
 	EventWebhookFailed    EventKind = "webhook.failed"
+	// Inbound (package ingress).
+	EventIngressRequest EventKind = "ingress.request"
 )
 
 // EventClass is how the daemon treats an event under load.
@@ -135,6 +137,7 @@ var eventCatalog = []EventPayload{
 	ApprovalPending{}, ApprovalDecided{},
 	PoolClaimed{}, PoolMissed{}, PoolFilled{}, PoolFillFailed{},
 	WebhookReceived{}, WebhookRejected{}, WebhookDelivered{}, WebhookFailed{},
+	IngressRequest{},
 	EventsDropped{},
 }
 
@@ -524,3 +527,19 @@ func (WebhookReceived) EventKind() EventKind       { return EventWebhookReceived
 func (WebhookRejected) EventKind() EventKind       { return EventWebhookRejected }
 func (WebhookDelivered) EventKind() EventKind      { return EventWebhookDelivered }
 func (WebhookFailed) EventKind() EventKind         { return EventWebhookFailed }
+
+// IngressRequest: one request through the ingress listener to a
+// published port (refused ones too: Status says how it ended).
+type IngressRequest struct {
+	Method string `json:"method"`
+	Host   string `json:"host"`
+	// Path is without the query (which may carry a signature).
+	Path       string  `json:"path"`
+	Port       int     `json:"port"`
+	Status     int     `json:"status"`
+	BytesIn    int64   `json:"bytes_in"`
+	BytesOut   int64   `json:"bytes_out"`
+	DurationMS float64 `json:"duration_ms"`
+}
+
+func (IngressRequest) EventKind() EventKind { return EventIngressRequest }

@@ -62,6 +62,53 @@ type CreateSandboxRequest struct {
 	// ReadOnlyRoot makes the image root read-only: only Mounts and a
 	// size-bounded /tmp are writable.
 	ReadOnlyRoot bool `json:"read_only_root,omitempty"`
+	// Publish are ports to publish through the ingress listener once the
+	// sandbox runs (the response's Ports carry their tokens, once).
+	Publish []PortSpec `json:"publish,omitempty"`
+}
+
+// PortSpec publishes a guest port through the ingress listener; it is
+// also the body of POST /v1/sandboxes/{id}/ports (again for a published
+// port: a new token, which revokes the old one and its signed URLs).
+type PortSpec struct {
+	Port int `json:"port"`
+	// Public ports need no access token.
+	Public bool `json:"public,omitempty"`
+	// TTL unpublishes the port after this long (Go duration; empty: never).
+	TTL string `json:"ttl,omitempty"`
+}
+
+// Port is a published port.
+type Port struct {
+	Port   int  `json:"port"`
+	Public bool `json:"public"`
+	// URL is the host form (https://PORT-ID.DOMAIN/), PathURL the path
+	// form (…/s/ID/PORT/); empty when the daemon runs no ingress.
+	URL       string     `json:"url,omitempty"`
+	PathURL   string     `json:"path_url,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
+	// Token is the access token (header X-Cagebox-Access), returned once
+	// when the port is published; only its hash is stored.
+	Token string `json:"token,omitempty"`
+}
+
+// PortURLRequest asks for a signed URL of a port valid for TTL (default 1h).
+type PortURLRequest struct {
+	TTL string `json:"ttl,omitempty"`
+}
+
+// PortURL is a signed URL: whoever holds it reaches the port until
+// ExpiresAt (publishing the port again revokes it).
+type PortURL struct {
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// Wake says why and when an idle-paused sandbox was resumed.
+type Wake struct {
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
 }
 
 // SecretBinding gives a sandbox a credential: env var Name holds a
@@ -170,6 +217,11 @@ type Sandbox struct {
 	// Mounts and ReadOnlyRoot are as created.
 	Mounts       []Mount `json:"mounts,omitempty"`
 	ReadOnlyRoot bool    `json:"read_only_root,omitempty"`
+	// Ports are the published ports (GET of one sandbox, and create).
+	Ports []Port `json:"ports,omitempty"`
+	// LastWake is the last time the sandbox was woken from an idle pause
+	// (by an exec, a file operation or an ingress request) and why.
+	LastWake *Wake `json:"last_wake,omitempty"`
 }
 
 // Network describes a sandbox's routed link.

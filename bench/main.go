@@ -43,7 +43,7 @@ func main() {
 	n := flag.Int("n", 30, "cold starts per side")
 	execN := flag.Int("exec", 300, "exec round trips")
 	agent := flag.String("agent", "bin/cagebox-agent", "static cagebox-agent binary")
-	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\", \"policy\", \"pool\" or \"snapshot\"")
+	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\", \"policy\", \"pool\", \"snapshot\" or \"ingress\"")
 	sustained := flag.Int("sustained", 200, "pool: `cagebox run -- true` back to back per runtime")
 	egressDur := flag.Duration("egress-time", 4*time.Second, "egress: load duration per client kind")
 	egressConc := flag.Int("egress-conc", 16, "egress: concurrent clients")
@@ -80,6 +80,10 @@ func main() {
 	}
 	if *only == "snapshot" {
 		snapshotBench(agentPath, *snapN, *snapMemN)
+		return
+	}
+	if *only == "ingress" {
+		ingressBench(agentPath, *execN*10, *egressDur, *egressConc)
 		return
 	}
 	home, err := os.MkdirTemp("", "cbx-bench")

@@ -97,6 +97,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var proxyPort, dnsPort uint16
 	var netCfgTable, netCfgPrefix, masterKey, exfil string
 	var lim limitFlags
+	var ing ingressFlags
 	var eventRetention string
 	var eventRate float64
 	var eventBurst int
@@ -170,15 +171,25 @@ func daemonCmd(g *globals) *cobra.Command {
 					return fmt.Errorf("--pool-memory: %w", err)
 				}
 			}
+			if ing.maxBodyStr != "" {
+				if ing.cfg.MaxBody, err = parseSize(ing.maxBodyStr); err != nil {
+					return fmt.Errorf("--ingress-max-body: %w", err)
+				}
+			}
+			if ing.cfg.Addr != "" && ing.cfg.Domain == "" {
+				return fmt.Errorf("--ingress needs --ingress-domain D (ports are served as https://PORT-ID.D)")
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{
-				Pools: targets, PoolMemory: poolBytes,
+				Ingress: ing.cfg,
+				Pools:   targets, PoolMemory: poolBytes,
 				Home: g.home, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, InsecureListen: insecureListen, AgentPath: agent, MinIsolation: floor, DefaultRuntime: defRuntime,
 				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey, Events: events,
 				MountRoots: mountRoots,
 			})
 		},
 	}
+	ing.register(cmd)
 	cmd.Flags().StringVar(&listen, "listen", "", "also serve the API on this TCP address (API keys required), e.g. 127.0.0.1:7070; plain HTTP on loopback only, elsewhere give --tls-cert/--tls-key")
 	cmd.Flags().StringVar(&tlsCert, "tls-cert", "", "serve --listen over HTTPS with this certificate (PEM, with its chain)")
 	cmd.Flags().StringVar(&tlsKey, "tls-key", "", "private key (PEM) of --tls-cert")
@@ -301,6 +312,7 @@ type createFlags struct {
 	secretHeader, secretQuery                   []string
 	mounts                                      []string
 	readOnlyRoot                                bool
+	publish                                     []string
 }
 
 func (f *createFlags) add(cmd *cobra.Command) {
@@ -314,6 +326,7 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.idle, "idle-timeout", "", "after this long without activity, take the --idle-action, e.g. 5m")
 	cmd.Flags().StringVar(&f.idleAction, "idle-action", "", "what --idle-timeout does: destroy (default), pause (frozen in memory) or hibernate (microVMs: saved to disk, memory freed); the next exec or file operation resumes a paused or hibernated one")
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	cmd.Flags().StringArrayVar(&f.publish, "publish", nil, "publish this guest port through the daemon's ingress: PORT or PORT:public (no token); the access token is printed once on stderr (repeatable)")
 	cmd.Flags().StringArrayVar(&f.allow, "allow", nil, "allow HTTP(S) to this host, e.g. api.github.com or *.example.com (repeatable; default: nothing is reachable)")
 	cmd.Flags().StringVar(&f.policyFile, "policy", "", "egress policy document, YAML or JSON (see docs/policy.md)")
 	cmd.Flags().StringVar(&f.policyRef, "policy-ref", "", "follow the tenant's named policy NAME (cagebox policy create); its edits apply to the sandbox")
@@ -467,6 +480,11 @@ func parseHMACFlag(v string) (string, *api.HMACSigning, error) {
 
 func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
 	req := &api.CreateSandboxRequest{Runtime: f.runtime, Image: f.image, CPUs: f.cpus, PIDs: f.pids, Env: f.env}
+	pub, err := parsePublish(f.publish)
+	if err != nil {
+		return nil, err
+	}
+	req.Publish = pub
 	if f.memory != "" {
 		n, err := parseSize(f.memory)
 		if err != nil {
@@ -719,6 +737,9 @@ func createCmd(g *globals) *cobra.Command {
 				return err
 			}
 			fmt.Println(sb.ID)
+			for i := range sb.Ports {
+				printPortAdded(sb.ID, &sb.Ports[i])
+			}
 			return nil
 		},
 	}

@@ -105,6 +105,7 @@ func newRoot() *cobra.Command {
 		freezeCmd(g, false),
 		selftestCmd(g),
 		consoleCmd(g),
+		portCmd(g),
 	)
 	return root
 }

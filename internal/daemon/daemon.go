@@ -85,6 +85,8 @@ type Config struct {
 	// (--mount-root); none: no bind mounts. Checked at start
 	// (mounts.NewRoots): never /, never overlapping Home.
 	MountRoots []string
+	// Ingress is the inbound listener for published ports.
+	Ingress IngressConfig
 }
 
 // EventConfig configures audit events (package audit).
@@ -387,6 +389,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
 	defer mgr.Close()
+	mgr.SyncPorts(ctx)
 	mgr.RecoverPool(ctx)
 	if err := mgr.PruneImageRefs(ctx); err != nil {
 		log.Warn("prune image references", "err", err)
@@ -394,6 +397,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := mgr.StartPool(); err != nil {
 		return fmt.Errorf("--pool: %w", err)
 	}
+	_, stopIngress, err := startIngress(cfg, mgr, gw, emit, log)
+	if err != nil {
+		return err
+	}
+	defer stopIngress()
 	srv := NewServer(st, mgr, images, v, log)
 	srv.metrics = met.Handler()
 

@@ -108,6 +108,10 @@ func Routes() []Route {
 		{Method: "POST", Path: "/v1/volumes", handler: (*Server).createVolume},
 		{Method: "GET", Path: "/v1/volumes", handler: (*Server).listVolumes},
 		{Method: "DELETE", Path: "/v1/volumes/{name}", handler: (*Server).removeVolume},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/ports", handler: (*Server).addPort},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/ports", handler: (*Server).listPorts},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}/ports/{port}", handler: (*Server).removePort},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/ports/{port}/url", handler: (*Server).portURL},
 	}
 }
 

@@ -25,7 +25,13 @@
 //     to DNSPort addressed to the receiving link's own host address are
 //     accepted; everything else (other ports, other host addresses, ICMP) is
 //     dropped;
-//   - nothing is forwarded from or to a sandbox link.
+//   - nothing is forwarded from or to a sandbox link;
+//   - from the host into a link, only established/related traffic (replies
+//     to the sandbox's own connections) and new TCP connections that carry
+//     the ingress socket mark (IngressMark) to a published port of that
+//     link's guest (the set "published", guest address . port) leave; the
+//     rest is dropped, so no host process reaches a guest's ports except
+//     the daemon's ingress, and it only those published.
 //
 // Removing the table removes every rule. [Manager.Close] does that at daemon
 // shutdown and sets the host ends of the remaining links down, so sandboxes
@@ -99,6 +105,10 @@ type Config struct {
 	// NetNSDir holds the namespace bind mounts. Default /run/netns (where
 	// `ip netns` looks).
 	NetNSDir string
+	// IngressMark is the socket mark (SO_MARK) of the daemon's ingress
+	// connections: the only new connections from the host into a link,
+	// and only to its published ports. Default DefaultIngressMark.
+	IngressMark uint32
 }
 
 func (c *Config) setDefaults() error {
@@ -124,6 +134,9 @@ func (c *Config) setDefaults() error {
 	if c.NetNSDir == "" {
 		c.NetNSDir = DefaultNetNSDir
 	}
+	if c.IngressMark == 0 {
+		c.IngressMark = DefaultIngressMark
+	}
 	if c.ProxyPort == 0 || c.DNSPort == 0 {
 		return errors.New("link: proxy and DNS ports are required")
 	}
@@ -142,6 +155,9 @@ type Link struct {
 	HostAddr  netip.Addr   `json:"host_addr"`  // gateway (host end)
 	GuestAddr netip.Addr   `json:"guest_addr"` // the sandbox's address
 	Prefix    netip.Prefix `json:"prefix"`     // the /30
+	// Published are the guest's TCP ports the daemon's ingress may
+	// connect to (SetPublished); nothing else enters the link.
+	Published []uint16 `json:"published,omitempty"`
 }
 
 // Manager creates, tracks and removes links and owns the nftables table.
@@ -411,6 +427,10 @@ func (m *Manager) Destroy(ctx context.Context, id string) error {
 		hostIf, nsPath = l.HostIf, l.NetNSPath
 		// Remove the element first: from here on the link is cut off.
 		if m.ready {
+			if err := m.publishElements(false, l, l.Published); err != nil && !isNotExist(err) {
+				m.mu.Unlock()
+				return fmt.Errorf("link: destroy %q: %w", id, err)
+			}
 			if err := m.setElements(false, l); err != nil && !isNotExist(err) {
 				m.mu.Unlock()
 				return fmt.Errorf("link: destroy %q: %w", id, err)

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -101,7 +102,7 @@ func TestStateRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, ok := m2.Get("a")
-	if !ok || *got != *l {
+	if !ok || !reflect.DeepEqual(got, l) {
 		t.Fatalf("reloaded %+v, want %+v", got, l)
 	}
 	if got, ok := m2.LookupByAddr(netip.MustParseAddr("::ffff:10.201.0.2")); !ok || got.ID != "a" {

@@ -18,7 +18,12 @@ const (
 	chainRedirect = "redirect"  // nat prerouting, priority dstnat
 	chainInput    = "input"     // filter input
 	chainForward  = "forward"   // filter forward
+	chainOutput   = "output"    // filter output: host → sandbox (ingress)
+	setPublished  = "published" // ipv4_addr . inet_service of every published port
 )
+
+// DefaultIngressMark is the default socket mark of ingress connections.
+const DefaultIngressMark uint32 = 0x6362_0001
 
 // Registers as nft(8) numbers them (32-bit): a concatenation is built in
 // consecutive registers, the 16-byte ifname in 8..11, the address in 12.
@@ -185,6 +190,16 @@ func (m *Manager) buildTable(c *nftables.Conn) error {
 	if err := c.AddSet(set, els); err != nil {
 		return fmt.Errorf("add set: %w", err)
 	}
+	pub := m.publishedSet()
+	var pels []nftables.SetElement
+	for _, l := range m.links {
+		for _, p := range l.Published {
+			pels = append(pels, nftables.SetElement{Key: publishedKey(l, p)})
+		}
+	}
+	if err := c.AddSet(pub, pels); err != nil {
+		return fmt.Errorf("add set: %w", err)
+	}
 	accept := nftables.ChainPolicyAccept
 	chain := func(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority) *nftables.Chain {
 		return c.AddChain(&nftables.Chain{
@@ -242,6 +257,76 @@ func (m *Manager) buildTable(c *nftables.Conn) error {
 	fwd := chain(chainForward, nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter)
 	rule(fwd, fromSandbox, drop)
 	rule(fwd, toSandbox, drop)
+
+	// From the host into a link: replies to the sandbox's own
+	// connections, and the daemon's ingress connections (marked) to
+	// published ports; nothing else.
+	out := chain(chainOutput, nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter)
+	rule(out, toSandbox, []expr.Any{
+		&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{
+			SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+			Xor:  binaryutil.NativeEndian.PutUint32(0),
+		},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(0)},
+	}, acc)
+	rule(out, toSandbox, []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(m.cfg.IngressMark)},
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.NFPROTO_IPV4}},
+	}, l4(unix.IPPROTO_TCP), []expr.Any{
+		&expr.Payload{DestRegister: regIfKey, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Payload{DestRegister: regIfKey + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: regIfKey, SetName: pub.Name, SetID: pub.ID},
+	}, acc)
+	rule(out, toSandbox, drop)
+	return nil
+}
+
+var publishedKeyType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
+
+func (m *Manager) publishedSet() *nftables.Set {
+	return &nftables.Set{
+		Table:         m.table(),
+		Name:          setPublished,
+		KeyType:       publishedKeyType,
+		Concatenation: true,
+	}
+}
+
+// publishedKey is guest address . port, each field padded to 4 bytes.
+func publishedKey(l *Link, port uint16) []byte {
+	a := l.GuestAddr.As4()
+	return []byte{a[0], a[1], a[2], a[3], byte(port >> 8), byte(port), 0, 0}
+}
+
+// publishElements adds or deletes published-port elements of l in one
+// transaction. m.mu must be held and m.ready true.
+func (m *Manager) publishElements(add bool, l *Link, ports []uint16) error {
+	if len(ports) == 0 {
+		return nil
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	els := make([]nftables.SetElement, len(ports))
+	for i, p := range ports {
+		els[i] = nftables.SetElement{Key: publishedKey(l, p)}
+	}
+	if add {
+		err = c.SetAddElements(m.publishedSet(), els)
+	} else {
+		err = c.SetDeleteElements(m.publishedSet(), els)
+	}
+	if err == nil {
+		err = c.Flush()
+	}
+	if err != nil {
+		return fmt.Errorf("published ports: %w", err)
+	}
 	return nil
 }
 

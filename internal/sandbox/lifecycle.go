@@ -47,7 +47,18 @@ type createParams struct {
 // Create creates and starts a sandbox for tenant: from a warm pool when
 // one holds the request's class, cold otherwise.
 func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (*api.Sandbox, error) {
+	if err := checkPublish(req.Publish); err != nil {
+		return nil, err
+	}
 	v, _, err := m.create(ctx, tenant, req)
+	if err == nil && len(req.Publish) > 0 {
+		ports, perr := m.publishOnCreate(ctx, tenant.ID, v.ID, req.Publish)
+		if perr != nil {
+			_ = m.RemoveAsync(context.Background(), tenant.ID, v.ID)
+			return nil, perr
+		}
+		v.Ports = ports
+	}
 	return v, err
 }
 
@@ -403,6 +414,14 @@ func (m *Manager) transition(ctx context.Context, tenant, id, from, to string, e
 	}
 	r.Status = to
 	r.UpdatedAt = m.cfg.Now().UTC()
+	if rs, ok := ev.(api.SandboxResumed); ok && rs.Reason != "" {
+		// A wake from an idle pause: inspect shows why and when.
+		var sr specRecord
+		if json.Unmarshal(r.Spec, &sr) == nil {
+			sr.LastWake = &api.Wake{Reason: rs.Reason, At: r.UpdatedAt}
+			r.Spec, _ = json.Marshal(&sr)
+		}
+	}
 	if err := m.cfg.Store.UpdateSandbox(sctx, r); err != nil {
 		return nil, err
 	}
@@ -515,6 +534,7 @@ func (m *Manager) destroy(r *store.Sandbox, reason string) error {
 	}
 	m.releaseImage(r.ID)
 	m.detach(r.ID)
+	m.dropPorts(r.ID)
 	var sr specRecord
 	if json.Unmarshal(r.Spec, &sr) == nil {
 		m.dropInline(r.TenantID, sr.Secrets)

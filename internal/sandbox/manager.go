@@ -100,9 +100,11 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 
-	// mu guards live.
-	mu   sync.Mutex
-	live map[string]*entry
+	// mu guards live, ingress and extraPorts.
+	mu         sync.Mutex
+	live       map[string]*entry
+	ingress    *Ingress
+	extraPorts func(ctx context.Context, id string) []uint16
 
 	events    *audit.Log
 	ownEvents bool // made by New: Close closes it
@@ -133,7 +135,9 @@ type entry struct {
 	mu     sync.Mutex
 	client *agentproto.Client
 	execs  int
-	paused bool
+	// inbound counts ingress requests in flight (busy, like execs).
+	inbound int
+	paused  bool
 	// idlePaused: the idle timeout paused it, and the next exec or file
 	// operation resumes it (wake).
 	idlePaused bool
@@ -188,6 +192,8 @@ type specRecord struct {
 	// the volumes a sandbox holds are read from here (volumes.go).
 	Mounts       []mounts.Spec `json:"mounts,omitempty"`
 	ReadOnlyRoot bool          `json:"read_only_root,omitempty"`
+	// LastWake: the last wake from an idle pause.
+	LastWake *api.Wake `json:"last_wake,omitempty"`
 }
 
 func newID() string {
@@ -258,6 +264,7 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 	if sr.Policy != nil {
 		v.Policy, _ = json.Marshal(sr.Policy)
 	}
+	v.LastWake = sr.LastWake
 	for _, b := range sr.Secrets {
 		v.Secrets = append(v.Secrets, api.BoundSecret{Name: b.Name, Secret: b.Secret, Hosts: b.Hosts, Mode: b.Mode, Headers: b.Headers, Query: b.Query, HMAC: b.HMAC})
 		if b.Mode == ModeEnv {
@@ -321,7 +328,11 @@ func (m *Manager) Get(ctx context.Context, tenant, id string) (*api.Sandbox, err
 	if err != nil {
 		return nil, notFound(id, err)
 	}
-	return m.view(r), nil
+	v := m.view(r)
+	if ps, err := m.ListPorts(ctx, tenant, id); err == nil && len(ps) > 0 {
+		v.Ports = ps
+	}
+	return v, nil
 }
 
 func notFound(id string, err error) error {

@@ -114,7 +114,7 @@ func (m *Manager) busy(id string) bool {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.execs > 0
+	return e.execs > 0 || e.inbound > 0
 }
 
 // RunReaper calls Reap every interval until ctx ends.
@@ -128,6 +128,7 @@ func (m *Manager) RunReaper(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 			m.flushActivity(ctx)
 			m.Reap(ctx)
+			m.reapPorts(ctx)
 		}
 	}
 }

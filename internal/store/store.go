@@ -164,6 +164,8 @@ type Store interface {
 
 	// WebhookStore is webhooks and their delivery queue.
 	WebhookStore
+	// PortStore is the sandboxes' published ports.
+	PortStore
 
 	// PutTool creates (replace false: ErrConflict if the name is taken)
 	// or replaces a tenant's tool; GetTool/DeleteTool: ErrNotFound if
@@ -337,4 +339,33 @@ type VolumeStore interface {
 	SetVolumeVMWritten(ctx context.Context, tenantID, name string) error
 	// DeleteVolume removes the row. ErrNotFound if missing.
 	DeleteVolume(ctx context.Context, tenantID, name string) error
+}
+
+// Port is a sandbox's published port (package ingress).
+type Port struct {
+	SandboxID string
+	TenantID  string
+	Port      int
+	Public    bool
+	// TokenHash is the SHA-256 of the port's access token (never the
+	// token).
+	TokenHash []byte
+	ExpiresAt *time.Time // nil: until removed
+	CreatedAt time.Time  // set by PutPort
+}
+
+// PortStore keeps published ports. Tenant isolation follows the Store
+// conventions (tenantID "" matches any tenant).
+type PortStore interface {
+	// PutPort inserts or replaces the sandbox's port (a new token).
+	PutPort(ctx context.Context, p *Port) error
+	// GetPort returns a port or ErrNotFound.
+	GetPort(ctx context.Context, tenantID, sandboxID string, port int) (*Port, error)
+	// ListPorts returns a sandbox's ports by number (sandboxID "": every
+	// sandbox's).
+	ListPorts(ctx context.Context, tenantID, sandboxID string) ([]*Port, error)
+	// DeletePort removes one port; ErrNotFound if it is not published.
+	DeletePort(ctx context.Context, tenantID, sandboxID string, port int) error
+	// DeletePorts removes every port of a sandbox (none is not an error).
+	DeletePorts(ctx context.Context, sandboxID string) error
 }

@@ -71,6 +71,10 @@ func TestTenantIsolation(t *testing.T) {
 		{"POST", "/v1/freeze", `{"sandbox":"` + id + `"}`},
 		{"POST", "/v1/freeze", `{"tenant":"alpha"}`},
 		{"POST", "/v1/thaw", `{"sandbox":"` + id + `"}`},
+		{"POST", p + "/ports", `{"port":8080}`},
+		{"GET", p + "/ports", ""},
+		{"DELETE", p + "/ports/8080", ""},
+		{"POST", p + "/ports/8080/url", `{}`},
 	} {
 		resp, err := b.Raw(ctx, tc.method, tc.path, "application/json", strings.NewReader(tc.body))
 		if err != nil {

@@ -160,4 +160,17 @@ CREATE TABLE volumes (
 	PRIMARY KEY (tenant_id, name)
 );
 `},
+	// Published ports (package ingress).
+	{Version: 8, Name: "published ports", SQL: `
+CREATE TABLE ports (
+	sandbox_id TEXT NOT NULL,
+	tenant_id  TEXT NOT NULL REFERENCES tenants(id),
+	port       INTEGER NOT NULL,
+	public     INTEGER NOT NULL DEFAULT 0,
+	token_hash BLOB,
+	expires_at INTEGER,
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (sandbox_id, port)
+);
+`},
 }

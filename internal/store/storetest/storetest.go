@@ -56,6 +56,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Tools", testTools},
 		{"Webhooks", testWebhooks},
 		{"Volumes", testVolumes},
+		{"Ports", testPorts},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

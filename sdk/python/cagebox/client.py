@@ -506,6 +506,30 @@ class Sandbox:
         """Removes a secret binding: its placeholder is refused from the next request on."""
         return self._update(self._t.call("DELETE /v1/sandboxes/{id}/secrets/{name}", {"id": self.id, "name": name}))
 
+    def publish(self, port: int, public: bool = False, ttl: Duration = None) -> Record:
+        """Publishes a guest port through the daemon's ingress listener
+        (https://PORT-ID.DOMAIN/). The answer's ``token`` (header
+        X-Cagebox-Access) is in it only; publishing again rotates it, and
+        the old token and its signed URLs stop working. public=True: no
+        token needed. ttl: unpublish after this long."""
+        body = _drop_none({"port": port, "ttl": duration(ttl)})
+        if public:
+            body["public"] = True
+        return Record.of(self._t.call("POST /v1/sandboxes/{id}/ports", {"id": self.id}, json_body=body))
+
+    def ports(self) -> List[Record]:
+        """The published ports (without tokens)."""
+        return Record.of(self._t.call("GET /v1/sandboxes/{id}/ports", {"id": self.id}))
+
+    def unpublish(self, port: int) -> None:
+        self._t.call("DELETE /v1/sandboxes/{id}/ports/{port}", {"id": self.id, "port": str(port)})
+
+    def port_url(self, port: int, ttl: Duration = None) -> Record:
+        """A signed URL of a published port (``url``, ``expires_at``):
+        whoever holds it reaches the port until it expires (default 1h)."""
+        body = _drop_none({"ttl": duration(ttl)})
+        return Record.of(self._t.call("POST /v1/sandboxes/{id}/ports/{port}/url", {"id": self.id, "port": str(port)}, json_body=body))
+
     def events(self, after: int = 0) -> List[Record]:
         """This sandbox's stored audit events (up to 1000 after seq `after`)."""
         return self._cb.events(sandbox=self.id, after=after)

@@ -237,6 +237,31 @@ class TestLifecycle(DaemonTest):
         self.wait_for("the removal", lambda: sb.id not in [s.id for s in self.cb.sandboxes()])
 
 
+class TestPorts(DaemonTest):
+    def test_publish_list_url_unpublish(self):
+        sb = self.new()
+        p = sb.publish(8080, ttl="1h")
+        self.assertTrue(p.token.startswith("cbp_"), p)
+        self.assertIn(f"8080-{sb.id}.sdk.test", p.url)
+        self.assertTrue(p.expires_at)
+        self.assertEqual(sb.publish(9090, public=True).get("token"), None)
+        ports = sb.ports()
+        self.assertEqual([x.port for x in ports], [8080, 9090])
+        self.assertFalse(any(x.get("token") for x in ports))
+        self.assertEqual([x.port for x in sb.inspect()["ports"]], [8080, 9090])
+        u = sb.port_url(8080, ttl="10m")
+        self.assertIn("cbx_sig=", u.url)
+        self.assertTrue(u.expires_at)
+        sb.unpublish(8080)
+        with self.assertRaises(cagebox.NotFound):
+            sb.unpublish(8080)
+        with self.assertRaises(cagebox.NotFound):
+            sb.port_url(8080)
+        with self.assertRaises(cagebox.Invalid):
+            sb.publish(70000)
+        self.assertEqual([x.port for x in sb.ports()], [9090])
+
+
 class TestErrors(DaemonTest):
     def test_kinds(self):
         with self.assertRaises(cagebox.NotFound) as c:

@@ -476,6 +476,31 @@ export class Sandbox {
     return this.update(await this.t.call("DELETE /v1/sandboxes/{id}/secrets/{name}", { id: this.id, name }));
   }
 
+  /** Publishes a guest port through the daemon's ingress listener
+   * (https://PORT-ID.DOMAIN/). The answer's token (header X-Cagebox-Access)
+   * is in it only; publishing again rotates it. public: no token needed. */
+  publish(port: number, o: { public?: boolean; ttl?: Duration } = {}): Promise<api.Port> {
+    return this.t.call("POST /v1/sandboxes/{id}/ports", { id: this.id }, {
+      json: dropEmpty({ port, public: o.public || undefined, ttl: duration(o.ttl) }),
+    });
+  }
+
+  /** The published ports (without tokens). */
+  ports(): Promise<api.Port[]> {
+    return this.t.call("GET /v1/sandboxes/{id}/ports", { id: this.id });
+  }
+
+  async unpublish(port: number): Promise<void> {
+    await this.t.call("DELETE /v1/sandboxes/{id}/ports/{port}", { id: this.id, port: String(port) });
+  }
+
+  /** A signed URL of a published port: whoever holds it reaches the port until it expires (default 1h). */
+  portURL(port: number, o: { ttl?: Duration } = {}): Promise<api.PortURL> {
+    return this.t.call("POST /v1/sandboxes/{id}/ports/{port}/url", { id: this.id, port: String(port) }, {
+      json: dropEmpty({ ttl: duration(o.ttl) }),
+    });
+  }
+
   events(after = 0): Promise<api.Event[]> {
     return this.cb.events({ sandbox: this.id, after });
   }

@@ -151,3 +151,21 @@ export interface ApprovalDecisionBody { decision: "allow" | "deny"; remember?: b
 export interface AccessRequest { host: string; reason?: string; timeout?: string }
 
 export interface AccessResult { approval: string; allowed: boolean; by?: string; reason?: string }
+
+/** A published port (api.Port). */
+export interface Port {
+  port: number;
+  public: boolean;
+  url?: string;
+  path_url?: string;
+  expires_at?: string;
+  created_at: string;
+  /** The access token: in the answer to publish only. */
+  token?: string;
+}
+
+/** A signed URL of a port (api.PortURL). */
+export interface PortURL {
+  url: string;
+  expires_at: string;
+}

@@ -314,6 +314,26 @@ describe("against a real daemon", { skip: reason || false }, () => {
     }
   });
 
+  it("ports: publish, list, signed URL, unpublish", async () => {
+    await cb.withSandbox({ image: "busybox" }, async (sb) => {
+      const p = await sb.publish(8080, { ttl: "1h" });
+      assert.ok(p.token && p.token.startsWith("cbp_"), JSON.stringify(p));
+      assert.ok(p.url.includes(`8080-${sb.id}.sdk.test`), p.url);
+      assert.ok(p.expires_at);
+      assert.equal((await sb.publish(9090, { public: true })).token, undefined);
+      const ports = await sb.ports();
+      assert.deepEqual(ports.map((x) => x.port), [8080, 9090]);
+      assert.ok(ports.every((x) => !x.token));
+      const u = await sb.portURL(8080, { ttl: "10m" });
+      assert.ok(u.url.includes("cbx_sig="), u.url);
+      await sb.unpublish(8080);
+      await assert.rejects(sb.unpublish(8080), cagebox.NotFound);
+      await assert.rejects(sb.portURL(8080), cagebox.NotFound);
+      await assert.rejects(sb.publish(70000), cagebox.Invalid);
+      assert.deepEqual((await sb.ports()).map((x) => x.port), [9090]);
+    });
+  });
+
   it("secrets: put, bind, rotate, revoke, unbind, delete", async () => {
     const s = await cb.secrets.put("SDK_TOKEN_JS", "ghp_" + "a".repeat(36), [UPSTREAM_HOST]);
     assert.equal(s.version, 1);

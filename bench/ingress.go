@@ -1,0 +1,319 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/client"
+	"github.com/cagebox/cagebox/internal/daemon"
+	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/link"
+)
+
+// guestSrc is the server the ingress bench runs in the guest: Go, static,
+// so the guest's own cost is small next to what is measured.
+const guestSrc = `package main
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+)
+
+func main() {
+	big := make([]byte, 1<<20)
+	http.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/big" {
+			w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+			w.Write(big)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		w.Write([]byte("ok"))
+	})
+	http.ListenAndServe(":8080", nil)
+}
+`
+
+const benchDomain = "bench.test"
+
+// ingressBench measures the ingress listener against dialing the guest's
+// address directly from the host: added latency (p50/p99), throughput,
+// and a request to an idle-paused sandbox against a running one.
+func ingressBench(agentPath string, latN int, dur time.Duration, conc int) {
+	home, err := os.MkdirTemp("", "cbx-bench-ing")
+	if err != nil {
+		fail(err)
+	}
+	defer os.RemoveAll(home)
+	if _, err := (&image.Cache{Dir: filepath.Join(home, "images")}).BuildBusybox(context.Background(), "default"); err != nil {
+		fail(err)
+	}
+	srvBin := filepath.Join(home, "guestsrv")
+	src := filepath.Join(home, "guestsrv.go")
+	if err := os.WriteFile(src, []byte(guestSrc), 0o644); err != nil {
+		fail(err)
+	}
+	build := exec.Command("go", "build", "-o", srvBin, src)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	if out, err := build.CombinedOutput(); err != nil {
+		fail(fmt.Errorf("build the guest server: %v: %s", err, out))
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fail(err)
+	}
+	ingAddr := l.Addr().String()
+	l.Close()
+	netCfg := daemon.NetworkConfig{TableName: os.Getenv("CAGEBOX_NET_TABLE"), IfPrefix: os.Getenv("CAGEBOX_NET_IFPREFIX")}
+	if p := os.Getenv("CAGEBOX_LINK_POOL"); p != "" {
+		netCfg.Pool = netip.MustParsePrefix(p)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- daemon.Run(ctx, daemon.Config{
+			Home: home, AgentPath: agentPath, DefaultRuntime: "container", Network: netCfg,
+			Ingress: daemon.IngressConfig{Addr: ingAddr, Domain: benchDomain, Rate: -1},
+			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready:   func() { close(ready) },
+		})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		fail(err)
+	}
+	stop := func() { cancel(); <-done }
+	onFail(stop)
+	defer stop()
+	c := client.Unix(daemon.SocketPath(home))
+
+	sb := startGuest(c, srvBin, "")
+	tok := sb.Ports[0].Token
+	guest := netip.AddrPortFrom(netip.MustParseAddr(sb.Network.Address), 8080).String()
+	caPEM, err := os.ReadFile(filepath.Join(home, "ingress", "ca.pem"))
+	if err != nil {
+		fail(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	ingClient := func(conns int) *http.Client {
+		d := &net.Dialer{}
+		return &http.Client{Transport: &http.Transport{
+			DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "tcp", ingAddr) },
+			TLSClientConfig:     &tls.Config{RootCAs: pool},
+			MaxIdleConnsPerHost: conns,
+			TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{}, // HTTP/1.1, as direct
+		}}
+	}
+	// Direct: the host dials the guest with the ingress mark (nothing
+	// else may connect into a link).
+	directClient := func(conns int) *http.Client {
+		d := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			_ = rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(link.DefaultIngressMark))
+			})
+			return serr
+		}}
+		return &http.Client{Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: conns}}
+	}
+	ingURL := "https://8080-" + sb.ID + "." + benchDomain + "/"
+	directURL := "http://" + guest + "/"
+	get := func(hc *http.Client, u string) {
+		req, _ := http.NewRequest("GET", u, nil)
+		req.Header.Set("X-Cagebox-Access", tok)
+		resp, err := hc.Do(req)
+		if err != nil {
+			fail(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			fail(fmt.Errorf("GET %s: %s", u, resp.Status))
+		}
+	}
+	lat := func(hc *http.Client, u string) []time.Duration {
+		for i := 0; i < 50; i++ {
+			get(hc, u) // warm: connections, TLS session
+		}
+		out := make([]time.Duration, latN)
+		for i := range out {
+			t0 := time.Now()
+			get(hc, u)
+			out[i] = time.Since(t0)
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+		return out
+	}
+	dl, il := lat(directClient(1), directURL), lat(ingClient(1), ingURL)
+	fmt.Printf("ingress: GET of a 2-byte body, keep-alive, HTTP/1.1, one client (n = %d)\n", latN)
+	fmt.Printf("  %-40s p50 %8s  p99 %8s\n", "direct to the guest (host, marked)", ms(pct(dl, 50)), ms(pct(dl, 99)))
+	fmt.Printf("  %-40s p50 %8s  p99 %8s\n", "through ingress (HTTPS)", ms(pct(il, 50)), ms(pct(il, 99)))
+	fmt.Printf("  %-40s p50 %7.3fms p99 %7.3fms   (goal p50 ≤ 0.3 ms)\n", "added by ingress", float64(pct(il, 50)-pct(dl, 50))/1e6, float64(pct(il, 99)-pct(dl, 99))/1e6)
+
+	tput := func(hc *http.Client, u string) float64 {
+		var bytesN atomic.Int64
+		var wg sync.WaitGroup
+		end := time.Now().Add(dur)
+		for i := 0; i < conc; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(end) {
+					req, _ := http.NewRequest("GET", u+"big", nil)
+					req.Header.Set("X-Cagebox-Access", tok)
+					resp, err := hc.Do(req)
+					if err != nil {
+						fail(err)
+					}
+					n, _ := io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					bytesN.Add(n)
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(bytesN.Load()) / dur.Seconds() / (1 << 20)
+	}
+	dt, it := tput(directClient(conc), directURL), tput(ingClient(conc), ingURL)
+	// The TLS ceiling here: a Go HTTPS server on loopback serving the same
+	// body from memory to the same client (no proxy, no guest).
+	bigBody := make([]byte, 1<<20)
+	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(bigBody) }))
+	tlsClient := ts.Client()
+	tlsClient.Transport.(*http.Transport).MaxIdleConnsPerHost = conc
+	tlsClient.Transport.(*http.Transport).TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	tt := tput(tlsClient, ts.URL+"/")
+	ts.Close()
+	fmt.Printf("ingress: 1 MiB downloads, %d clients for %s (client, ingress and guest share this host's CPUs)\n", conc, dur)
+	fmt.Printf("  %-40s %8.0f MiB/s\n", "direct to the guest (plain HTTP)", dt)
+	fmt.Printf("  %-40s %8.0f MiB/s   ratio %.2f (goal ≥ 0.5)\n", "through ingress (HTTPS)", it, it/dt)
+	fmt.Printf("  %-40s %8.0f MiB/s   ingress reaches %.2f of it\n", "TLS ceiling: bare HTTPS server, no proxy", tt, it/tt)
+
+	// Upload: 50 MiB through ingress.
+	body := bytes.Repeat([]byte("x"), 50<<20)
+	t0 := time.Now()
+	req, _ := http.NewRequest("POST", ingURL+"up", bytes.NewReader(body))
+	req.Header.Set("X-Cagebox-Access", tok)
+	if resp, err := ingClient(1).Do(req); err != nil || resp.StatusCode != 200 {
+		fail(fmt.Errorf("upload: %v", err))
+	}
+	fmt.Printf("  %-40s %8s (%.0f MiB/s)\n", "50 MiB upload through ingress", ms(time.Since(t0)), 50/time.Since(t0).Seconds())
+
+	// Paused vs running: a sandbox the idle timeout pauses (1s).
+	sb2 := startGuest(c, srvBin, "1s")
+	tok2 := sb2.Ports[0].Token
+	u2 := "https://8080-" + sb2.ID + "." + benchDomain + "/"
+	hc := ingClient(1)
+	one := func() time.Duration {
+		req, _ := http.NewRequest("GET", u2, nil)
+		req.Header.Set("X-Cagebox-Access", tok2)
+		t0 := time.Now()
+		resp, err := hc.Do(req)
+		if err != nil {
+			fail(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			fail(fmt.Errorf("GET: %s", resp.Status))
+		}
+		return time.Since(t0)
+	}
+	const wakes = 8
+	var running, paused, resume []time.Duration
+	for i := 0; i < wakes; i++ {
+		running = append(running, one())
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			s, err := c.Get(context.Background(), sb2.ID)
+			if err == nil && s.Status == "paused" {
+				break
+			}
+			if time.Now().After(deadline) {
+				fail(fmt.Errorf("sandbox never idle-paused: %+v %v", s, err))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		hc.CloseIdleConnections() // a visitor arriving after a pause opens a new connection
+		paused = append(paused, one())
+	}
+	// Resume time through the API (pause, then resume, timed).
+	for i := 0; i < wakes; i++ {
+		if _, err := c.Pause(context.Background(), sb.ID); err != nil {
+			fail(err)
+		}
+		t0 := time.Now()
+		if _, err := c.Resume(context.Background(), sb.ID); err != nil {
+			fail(err)
+		}
+		resume = append(resume, time.Since(t0))
+	}
+	for _, d := range [][]time.Duration{running, paused, resume} {
+		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	}
+	fmt.Printf("ingress: request to an idle-paused sandbox vs a running one (container, n = %d)\n", wakes)
+	fmt.Printf("  %-40s p50 %8s\n", "running (new TLS connection)", ms(pct(running, 50)))
+	fmt.Printf("  %-40s p50 %8s\n", "idle-paused: wake + request", ms(pct(paused, 50)))
+	fmt.Printf("  %-40s p50 %8s\n", "resume through the API", ms(pct(resume, 50)))
+	added := pct(paused, 50) - pct(running, 50)
+	fmt.Printf("  %-40s p50 %7.2fms   (goal ≤ resume + 20 ms = %s)\n", "added by the wake", float64(added)/1e6, ms(pct(resume, 50)+20*time.Millisecond))
+	for _, id := range []string{sb.ID, sb2.ID} {
+		_ = c.Remove(context.Background(), id)
+	}
+}
+
+// startGuest creates a sandbox publishing 8080 (idle-pausing after idle,
+// when set) and starts the guest server in it.
+func startGuest(c *client.Client, srvBin, idle string) *api.Sandbox {
+	req := &api.CreateSandboxRequest{Runtime: "container", Publish: []api.PortSpec{{Port: 8080}}}
+	if idle != "" {
+		req.IdleTimeout, req.IdleAction = idle, "pause"
+	}
+	sb, err := c.Create(context.Background(), req)
+	if err != nil {
+		fail(err)
+	}
+	// A bench that fails leaves no sandbox running (the daemon stops
+	// after this, sandboxes would outlive it).
+	onFail(func() { _ = c.Remove(context.Background(), sb.ID) })
+	bin, err := os.ReadFile(srvBin)
+	if err != nil {
+		fail(err)
+	}
+	if err := c.WriteFile(context.Background(), sb.ID, "/tmp/srv", 0o755, bytes.NewReader(bin)); err != nil {
+		fail(err)
+	}
+	if _, err := c.Exec(context.Background(), sb.ID, &api.ExecRequest{Argv: []string{"sh", "-c", "setsid /tmp/srv >/dev/null 2>&1 </dev/null &"}}, nil, io.Discard, io.Discard); err != nil {
+		fail(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if strings.TrimSpace(sb.Ports[0].Token) == "" {
+		fail("no token")
+	}
+	return sb
+}

@@ -1,0 +1,131 @@
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/gateway"
+	"github.com/cagebox/cagebox/internal/hostname"
+	"github.com/cagebox/cagebox/internal/ingress"
+	"github.com/cagebox/cagebox/internal/sandbox"
+)
+
+// IngressConfig configures the inbound listener (package ingress).
+type IngressConfig struct {
+	// Addr is where it listens (host:port); "" = no ingress.
+	Addr string
+	// Domain D: ports are served as https://PORT-ID.D.
+	Domain string
+	// Cert and Key are PEM files for D and *.D; empty: a certificate
+	// signed by the daemon's own ingress CA ($HOME/ingress/ca.pem).
+	Cert, Key string
+	// MaxBody bounds request bodies (0: ingress.DefaultMaxBody).
+	MaxBody int64
+	// Rate is each port's requests a second (a sandbox's: 4×; 0: the
+	// default, 100; negative: no limit).
+	Rate float64
+	// PublicPort is the port in the URLs the daemon hands out (0: the
+	// listener's own; set it behind a port-forward or load balancer).
+	PublicPort int
+}
+
+// IngressDir is where the daemon keeps its ingress CA and URL-signing key.
+func IngressDir(home string) string { return filepath.Join(home, "ingress") }
+
+// startIngress runs the ingress listener until stop, which waits for it
+// to close. srv (nil without --ingress) is also the path webhook
+// deliveries and relays take to a guest (srv.Send).
+func startIngress(cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit func(string, string, api.EventPayload), log *slog.Logger) (srv *ingress.Server, stop func(), err error) {
+	ic := cfg.Ingress
+	if ic.Addr == "" {
+		return nil, func() {}, nil
+	}
+	domain, err := hostname.Parse(ic.Domain)
+	if err != nil || ic.Domain == "" {
+		return nil, nil, fmt.Errorf("--ingress-domain %q: want a DNS name such as sandboxes.example.com (its wildcard *.D must resolve to this host)", ic.Domain)
+	}
+	dir := IngressDir(cfg.Home)
+	var tlsConf *tls.Config
+	if ic.Cert != "" || ic.Key != "" {
+		if ic.Cert == "" || ic.Key == "" {
+			return nil, nil, errors.New("--ingress-cert and --ingress-key go together")
+		}
+		tlsConf, err = ingress.FromFiles(ic.Cert, ic.Key)
+	} else {
+		tlsConf, err = ingress.SelfSigned(dir, domain)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	key, err := ingress.LoadOrCreateKey(filepath.Join(dir, "url.key"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("ingress url key: %w", err)
+	}
+	var mark uint32
+	if gw != nil {
+		mark = gw.Links().IngressMark()
+	}
+	srv = ingress.New(ingress.Config{
+		Domain: domain, Backend: mgr, Signer: &ingress.Signer{Key: key}, Emit: emit,
+		Mark: mark, MaxBody: ic.MaxBody, Rate: ic.Rate, SandboxRate: sandboxRate(ic.Rate), Burst: int(2 * ic.Rate), SandboxBurst: int(8 * ic.Rate),
+		Logger: log.With("component", "ingress"),
+	})
+	l, err := net.Listen("tcp", ic.Addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--ingress %s: %w", ic.Addr, err)
+	}
+	port := ic.PublicPort
+	if port == 0 {
+		port = l.Addr().(*net.TCPAddr).Port
+	}
+	suffix := ""
+	if port != 443 {
+		suffix = ":" + strconv.Itoa(port)
+	}
+	mgr.SetIngress(&sandbox.Ingress{
+		Signer: &ingress.Signer{Key: key},
+		URL: func(id string, p uint16) string {
+			return "https://" + ingress.HostFor(id, p, domain) + suffix + "/"
+		},
+		PathURL: func(id string, p uint16) string {
+			return "https://" + strings.TrimSuffix(domain, ".") + suffix + "/s/" + id + "/" + strconv.Itoa(int(p)) + "/"
+		},
+		OnRemove: srv.CloseIdle,
+	})
+	hs := srv.HTTPServer(tlsConf)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := hs.ServeTLS(l, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("ingress listener", "err", err)
+		}
+	}()
+	attrs := []any{"addr", l.Addr().String(), "domain", domain}
+	if ic.Cert == "" {
+		attrs = append(attrs, "ca", ingress.CAPath(dir))
+	}
+	log.Info("ingress listening", attrs...)
+	return srv, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+		<-done
+	}, nil
+}
+
+func sandboxRate(r float64) float64 {
+	if r < 0 {
+		return -1
+	}
+	return 4 * r // 0 stays 0: the default
+}
