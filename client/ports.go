@@ -34,3 +34,21 @@ func (c *Client) PortURL(ctx context.Context, id string, port int, ttl string) (
 	var u api.PortURL
 	return &u, c.do(ctx, "POST", portsPath(id)+"/"+strconv.Itoa(port)+"/url", &api.PortURLRequest{TTL: ttl}, &u)
 }
+
+// AddWebhook adds a webhook to a sandbox; the answer's URL and Token are
+// shown this once.
+func (c *Client) AddWebhook(ctx context.Context, id string, req *api.WebhookRequest) (*api.Webhook, error) {
+	var w api.Webhook
+	return &w, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/webhooks", req, &w)
+}
+
+// Webhooks lists a sandbox's webhooks.
+func (c *Client) Webhooks(ctx context.Context, id string) ([]api.Webhook, error) {
+	var l []api.Webhook
+	return l, c.do(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id)+"/webhooks", nil, &l)
+}
+
+// RemoveWebhook removes a webhook and its queued deliveries.
+func (c *Client) RemoveWebhook(ctx context.Context, id, name string) error {
+	return c.do(ctx, "DELETE", "/v1/sandboxes/"+url.PathEscape(id)+"/webhooks/"+url.PathEscape(name), nil, nil)
+}

@@ -106,6 +106,7 @@ func newRoot() *cobra.Command {
 		selftestCmd(g),
 		consoleCmd(g),
 		portCmd(g),
+		webhookCmd(g),
 	)
 	return root
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/ingress"
 	"github.com/cagebox/cagebox/internal/kvm"
 	"github.com/cagebox/cagebox/internal/link"
 	"github.com/cagebox/cagebox/internal/livepolicy"
@@ -397,13 +398,16 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := mgr.StartPool(); err != nil {
 		return fmt.Errorf("--pool: %w", err)
 	}
-	_, stopIngress, err := startIngress(cfg, mgr, gw, emit, log)
+	var ingressSrv *ingress.Server
+	hooksSvc := newHooks(cfg, st, v, mgr, emit, &ingressSrv)
+	ingressSrv, stopIngress, err := startIngress(cfg, mgr, gw, emit, hooksSvc, log)
 	if err != nil {
 		return err
 	}
 	defer stopIngress()
 	srv := NewServer(st, mgr, images, v, log)
 	srv.metrics = met.Handler()
+	srv.hooks = hooksSvc
 
 	// The socket is created 0600 from the start (umask), not chmod-ed after.
 	old := umask(0o177)
@@ -432,6 +436,11 @@ func Run(ctx context.Context, cfg Config) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go mgr.RunReaper(rctx, time.Second)
+	if hooksSvc != nil {
+		hooksDone := make(chan struct{})
+		go func() { hooksSvc.Run(rctx); close(hooksDone) }()
+		defer func() { cancel(); <-hooksDone }()
+	}
 	go audit.Retain(rctx, audit.RetainConfig{Store: st, Keep: cfg.Events.Retention, Logger: log})
 	log.Info("cagebox daemon ready", "socket", sock, "home", cfg.Home, "sandboxes", mgr.Count())
 	if cfg.Ready != nil {

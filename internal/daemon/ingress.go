@@ -15,6 +15,7 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/gateway"
+	"github.com/cagebox/cagebox/internal/hooks"
 	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/cagebox/cagebox/internal/ingress"
 	"github.com/cagebox/cagebox/internal/sandbox"
@@ -45,7 +46,7 @@ func IngressDir(home string) string { return filepath.Join(home, "ingress") }
 // startIngress runs the ingress listener until stop, which waits for it
 // to close. srv (nil without --ingress) is also the path webhook
 // deliveries and relays take to a guest (srv.Send).
-func startIngress(cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit func(string, string, api.EventPayload), log *slog.Logger) (srv *ingress.Server, stop func(), err error) {
+func startIngress(cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit func(string, string, api.EventPayload), hooksSvc *hooks.Service, log *slog.Logger) (srv *ingress.Server, stop func(), err error) {
 	ic := cfg.Ingress
 	if ic.Addr == "" {
 		return nil, func() {}, nil
@@ -80,6 +81,9 @@ func startIngress(cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit fu
 		Mark: mark, MaxBody: ic.MaxBody, Rate: ic.Rate, SandboxRate: sandboxRate(ic.Rate), Burst: int(2 * ic.Rate), SandboxBurst: int(8 * ic.Rate),
 		Logger: log.With("component", "ingress"),
 	})
+	if hooksSvc != nil {
+		srv.SetHooks(hooksSvc)
+	}
 	l, err := net.Listen("tcp", ic.Addr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--ingress %s: %w", ic.Addr, err)
@@ -91,6 +95,9 @@ func startIngress(cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit fu
 	suffix := ""
 	if port != 443 {
 		suffix = ":" + strconv.Itoa(port)
+	}
+	if hooksSvc != nil {
+		hooksSvc.SetBaseURL("https://hooks." + strings.TrimSuffix(domain, ".") + suffix)
 	}
 	mgr.SetIngress(&sandbox.Ingress{
 		Signer: &ingress.Signer{Key: key},

@@ -22,6 +22,7 @@ import (
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/console"
 	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/hooks"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
@@ -112,6 +113,9 @@ func Routes() []Route {
 		{Method: "GET", Path: "/v1/sandboxes/{id}/ports", handler: (*Server).listPorts},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}/ports/{port}", handler: (*Server).removePort},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/ports/{port}/url", handler: (*Server).portURL},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/webhooks", handler: (*Server).addWebhook},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/webhooks", handler: (*Server).listWebhooks},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}/webhooks/{name}", handler: (*Server).removeWebhook},
 	}
 }
 
@@ -125,6 +129,8 @@ type Server struct {
 	handler http.Handler
 	// metrics serves /metrics (nil: none).
 	metrics http.Handler
+	// hooks serves the webhook routes (nil: no ingress, 503).
+	hooks *hooks.Service
 	// imageOps holds a token per pull or import under way: at most
 	// cap(imageOps) at once, each downloads, unpacks and hashes a tree.
 	imageOps chan struct{}

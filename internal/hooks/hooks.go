@@ -105,6 +105,10 @@ func New(cfg Config) *Service {
 	return &Service{cfg: cfg, kick: make(chan struct{}, 1), busy: map[string]bool{}}
 }
 
+// SetBaseURL sets Config.BaseURL (the daemon knows the ingress port only
+// once its listener exists); call it before serving.
+func (s *Service) SetBaseURL(u string) { s.cfg.BaseURL = u }
+
 var (
 	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 	pathRE = regexp.MustCompile(`^/[A-Za-z0-9._~!$&'()*+,;=:@/%-]{0,1000}$`)

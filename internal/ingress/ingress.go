@@ -96,6 +96,9 @@ type Config struct {
 	Logger              *slog.Logger
 	// Now is the clock (tests).
 	Now func() time.Time
+	// Hooks serves webhook URLs: requests to hooks.D, and to /w/… on D
+	// itself (package hooks). Nil: none (404).
+	Hooks http.Handler
 }
 
 // Server is the ingress listener's handler.
@@ -228,6 +231,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			delete(r.Header, k)
 		}
 	}
+	if s.isHooks(r) {
+		if s.cfg.Hooks == nil {
+			fail(w, http.StatusNotFound, notFoundMsg)
+			return
+		}
+		s.cfg.Hooks.ServeHTTP(w, r)
+		return
+	}
 	rt, ok := ParseHost(r.Host, s.cfg.Domain)
 	if !ok {
 		rt, _, ok = ParsePath(r.URL.Path)
@@ -250,6 +261,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.Deliver(w, r, rt, t)
+}
+
+// SetHooks sets the handler of webhook URLs (Config.Hooks) before the
+// listener serves.
+func (s *Server) SetHooks(h http.Handler) { s.cfg.Hooks = h }
+
+// isHooks reports whether r is for a webhook URL: any path on hooks.D, or
+// /w/… on D itself (single-host setups).
+func (s *Server) isHooks(r *http.Request) bool {
+	host := strings.ToLower(r.Host)
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(host, ".")
+	d := strings.ToLower(strings.TrimSuffix(s.cfg.Domain, "."))
+	return host == "hooks."+d || (host == d && strings.HasPrefix(r.URL.Path, "/w/"))
 }
 
 // access checks a request's token, signature or cookie; code 0 = allowed.

@@ -254,10 +254,22 @@ func checkPublish(specs []api.PortSpec) error {
 }
 
 // dropPorts forgets a destroyed sandbox's ports (its link, and so its
-// published elements, are gone with it).
+// published elements, are gone with it) and its webhooks with their
+// queued deliveries (package hooks).
 func (m *Manager) dropPorts(id string) {
-	if err := m.cfg.Store.DeletePorts(context.Background(), id); err != nil {
+	ctx := context.Background()
+	if err := m.cfg.Store.DeletePorts(ctx, id); err != nil {
 		m.log.Warn("delete published ports", "sandbox", id, "err", err)
+	}
+	ws, err := m.cfg.Store.ListWebhooks(ctx, "", id)
+	if err != nil {
+		m.log.Warn("list webhooks", "sandbox", id, "err", err)
+		return
+	}
+	for _, w := range ws {
+		if err := m.cfg.Store.DeleteWebhook(ctx, "", id, w.Name); err != nil {
+			m.log.Warn("delete webhook", "sandbox", id, "webhook", w.Name, "err", err)
+		}
 	}
 }
 

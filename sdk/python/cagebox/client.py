@@ -530,6 +530,24 @@ class Sandbox:
         body = _drop_none({"ttl": duration(ttl)})
         return Record.of(self._t.call("POST /v1/sandboxes/{id}/ports/{port}/url", {"id": self.id, "port": str(port)}, json_body=body))
 
+    def add_webhook(self, name: str, port: int, verify: str, secret: str, path: str = "/") -> Record:
+        """Adds a webhook: a stable URL (the answer's ``url``, shown this
+        once) whose deliveries the daemon verifies with the vault secret
+        ``secret`` by the scheme ``verify`` (github, stripe, slack or
+        hmac:SPEC) and delivers to the guest's ``port`` and ``path``, queued
+        while the sandbox sleeps. The guest never needs the secret."""
+        body = {"name": name, "port": port, "verify": verify, "secret": secret, "path": path}
+        return Record.of(self._t.call("POST /v1/sandboxes/{id}/webhooks", {"id": self.id}, json_body=body))
+
+    def webhooks(self) -> List[Record]:
+        """The sandbox's webhooks (without URLs or tokens; ``pending``:
+        deliveries not yet delivered)."""
+        return Record.of(self._t.call("GET /v1/sandboxes/{id}/webhooks", {"id": self.id}))
+
+    def remove_webhook(self, name: str) -> None:
+        """Removes a webhook and its queued deliveries."""
+        self._t.call("DELETE /v1/sandboxes/{id}/webhooks/{name}", {"id": self.id, "name": name})
+
     def events(self, after: int = 0) -> List[Record]:
         """This sandbox's stored audit events (up to 1000 after seq `after`)."""
         return self._cb.events(sandbox=self.id, after=after)

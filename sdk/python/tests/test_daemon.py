@@ -262,6 +262,29 @@ class TestPorts(DaemonTest):
         self.assertEqual([x.port for x in sb.ports()], [9090])
 
 
+class TestWebhooks(DaemonTest):
+    def test_add_list_remove(self):
+        self.cb.secrets.put("SDK_HOOK", "whsec_" + "b" * 32, [UPSTREAM_HOST])
+        self.addCleanup(lambda: self.cb.secrets.delete("SDK_HOOK"))
+        sb = self.new()
+        w = sb.add_webhook("gh", 8080, "github", "SDK_HOOK", path="/hook")
+        self.assertTrue(w.url.startswith("https://hooks.sdk.test") and "/w/cbw_" in w.url, w)
+        self.assertNotIn("b" * 32, repr(w))
+        ls = sb.webhooks()
+        self.assertEqual([(x.name, x.port, x.path, x.pending) for x in ls], [("gh", 8080, "/hook", 0)])
+        self.assertFalse(any(x.get("url") or x.get("token") for x in ls))
+        with self.assertRaises(cagebox.Conflict):
+            sb.add_webhook("gh", 8080, "github", "SDK_HOOK")
+        with self.assertRaises(cagebox.Invalid):
+            sb.add_webhook("x", 8080, "gitlab", "SDK_HOOK")
+        with self.assertRaises(cagebox.Invalid):
+            sb.add_webhook("y", 8080, "github", "NO_SUCH_SECRET")
+        sb.remove_webhook("gh")
+        with self.assertRaises(cagebox.NotFound):
+            sb.remove_webhook("gh")
+        self.assertEqual(sb.webhooks(), [])
+
+
 class TestErrors(DaemonTest):
     def test_kinds(self):
         with self.assertRaises(cagebox.NotFound) as c:

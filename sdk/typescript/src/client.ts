@@ -501,6 +501,26 @@ export class Sandbox {
     });
   }
 
+  /** Adds a webhook: a stable URL (the answer's url, shown this once) whose
+   * deliveries the daemon verifies with the vault secret `secret` by the
+   * scheme `verify` (github, stripe, slack or hmac:SPEC) and delivers to the
+   * guest's port and path, queued while the sandbox sleeps. */
+  addWebhook(name: string, port: number, verify: string, secret: string, o: { path?: string } = {}): Promise<api.Webhook> {
+    return this.t.call("POST /v1/sandboxes/{id}/webhooks", { id: this.id }, {
+      json: dropEmpty({ name, port, verify, secret, path: o.path }),
+    });
+  }
+
+  /** The sandbox's webhooks (without URLs or tokens). */
+  webhooks(): Promise<api.Webhook[]> {
+    return this.t.call("GET /v1/sandboxes/{id}/webhooks", { id: this.id });
+  }
+
+  /** Removes a webhook and its queued deliveries. */
+  async removeWebhook(name: string): Promise<void> {
+    await this.t.call("DELETE /v1/sandboxes/{id}/webhooks/{name}", { id: this.id, name });
+  }
+
   events(after = 0): Promise<api.Event[]> {
     return this.cb.events({ sandbox: this.id, after });
   }

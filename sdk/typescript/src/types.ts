@@ -164,6 +164,22 @@ export interface Port {
   token?: string;
 }
 
+/** A sandbox's webhook (api.Webhook); url and token only in the answer to its creation. */
+export interface Webhook {
+  name: string;
+  sandbox_id: string;
+  port: number;
+  path: string;
+  verify: string;
+  /** The vault secret's name, never its value. */
+  secret: string;
+  url?: string;
+  token?: string;
+  created_at: string;
+  /** Deliveries not yet delivered. */
+  pending: number;
+}
+
 /** A signed URL of a port (api.PortURL). */
 export interface PortURL {
   url: string;

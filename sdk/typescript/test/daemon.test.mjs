@@ -334,6 +334,27 @@ describe("against a real daemon", { skip: reason || false }, () => {
     });
   });
 
+  it("webhooks: add, list, remove", async () => {
+    await cb.secrets.put("SDK_HOOK_JS", "whsec_" + "c".repeat(32), [UPSTREAM_HOST]);
+    try {
+      await cb.withSandbox({ image: "busybox" }, async (sb) => {
+        const w = await sb.addWebhook("gh", 8080, "github", "SDK_HOOK_JS", { path: "/hook" });
+        assert.ok(w.url.startsWith("https://hooks.sdk.test") && w.url.includes("/w/cbw_"), JSON.stringify(w));
+        assert.ok(!JSON.stringify(w).includes("c".repeat(32)));
+        const ls = await sb.webhooks();
+        assert.deepEqual(ls.map((x) => [x.name, x.port, x.path, x.pending]), [["gh", 8080, "/hook", 0]]);
+        assert.ok(ls.every((x) => !x.url && !x.token));
+        await assert.rejects(sb.addWebhook("gh", 8080, "github", "SDK_HOOK_JS"), cagebox.Conflict);
+        await assert.rejects(sb.addWebhook("x", 8080, "gitlab", "SDK_HOOK_JS"), cagebox.Invalid);
+        await sb.removeWebhook("gh");
+        await assert.rejects(sb.removeWebhook("gh"), cagebox.NotFound);
+        assert.deepEqual(await sb.webhooks(), []);
+      });
+    } finally {
+      await cb.secrets.delete("SDK_HOOK_JS");
+    }
+  });
+
   it("secrets: put, bind, rotate, revoke, unbind, delete", async () => {
     const s = await cb.secrets.put("SDK_TOKEN_JS", "ghp_" + "a".repeat(36), [UPSTREAM_HOST]);
     assert.equal(s.version, 1);
