@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/internal/rootfs"
+	"github.com/cagebox/cagebox/internal/syscallaudit"
 )
 
 // Class is the strength of the isolation boundary a runtime offers.
@@ -127,7 +128,23 @@ type Spec struct {
 	// takes the sandbox's token, environment and guest files when claimed.
 	// A pool fills with such sandboxes before it knows whose they will be.
 	AwaitClaim bool
+	// Audit, when its Classes are not empty, streams the guest's audited
+	// system calls (`cagebox create --audit`) to its Sink. A runtime that
+	// cannot audit refuses the spec (ErrAuditUnsupported).
+	Audit Audit
 }
+
+// Audit is what a sandbox's syscall audit records and where to.
+type Audit struct {
+	Classes syscallaudit.Set
+	// Sink receives each record; it must not block (the sandbox
+	// manager's rate-limits and queues). Records arrive from one
+	// goroutine per sandbox.
+	Sink func(syscallaudit.Record)
+}
+
+// ErrAuditUnsupported is wrapped by runtimes that cannot audit syscalls.
+var ErrAuditUnsupported = errors.New("this runtime cannot audit system calls")
 
 // Guest paths of the trusted CA files (every runtime writes them as
 // rootfs.Guest describes; the daemon points SSL_CERT_FILE and friends at

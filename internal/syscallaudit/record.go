@@ -104,7 +104,8 @@ var harmlessDevices = map[string]bool{
 // names it; write = opened for writing, creating or truncating) is worth
 // an event: credentials and account files (/etc/shadow, /etc/gshadow,
 // /etc/sudoers and anything written under /etc), process memory and
-// kernel knobs (/proc/*/mem, /proc/sys, /proc/kcore, /sys), devices other
+// kernel knobs (/proc/*/mem and environ, writes under /proc/sys and /sys,
+// /proc/kcore, the kernel's debug and firmware files), devices other
 // than the harmless ones, and the agent's run directory. A relative path
 // (the runtime could not resolve it) is judged by its name alone.
 func SensitiveOpen(p string, write bool) bool {
@@ -125,14 +126,22 @@ func SensitiveOpen(p string, write bool) bool {
 		return write
 	case strings.HasPrefix(p, "/proc/"):
 		rest := strings.TrimPrefix(p, "/proc/")
-		if strings.HasPrefix(rest, "sys/") || rest == "sys" || rest == "kcore" ||
+		if strings.HasPrefix(rest, "sys/") {
+			return write
+		}
+		if rest == "kcore" ||
 			rest == "sysrq-trigger" || rest == "kallsyms" || strings.HasPrefix(rest, "1/") {
 			return true
 		}
 		_, last := path.Split(rest)
 		return last == "mem" || last == "environ" || last == "maps" && write
-	case p == "/sys" || strings.HasPrefix(p, "/sys/"):
-		return true
+	case strings.HasPrefix(p, "/sys/"):
+		// Every Go and libc program reads /sys (cgroup limits, CPU and
+		// hugepage sizes): writes, and reads of the kernel's debug and
+		// firmware interfaces, are worth a record.
+		return write || strings.HasPrefix(p, "/sys/kernel/debug") ||
+			strings.HasPrefix(p, "/sys/kernel/security") || strings.HasPrefix(p, "/sys/firmware") ||
+			strings.HasPrefix(p, "/sys/kernel/tracing")
 	case strings.HasPrefix(p, "/dev/"):
 		if harmlessDevices[p] || strings.HasPrefix(p, "/dev/pts/") ||
 			strings.HasPrefix(p, "/dev/shm/") || strings.HasPrefix(p, "/dev/fd/") ||
