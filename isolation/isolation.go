@@ -143,6 +143,12 @@ type Audit struct {
 	Sink func(syscallaudit.Record)
 }
 
+// AuditGaps is implemented by runtimes that cannot record some audit
+// classes: Unrecorded returns those of set they cannot record, and why.
+type AuditGaps interface {
+	Unrecorded(set syscallaudit.Set) (syscallaudit.Set, string)
+}
+
 // ErrAuditUnsupported is wrapped by runtimes that cannot audit syscalls.
 var ErrAuditUnsupported = errors.New("this runtime cannot audit system calls")
 
