@@ -57,6 +57,10 @@ type CreateSandboxRequest struct {
 	PolicyRef string `json:"policy_ref,omitempty"`
 	// Secrets are credentials the guest sees only as placeholders.
 	Secrets []SecretBinding `json:"secrets,omitempty"`
+	// Audit lists syscall audit classes (exec, net, file, priv, or all)
+	// whose syscalls the sandbox streams as syscall.* events. Off
+	// (empty) by default.
+	Audit []string `json:"audit,omitempty"`
 }
 
 // SecretBinding gives a sandbox a credential: env var Name holds a
@@ -162,6 +166,8 @@ type Sandbox struct {
 	// "env" mode ones, whose real value is inside the guest.
 	Secrets     []BoundSecret `json:"secrets,omitempty"`
 	RealInGuest []string      `json:"real_values_in_guest,omitempty"`
+	// Audit is the sandbox's syscall audit (absent when off).
+	Audit *SandboxAudit `json:"audit,omitempty"`
 }
 
 // Network describes a sandbox's routed link.
