@@ -18,6 +18,7 @@ import (
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
+	"github.com/cagebox/cagebox/internal/syscallaudit"
 	"github.com/cagebox/cagebox/isolation"
 )
 
@@ -39,6 +40,7 @@ type createParams struct {
 	rt            isolation.Runtime
 	img           *image.Image
 	res           isolation.Resources
+	audit         syscallaudit.Set
 }
 
 // Create creates and starts a sandbox for tenant: from a warm pool when
@@ -101,6 +103,10 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 	if err := ValidateEnv("env", req.Env); err != nil {
 		return nil, err
 	}
+	auditClasses, err := auditSet(req)
+	if err != nil {
+		return nil, err
+	}
 	rawPolicy := req.Policy
 	if req.PolicyRef != "" {
 		if len(req.Policy) > 0 {
@@ -146,8 +152,11 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 			return nil, invalid("idle_action: the %s runtime cannot hibernate a sandbox (microVMs can: --runtime qemu); use pause (frozen in memory) or destroy", rt.Name())
 		}
 	}
+	if err := auditSupported(rt, auditClasses); err != nil {
+		return nil, err
+	}
 	res := isolation.Resources{MemoryBytes: req.MemoryBytes, CPUs: req.CPUs, PIDs: req.PIDs, DiskBytes: req.DiskBytes}
-	return &createParams{req: req, timeout: timeout, idle: idle, doc: doc, rt: rt, img: img, res: res.WithDefaults()}, nil
+	return &createParams{req: req, timeout: timeout, idle: idle, doc: doc, rt: rt, img: img, res: res.WithDefaults(), audit: auditClasses}, nil
 }
 
 // createCold makes a sandbox from nothing.
@@ -189,7 +198,9 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 		Hostname:   "sandbox",
 		Resources:  res,
 	}
-	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: doc, PolicyRef: req.PolicyRef, Secrets: bound}
+	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: doc, PolicyRef: req.PolicyRef, Secrets: bound, Audit: p.audit.Strings()}
+	spec.Audit = m.startAudit(tenant.ID, id, p.audit)
+	undo.Add(func() { m.endAudit(id) })
 	now := m.cfg.Now().UTC()
 	rec := m.newRecord(id, tenant, p, &sr, StatusCreating, now)
 	log := m.log.With("sandbox", id, "tenant", tenant.ID, "runtime", rt.Name())
@@ -498,6 +509,7 @@ func (m *Manager) destroy(r *store.Sandbox, reason string) error {
 		m.cleanupOrphanDir(r)
 	}
 	m.detach(r.ID)
+	m.endAudit(r.ID)
 	var sr specRecord
 	if json.Unmarshal(r.Spec, &sr) == nil {
 		m.dropInline(r.TenantID, sr.Secrets)

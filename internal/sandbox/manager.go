@@ -108,6 +108,8 @@ type Manager struct {
 	// progress, which refills wait for.
 	pool     *pool.Pool
 	creating atomic.Int64
+	// audits holds the auditor of each audited sandbox (audit.go).
+	audits sync.Map
 }
 
 // entry is a sandbox the daemon is attached to.
@@ -168,6 +170,7 @@ type specRecord struct {
 	Policy      *policy.Document    `json:"policy,omitempty"`
 	PolicyRef   string              `json:"policy_ref,omitempty"`
 	Secrets     []boundSecret       `json:"secrets,omitempty"`
+	Audit       []string            `json:"audit,omitempty"`
 }
 
 func newID() string {
@@ -244,6 +247,7 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 			v.RealInGuest = append(v.RealInGuest, b.Name)
 		}
 	}
+	v.Audit = m.auditView(r.ID, r.Runtime, sr.Audit)
 	if gw := m.cfg.Gateway; gw != nil {
 		if a, ok := gw.Get(r.ID); ok {
 			v.Network = &api.Network{Address: a.Link.GuestAddr.String(), Gateway: a.Link.HostAddr.String(), HostIf: a.Link.HostIf}

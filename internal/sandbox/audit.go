@@ -1,0 +1,143 @@
+package sandbox
+
+import (
+	"sync"
+	"time"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/syscallaudit"
+	"github.com/cagebox/cagebox/isolation"
+)
+
+// Syscall audit (`--audit`): a sandbox's runtime delivers records to the
+// sink made here, which passes them through the sandbox's token bucket
+// (syscallaudit.Limiter: 200 a second, bursts of 1000), emits each as a
+// syscall.* event, and reports drops as syscall.dropped at most once a
+// second. The counters are in the sandbox's view (GET, `cagebox
+// inspect`) while this daemon runs it.
+
+// auditor is one audited sandbox's limiter and drop reporter.
+type auditor struct {
+	set  syscallaudit.Set
+	lim  *syscallaudit.Limiter
+	stop chan struct{}
+	once sync.Once
+}
+
+// auditSet checks a create request's audit classes, and whether the
+// runtime has what it takes.
+func auditSet(req *api.CreateSandboxRequest) (syscallaudit.Set, error) {
+	set, err := syscallaudit.Parse(req.Audit)
+	if err != nil {
+		return 0, invalid("audit: %v", err)
+	}
+	return set, nil
+}
+
+// auditSupported refuses an audit the runtime cannot record: runtimes
+// that audit say so by implementing isolation.AuditGaps.
+func auditSupported(rt isolation.Runtime, set syscallaudit.Set) error {
+	if set.Empty() {
+		return nil
+	}
+	g, ok := rt.(isolation.AuditGaps)
+	if !ok {
+		return invalid("audit: the %s runtime cannot audit system calls yet; use --runtime container or gvisor, or leave out --audit", rt.Name())
+	}
+	if gap, why := g.Unrecorded(set); gap == set {
+		return invalid("audit: the %s runtime records none of %v (%s); use --runtime container", rt.Name(), set.Strings(), why)
+	}
+	return nil
+}
+
+// startAudit makes the auditor of sandbox id of tenant and returns the
+// spec's Audit (zero when set is empty).
+func (m *Manager) startAudit(tenant, id string, set syscallaudit.Set) isolation.Audit {
+	if set.Empty() {
+		return isolation.Audit{}
+	}
+	a := &auditor{set: set, lim: syscallaudit.NewLimiter(0, 0), stop: make(chan struct{})}
+	m.audits.Store(id, a)
+	report := func(force bool) {
+		if n, total, ok := a.lim.Report(m.cfg.Now(), force); ok {
+			m.Emit(tenant, id, api.SyscallDropped{Count: n, Total: total, Rate: a.lim.Rate(), Burst: a.lim.Burst()})
+		}
+	}
+	go func() {
+		t := time.NewTicker(syscallaudit.ReportEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-a.stop:
+				report(true)
+				return
+			case <-t.C:
+				report(false)
+			}
+		}
+	}()
+	return isolation.Audit{Classes: set, Sink: func(r syscallaudit.Record) {
+		if !a.lim.Allow(m.cfg.Now()) {
+			return
+		}
+		if ev := auditEvent(r); ev != nil {
+			m.Emit(tenant, id, ev)
+		}
+	}}
+}
+
+// endAudit stops sandbox id's auditor, reporting its last drops.
+func (m *Manager) endAudit(id string) {
+	if v, ok := m.audits.LoadAndDelete(id); ok {
+		a := v.(*auditor)
+		a.once.Do(func() { close(a.stop) })
+	}
+}
+
+// auditView is the audit part of a sandbox's view.
+func (m *Manager) auditView(id, runtime string, classes []string) *api.SandboxAudit {
+	if len(classes) == 0 {
+		return nil
+	}
+	set, _ := syscallaudit.Parse(classes)
+	v := &api.SandboxAudit{Classes: set.Strings(), Rate: syscallaudit.DefaultRate, Burst: syscallaudit.DefaultBurst}
+	if rt, ok := isolation.Lookup(runtime); ok {
+		if g, ok := rt.(isolation.AuditGaps); ok {
+			gap, why := g.Unrecorded(set)
+			v.Unrecorded, v.Note = gap.Strings(), why
+		}
+	}
+	if a, ok := m.audits.Load(id); ok {
+		st := a.(*auditor).lim.Stats()
+		v.Recorded, v.Dropped = st.Recorded, st.Dropped
+	} else {
+		v.Note = joinNote(v.Note, "no records since the daemon restarted: a container's audited syscalls fail (ENOSYS) until it is recreated")
+	}
+	return v
+}
+
+func joinNote(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// auditEvent is the event of a record.
+func auditEvent(r syscallaudit.Record) api.EventPayload {
+	switch r.Class {
+	case syscallaudit.Exec:
+		argv := r.Argv
+		if argv == nil {
+			argv = []string{}
+		}
+		return api.SyscallExec{PID: r.PID, Path: r.Path, Argv: argv, ArgvTruncated: r.ArgvTruncated, Result: r.Result, Errno: r.Errno}
+	case syscallaudit.Net:
+		return api.SyscallConnect{PID: r.PID, Family: r.Family, Address: r.Address, Port: r.Port, Result: r.Result, Errno: r.Errno}
+	case syscallaudit.File:
+		return api.SyscallOpen{PID: r.PID, Syscall: r.Syscall, Path: r.Path, Write: r.Write, Result: r.Result, Errno: r.Errno}
+	case syscallaudit.Priv:
+		return api.SyscallPriv{PID: r.PID, Syscall: r.Syscall, Result: r.Result, Errno: r.Errno}
+	}
+	return nil
+}
