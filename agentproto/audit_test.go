@@ -72,4 +72,3 @@ func TestAuditAssembler(t *testing.T) {
 		t.Fatalf("bounds: %d args, first %d bytes, truncated %v", len(out[0].Argv), len(out[0].Argv[0]), out[0].ArgvTruncated)
 	}
 }
-

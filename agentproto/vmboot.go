@@ -66,6 +66,10 @@ type VMConfig struct {
 	// template: booted with no sandbox's identity, saved once the agent
 	// waits, restored for each sandbox and claimed).
 	AwaitClaim bool `json:"await_claim,omitempty"`
+	// AuditSyscalls, when not empty, are the x86_64 syscall numbers the
+	// guest kernel audits (`--audit`): the init enables audit, adds an
+	// exit rule for them and hands the audit socket to the agent.
+	AuditSyscalls []int `json:"audit_syscalls,omitempty"`
 }
 
 // String never shows the token (it may end up in logs and errors).

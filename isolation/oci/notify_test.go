@@ -25,11 +25,7 @@ func TestPrivSyscallsAreDenied(t *testing.T) {
 		}
 	}
 	for _, n := range syscallaudit.SyscallsOf(syscallaudit.Set(0xff)) {
-		found := false
-		for _, name := range x86_64Names {
-			found = found || name == n
-		}
-		if !found {
+		if syscallaudit.Number(n) < 0 {
 			t.Errorf("audited syscall %s has no x86_64 number", n)
 		}
 	}
@@ -87,26 +83,26 @@ func TestParseSockaddr(t *testing.T) {
 	binary.LittleEndian.PutUint16(in4, unix.AF_INET)
 	binary.BigEndian.PutUint16(in4[2:], 443)
 	copy(in4[4:], []byte{10, 1, 2, 3})
-	if r := parseSockaddr(in4); r.Family != "inet" || r.Address != "10.1.2.3" || r.Port != 443 {
+	if r := syscallaudit.ParseSockaddr(in4); r.Family != "inet" || r.Address != "10.1.2.3" || r.Port != 443 {
 		t.Errorf("inet: %+v", r)
 	}
 	in6 := make([]byte, 28)
 	binary.LittleEndian.PutUint16(in6, unix.AF_INET6)
 	binary.BigEndian.PutUint16(in6[2:], 80)
 	in6[8], in6[23] = 0xfd, 1
-	if r := parseSockaddr(in6); r.Family != "inet6" || r.Address != "fd00::1" || r.Port != 80 {
+	if r := syscallaudit.ParseSockaddr(in6); r.Family != "inet6" || r.Address != "fd00::1" || r.Port != 80 {
 		t.Errorf("inet6: %+v", r)
 	}
 	un := append([]byte{unix.AF_UNIX, 0}, []byte("/run/x.sock\x00junk")...)
-	if r := parseSockaddr(un); r.Family != "unix" || r.Address != "/run/x.sock" {
+	if r := syscallaudit.ParseSockaddr(un); r.Family != "unix" || r.Address != "/run/x.sock" {
 		t.Errorf("unix: %+v", r)
 	}
 	abs := append([]byte{unix.AF_UNIX, 0, 0}, []byte("abstract")...)
-	if r := parseSockaddr(abs); r.Address != "@abstract" {
+	if r := syscallaudit.ParseSockaddr(abs); r.Address != "@abstract" {
 		t.Errorf("abstract: %+v", r)
 	}
 	short := []byte{unix.AF_INET, 0, 1}
-	if r := parseSockaddr(short); r.Family != "inet" || r.Address != "" {
+	if r := syscallaudit.ParseSockaddr(short); r.Family != "inet" || r.Address != "" {
 		t.Errorf("short: %+v", r)
 	}
 }
