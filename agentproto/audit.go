@@ -44,8 +44,11 @@ const (
 type AuditRecord struct {
 	// Syscall is the x86_64 syscall number.
 	Syscall int `json:"syscall"`
-	// PID is the process id in the guest kernel's initial namespace.
-	PID int `json:"pid"`
+	// PID and PPID are the process's and its parent's ids in the guest
+	// kernel's initial namespace; Arch its AUDIT_ARCH.
+	PID  int    `json:"pid"`
+	PPID int    `json:"ppid,omitempty"`
+	Arch uint32 `json:"arch,omitempty"`
 	// Exited: Success and Exit are known.
 	Exited  bool  `json:"exited"`
 	Success bool  `json:"success"`
@@ -115,6 +118,10 @@ func (a *AuditAssembler) Add(typ uint16, text []byte) []*AuditRecord {
 	case AuditTypeSyscall:
 		r.Syscall, _ = strconv.Atoi(f["syscall"])
 		r.PID, _ = strconv.Atoi(f["pid"])
+		r.PPID, _ = strconv.Atoi(f["ppid"])
+		if arch, err := strconv.ParseUint(f["arch"], 16, 32); err == nil {
+			r.Arch = uint32(arch)
+		}
 		if s, ok := f["success"]; ok {
 			r.Exited, r.Success = true, s == "yes"
 			r.Exit, _ = strconv.ParseInt(f["exit"], 10, 64)
@@ -131,7 +138,13 @@ func (a *AuditAssembler) Add(typ uint16, text []byte) []*AuditRecord {
 		if n, err := strconv.Atoi(f["argc"]); err == nil {
 			st.argc = n
 		}
-		for k, v := range f {
+		// In the order written: a long argument comes in chunks
+		// a1[0], a1[1], ... that concatenate in that order.
+		for _, w := range strings.Fields(body) {
+			k, v, ok := strings.Cut(w, "=")
+			if !ok {
+				continue
+			}
 			i, ok := argIndex(k)
 			if !ok || i >= auditMaxArgs {
 				if ok {
@@ -205,14 +218,13 @@ func auditHeader(s string) (uint64, string, bool) {
 	if !ok {
 		return 0, "", false
 	}
-	stamp, body, ok := strings.Cut(rest, "): ")
-	if !ok {
-		stamp, ok = strings.CutSuffix(rest, ")")
-		if !ok {
-			return 0, "", false
-		}
-		body = ""
+	// "audit(STAMP): body"; an EOE record is "audit(STAMP):" with
+	// nothing after the colon.
+	i := strings.Index(rest, "):")
+	if i < 0 {
+		return 0, "", false
 	}
+	stamp, body := rest[:i], strings.TrimPrefix(rest[i+2:], " ")
 	_, ser, ok := strings.Cut(stamp, ":")
 	if !ok {
 		return 0, "", false

@@ -1,6 +1,9 @@
 package agentproto
 
 import (
+	"context"
+	"errors"
+	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -23,7 +26,7 @@ func TestAuditAssembler(t *testing.T) {
 		t.Fatalf("EOE gave %d records", len(out))
 	}
 	r := out[0]
-	if r.Syscall != 59 || r.PID != 321 || !r.Exited || !r.Success || r.Args[1] != 0x5620 || r.Cwd != "/root" ||
+	if r.Syscall != 59 || r.PID != 321 || r.PPID != 1 || r.Arch != 0xc000003e || !r.Exited || !r.Success || r.Args[1] != 0x5620 || r.Cwd != "/root" ||
 		!reflect.DeepEqual(r.Argv, []string{"/bin/echo", "hi ther", "abcdef", "x"}) || !reflect.DeepEqual(r.Paths, []string{"/bin/echo"}) {
 		t.Fatalf("exec record %+v", r)
 	}
@@ -31,7 +34,7 @@ func TestAuditAssembler(t *testing.T) {
 	// A connect: the socket address in hex.
 	feed(AuditTypeSyscall, `audit(1.2:43): arch=c000003e syscall=42 success=no exit=-111 a0=3 a1=7ffd a2=10 a3=0 pid=400`)
 	feed(AuditTypeSockaddr, `audit(1.2:43): saddr=020001BB0A000001`)
-	out = feed(AuditTypeEOE, `audit(1.2:43): `)
+	out = feed(AuditTypeEOE, `audit(1.2:43):`) // the kernel's EOE: nothing after the colon
 	if len(out) != 1 || out[0].Syscall != 42 || out[0].Success || out[0].Exit != -111 || len(out[0].Saddr) != 8 || out[0].Saddr[4] != 10 {
 		t.Fatalf("connect %+v", out)
 	}
@@ -70,5 +73,50 @@ func TestAuditAssembler(t *testing.T) {
 	out = feed(AuditTypeEOE, `audit(1.2:50): `)
 	if len(out) != 1 || len(out[0].Argv) != auditMaxArgs || len(out[0].Argv[0]) > auditMaxArgBytes || !out[0].ArgvTruncated {
 		t.Fatalf("bounds: %d args, first %d bytes, truncated %v", len(out[0].Argv), len(out[0].Argv[0]), out[0].ArgvTruncated)
+	}
+}
+
+func TestAuditOperation(t *testing.T) {
+	for _, withSource := range []bool{true, false} {
+		srv := &Server{Token: testToken, Logger: testLogger(t)}
+		if withSource {
+			srv.AuditSource = func(ctx context.Context, emit func(*AuditRecord) error) error {
+				for i := 0; i < 3; i++ {
+					if err := emit(&AuditRecord{Syscall: 59, PID: 10 + i, Argv: []string{"/bin/true"}}); err != nil {
+						return err
+					}
+				}
+				<-ctx.Done()
+				return ctx.Err()
+			}
+		}
+		a, b := net.Pipe()
+		go srv.ServeConn(b)
+		ctx := ctxT(t)
+		c, err := NewClient(ctx, a, testToken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		actx, cancel := context.WithCancel(ctx)
+		var got []int
+		err = c.Audit(actx, func(r *AuditRecord) {
+			got = append(got, r.PID)
+			if len(got) == 3 {
+				cancel()
+			}
+		})
+		cancel()
+		if withSource {
+			if !errors.Is(err, context.Canceled) || !reflect.DeepEqual(got, []int{10, 11, 12}) {
+				t.Fatalf("audit: %v, records %v", err, got)
+			}
+		} else if !errors.Is(err, ErrInvalid) {
+			t.Fatalf("audit without a source: %v, want ErrInvalid", err)
+		}
+		// The session still works.
+		if _, err := c.Health(ctx); err != nil {
+			t.Fatalf("health after audit: %v", err)
+		}
+		c.Close()
 	}
 }

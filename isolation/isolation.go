@@ -149,6 +149,14 @@ type AuditGaps interface {
 	Unrecorded(set syscallaudit.Set) (syscallaudit.Set, string)
 }
 
+// AgentAudit is implemented by runtimes whose guest agent streams the
+// audit records (VMs: agentproto's audit operation) rather than the
+// runtime's Sink: the holder of the agent session subscribes
+// (agentproto.Client.Audit) and converts them (syscallaudit.FromAgent).
+type AgentAudit interface {
+	AuditsThroughAgent() bool
+}
+
 // ErrAuditUnsupported is wrapped by runtimes that cannot audit syscalls.
 var ErrAuditUnsupported = errors.New("this runtime cannot audit system calls")
 

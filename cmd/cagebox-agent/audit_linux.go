@@ -9,6 +9,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -31,10 +32,6 @@ const (
 	auditStatusBWait = 0x20
 	auditFilterExit  = 0x04
 	auditAlways      = 2
-	auditFieldPID    = 0
-	auditFieldArch   = 11
-	auditOpEqual     = 0x40000000
-	auditOpNotEqual  = 0x30000000
 	auditBitmaskSize = 64
 	auditMaxFields   = 64
 	// auditBacklog is the kernel's queue of records for us; records over
@@ -73,18 +70,17 @@ func openAudit() (int, error) {
 
 // addAuditRules adds one syscall-exit rule for nrs (x86_64 numbers) that
 // leaves out the agent's own pid.
-func addAuditRules(fd int, nrs []int, agentPID int) error {
+func addAuditRules(fd int, nrs []int) error {
 	// struct audit_rule_data: flags, action, field_count,
-	// mask[64], fields[64], values[64], fieldflags[64], buflen.
+	// mask[64], fields[64], values[64], fieldflags[64], buflen. No
+	// fields: this kernel (Debian 6.1) refused an arch or pid field
+	// (EINVAL) in every form tried; the agent drops its own records
+	// (parent pid 1) and the host those of other ABIs.
 	b := make([]byte, 4*(3+auditBitmaskSize+3*auditMaxFields+1))
 	le := binary.LittleEndian
 	le.PutUint32(b[0:], auditFilterExit)
 	le.PutUint32(b[4:], auditAlways)
-	le.PutUint32(b[8:], 2)
-	mask := 12
-	fields := mask + 4*auditBitmaskSize
-	values := fields + 4*auditMaxFields
-	flags := values + 4*auditMaxFields
+	const mask = 12
 	for _, nr := range nrs {
 		if nr < 0 || nr >= 32*auditBitmaskSize {
 			return fmt.Errorf("audit: syscall number %d out of range", nr)
@@ -92,32 +88,38 @@ func addAuditRules(fd int, nrs []int, agentPID int) error {
 		off := mask + 4*(nr/32)
 		le.PutUint32(b[off:], le.Uint32(b[off:])|1<<(uint(nr)%32))
 	}
-	le.PutUint32(b[fields:], auditFieldArch)
-	le.PutUint32(b[values:], unix.AUDIT_ARCH_X86_64)
-	le.PutUint32(b[flags:], auditOpEqual)
-	le.PutUint32(b[fields+4:], auditFieldPID)
-	le.PutUint32(b[values+4:], uint32(agentPID))
-	le.PutUint32(b[flags+4:], auditOpNotEqual)
-	if err := auditRequest(fd, auditAddRule, b); err != nil {
-		return fmt.Errorf("add audit rule: %w", err)
+	// Right after AUDIT_SET this kernel refused the rule (EINVAL) for up
+	// to a few hundred milliseconds of a TCG boot, then took the same
+	// request: retry for up to 3 s.
+	var err error
+	for i := 0; i < 150; i++ {
+		if err = auditRequest(fd, auditAddRule, b); err == nil || errors.Is(err, unix.EEXIST) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return nil
+	return fmt.Errorf("add audit rule: %w", err)
 }
+
+// auditSeq numbers requests: an ack is matched to its request by it.
+var auditSeq uint32 = 100
 
 // auditRequest sends one request and waits for its ack.
 func auditRequest(fd int, typ uint16, payload []byte) error {
+	auditSeq++
+	seq := auditSeq
 	msg := make([]byte, unix.NLMSG_HDRLEN+len(payload))
 	le := binary.LittleEndian
 	le.PutUint32(msg[0:], uint32(len(msg)))
 	le.PutUint16(msg[4:], typ)
 	le.PutUint16(msg[6:], unix.NLM_F_REQUEST|unix.NLM_F_ACK)
-	le.PutUint32(msg[8:], uint32(typ))
+	le.PutUint32(msg[8:], seq)
 	copy(msg[unix.NLMSG_HDRLEN:], payload)
 	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return err
 	}
 	buf := make([]byte, 8192)
-	for i := 0; i < 16; i++ {
+	for i := 0; i < 64; i++ {
 		n, _, err := unix.Recvfrom(fd, buf, 0)
 		if err != nil {
 			return err
@@ -127,7 +129,7 @@ func auditRequest(fd int, typ uint16, payload []byte) error {
 			return err
 		}
 		for _, m := range msgs {
-			if m.Header.Type != unix.NLMSG_ERROR || m.Header.Seq != uint32(typ) || len(m.Data) < 4 {
+			if m.Header.Type != unix.NLMSG_ERROR || m.Header.Seq != seq || len(m.Data) < 4 {
 				continue
 			}
 			if e := int32(le.Uint32(m.Data)); e != 0 {
@@ -153,6 +155,8 @@ const auditRingSize = 4096
 // startAuditReader reads the audit socket fd (passed by the init) into a
 // ring and returns the server's AuditSource.
 func startAuditReader(fd int, log *slog.Logger) func(context.Context, func(*agentproto.AuditRecord) error) error {
+	// No process the agent starts may inherit the audit socket.
+	unix.CloseOnExec(fd)
 	ring := &auditRing{wake: make(chan struct{}, 1)}
 	go func() {
 		asm := agentproto.NewAuditAssembler()
@@ -166,14 +170,19 @@ func startAuditReader(fd int, log *slog.Logger) func(context.Context, func(*agen
 				log.Warn("audit socket", "err", err)
 				return
 			}
-			msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-			if err != nil {
+			// The kernel sends one audit record per datagram and does not
+			// always set nlmsg_len right (EOE, CWD and EXECVE records
+			// came cut short by it here, as auditd and go-libaudit know):
+			// the payload is the whole datagram after the header.
+			if n < unix.NLMSG_HDRLEN {
 				continue
 			}
-			for _, m := range msgs {
-				for _, r := range asm.Add(m.Header.Type, m.Data) {
-					ring.push(r)
+			typ := binary.LittleEndian.Uint16(buf[4:6])
+			for _, r := range asm.Add(typ, buf[unix.NLMSG_HDRLEN:n]) {
+				if r.PPID == 1 {
+					continue // the agent's own (its parent is the init)
 				}
+				ring.push(r)
 			}
 		}
 	}()

@@ -237,7 +237,7 @@ func vmBoot(log *slog.Logger, params map[string]string) (int, error) {
 		port.Close()
 	}
 	if auditFile != nil {
-		err := addAuditRules(auditFD, cfg.AuditSyscalls, cmd.Process.Pid)
+		err := addAuditRules(auditFD, cfg.AuditSyscalls)
 		auditFile.Close()
 		if err != nil {
 			_ = cmd.Process.Kill()

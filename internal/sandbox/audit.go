@@ -1,9 +1,11 @@
 package sandbox
 
 import (
+	"context"
 	"sync"
 	"time"
 
+	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/syscallaudit"
 	"github.com/cagebox/cagebox/isolation"
@@ -84,6 +86,44 @@ func (m *Manager) startAudit(tenant, id string, set syscallaudit.Set) isolation.
 			m.Emit(tenant, id, ev)
 		}
 	}}
+}
+
+// agentAudit subscribes to the audit records of sandbox id's guest agent
+// (runtimes that implement isolation.AgentAudit: VMs) over the entry's
+// agent session, resubscribing after a broken session, until endAudit.
+func (m *Manager) agentAudit(id string, e *entry, a isolation.Audit) {
+	v, ok := m.audits.Load(id)
+	if !ok {
+		return
+	}
+	au := v.(*auditor)
+	go func() {
+		for {
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				select {
+				case <-au.stop:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			cl, err := e.agent(ctx)
+			if err == nil {
+				err = cl.Audit(ctx, func(r *agentproto.AuditRecord) {
+					if rec, ok := syscallaudit.FromAgent(r, a.Classes); ok {
+						a.Sink(rec)
+					}
+				})
+			}
+			cancel()
+			select {
+			case <-au.stop:
+				return
+			case <-time.After(time.Second):
+				m.log.Debug("audit subscription ended; resubscribing", "sandbox", id, "err", err)
+			}
+		}
+	}()
 }
 
 // endAudit stops sandbox id's auditor, reporting its last drops.

@@ -281,6 +281,9 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 	m.mu.Lock()
 	m.live[id] = e
 	m.mu.Unlock()
+	if aa, ok := rt.(isolation.AgentAudit); ok && aa.AuditsThroughAgent() && !p.audit.Empty() {
+		m.agentAudit(id, e, spec.Audit)
+	}
 	m.emitEnvSecrets(tenant.ID, id, bound)
 	log.Info("sandbox running", "image", img.Name, "setup", tCreate, "start", tStart, "agent_ready", time.Since(t1))
 	m.Emit(tenant.ID, id, api.SandboxCreated{Runtime: rt.Name(), Image: img.Name})

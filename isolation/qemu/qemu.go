@@ -348,7 +348,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	// else a cold boot (which builds the template in the background).
 	var tmpl *templateMeta
 	var treq *templateRequest
-	if rt.templatesOn() {
+	if rt.templatesOn() && spec.Audit.Classes.Empty() {
 		treq, err = rt.templateFor(arts, spec.RootFS, res, memMiB, spec.NetNS != "", ks.Usable)
 		if err != nil {
 			s.log.Warn("no qemu template: cold boot", "err", err)
@@ -383,6 +383,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 			Token: spec.AgentToken, Env: spec.Env, Hostname: spec.Hostname,
 			Nameserver: spec.Nameserver, TrustedCAPEM: string(spec.TrustedCAPEM),
 			PIDs: res.PIDs, DiskBytes: res.DiskBytes, AwaitClaim: spec.AwaitClaim,
+			AuditSyscalls: auditSyscalls(spec.Audit.Classes),
 		}
 		if err := vmimage.WriteSandboxInitrd(initrd, arts.Initrd, cfg); err != nil {
 			return nil, fmt.Errorf("qemu: %w", err)
