@@ -7,6 +7,7 @@ import (
 
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/syscallaudit"
 	"github.com/cagebox/cagebox/isolation"
 )
@@ -44,7 +45,7 @@ func auditSupported(rt isolation.Runtime, set syscallaudit.Set) error {
 	}
 	g, ok := rt.(isolation.AuditGaps)
 	if !ok {
-		return invalid("audit: the %s runtime cannot audit system calls yet; use --runtime container or gvisor, or leave out --audit", rt.Name())
+		return invalid("audit: the %s runtime cannot audit system calls yet; use --runtime container, gvisor or qemu, or leave out --audit", rt.Name())
 	}
 	if gap, why := g.Unrecorded(set); gap == set {
 		return invalid("audit: the %s runtime records none of %v (%s); use --runtime container", rt.Name(), set.Strings(), why)
@@ -126,6 +127,30 @@ func (m *Manager) agentAudit(id string, e *entry, a isolation.Audit) {
 	}()
 }
 
+// recoverAudit resumes the audit of a sandbox re-attached after a daemon
+// restart where that is possible: a VM's agent kept its records (a ring
+// of the newest 4096), so the subscription starts again. A container's
+// notify listener and gVisor's log reader died with the old daemon (see
+// auditView's note).
+func (m *Manager) recoverAudit(r *store.Sandbox, classes []string, e *entry) {
+	if len(classes) == 0 {
+		return
+	}
+	rt, ok := isolation.Lookup(r.Runtime)
+	if !ok {
+		return
+	}
+	aa, ok := rt.(isolation.AgentAudit)
+	if !ok || !aa.AuditsThroughAgent() {
+		return
+	}
+	set, err := syscallaudit.Parse(classes)
+	if err != nil || set.Empty() {
+		return
+	}
+	m.agentAudit(r.ID, e, m.startAudit(r.TenantID, r.ID, set))
+}
+
 // endAudit stops sandbox id's auditor, reporting its last drops.
 func (m *Manager) endAudit(id string) {
 	if v, ok := m.audits.LoadAndDelete(id); ok {
@@ -151,7 +176,7 @@ func (m *Manager) auditView(id, runtime string, classes []string) *api.SandboxAu
 		st := a.(*auditor).lim.Stats()
 		v.Recorded, v.Dropped = st.Recorded, st.Dropped
 	} else {
-		v.Note = joinNote(v.Note, "no records since the daemon restarted: a container's audited syscalls fail (ENOSYS) until it is recreated")
+		v.Note = joinNote(v.Note, "no records since the daemon restarted: a container's audited syscalls fail (ENOSYS) and gVisor's go unrecorded until the sandbox is recreated")
 	}
 	return v
 }
