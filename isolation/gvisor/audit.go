@@ -154,14 +154,23 @@ func (s *straceReader) Close(path string) {
 	})
 }
 
-// withFlags returns run (nil: cmd.Run) with flags inserted as runsc's
-// global flags of the command.
+// withFlags returns run (nil: cmd.Run) with flags added as runsc's last
+// global flags, just before the "run" command (so they win over the same
+// flags given earlier, e.g. CAGEBOX_GVISOR_DEBUG's --debug-log).
 func withFlags(run func(*exec.Cmd) error, flags []string) func(*exec.Cmd) error {
 	if run == nil {
 		run = (*exec.Cmd).Run
 	}
 	return func(cmd *exec.Cmd) error {
-		cmd.Args = append(append([]string{cmd.Args[0]}, flags...), cmd.Args[1:]...)
+		at := len(cmd.Args)
+		for i, a := range cmd.Args {
+			if i > 0 && a == "run" {
+				at = i
+				break
+			}
+		}
+		args := append(append(append([]string(nil), cmd.Args[:at]...), flags...), cmd.Args[at:]...)
+		cmd.Args = args
 		return run(cmd)
 	}
 }
