@@ -111,6 +111,9 @@ func (m *Manager) agentAudit(id string, e *entry, a isolation.Audit) {
 			cl, err := e.agent(ctx)
 			if err == nil {
 				err = cl.Audit(ctx, func(r *agentproto.AuditRecord) {
+					if r.Lost > 0 && r.Lost < 1<<32 {
+						au.lim.Drop(r.Lost) // the agent's ring overflowed
+					}
 					if rec, ok := syscallaudit.FromAgent(r, a.Classes); ok {
 						a.Sink(rec)
 					}

@@ -69,6 +69,15 @@ func (l *Limiter) Allow(now time.Time) bool {
 	return false
 }
 
+// Drop counts n records lost before they reached the limiter (a VM
+// guest agent's full ring), as drops to report.
+func (l *Limiter) Drop(n uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stats.Dropped += n
+	l.unreported += n
+}
+
 // Stats returns the counters.
 func (l *Limiter) Stats() Stats {
 	l.mu.Lock()

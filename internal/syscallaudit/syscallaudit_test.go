@@ -172,6 +172,10 @@ func TestLimiter(t *testing.T) {
 	if _, _, rep := l.Report(now.Add(5*time.Second), false); rep {
 		t.Fatal("report with no new drops")
 	}
+	l.Drop(7)
+	if n, total, rep := l.Report(now.Add(10*time.Second), false); !rep || n != 7 || total != 37 {
+		t.Fatalf("report of lost records: %d %d %v", n, total, rep)
+	}
 }
 
 func jsonLine(msg string) []byte {
