@@ -130,7 +130,8 @@ type Spec struct {
 	AwaitClaim bool
 	// Audit, when its Classes are not empty, streams the guest's audited
 	// system calls (`cagebox create --audit`) to its Sink. A runtime that
-	// cannot audit refuses the spec (ErrAuditUnsupported).
+	// cannot audit does not implement AuditGaps, and the sandbox manager
+	// refuses such a request.
 	Audit Audit
 }
 
@@ -156,9 +157,6 @@ type AuditGaps interface {
 type AgentAudit interface {
 	AuditsThroughAgent() bool
 }
-
-// ErrAuditUnsupported is wrapped by runtimes that cannot audit syscalls.
-var ErrAuditUnsupported = errors.New("this runtime cannot audit system calls")
 
 // Guest paths of the trusted CA files (every runtime writes them as
 // rootfs.Guest describes; the daemon points SSL_CERT_FILE and friends at
