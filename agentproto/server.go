@@ -73,6 +73,9 @@ type Server struct {
 	// entropy, clock) before the server switches to the claim's token and
 	// environment. Without it, claims are refused.
 	OnClaim func(*Claim) error
+	// AuditSource, if set, streams the guest's syscall audit records to
+	// emit until ctx ends (an audit operation; see audit.go).
+	AuditSource func(ctx context.Context, emit func(*AuditRecord) error) error
 
 	// claimMu serialises claims.
 	claimMu sync.Mutex
@@ -368,6 +371,8 @@ func (c *serverConn) handle(st *yamux.Stream) {
 		if err := readFile(fw, &req); err != nil {
 			sendError(fw, err)
 		}
+	case opAudit:
+		c.audit(fr, fw)
 	case opListDir:
 		if err := listDir(fw, &req); err != nil {
 			sendError(fw, err)

@@ -72,6 +72,10 @@ type VMConfig struct {
 	// ReadOnlyRoot makes the root read-only; /tmp becomes a tmpfs of
 	// DiskBytes.
 	ReadOnlyRoot bool `json:"read_only_root,omitempty"`
+	// AuditSyscalls, when not empty, are the x86_64 syscall numbers the
+	// guest kernel audits (`--audit`): the init enables audit, adds an
+	// exit rule for them and hands the audit socket to the agent.
+	AuditSyscalls []int `json:"audit_syscalls,omitempty"`
 }
 
 // VMMount is a disk the guest mounts: the virtio-blk device whose serial

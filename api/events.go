@@ -82,6 +82,13 @@ const (
 	EventWebhookFailed    EventKind = "webhook.failed"
 	// Inbound (package ingress).
 	EventIngressRequest EventKind = "ingress.request"
+	// Syscall audit (`--audit`; the runtimes, through the sandbox
+	// manager's per-sandbox rate limit).
+	EventSyscallExec    EventKind = "syscall.exec"
+	EventSyscallConnect EventKind = "syscall.connect"
+	EventSyscallOpen    EventKind = "syscall.open"
+	EventSyscallPriv    EventKind = "syscall.priv"
+	EventSyscallDropped EventKind = "syscall.dropped"
 )
 
 // EventClass is how the daemon treats an event under load.
@@ -99,6 +106,12 @@ const (
 	// ClassReport is events.dropped: at most one a second per sandbox,
 	// never rate-limited.
 	ClassReport EventClass = "report"
+	// ClassSyscall events (syscall.*, but syscall.dropped) are a
+	// sandbox's audited system calls: the sandbox manager rate-limits
+	// them per sandbox first (counting drops), and the event log gives
+	// them a budget of their own, so a guest's flood of execs never uses
+	// up its egress or lifecycle budgets.
+	ClassSyscall EventClass = "syscall"
 )
 
 // Class returns the class of k, from its area.
@@ -109,6 +122,11 @@ func (k EventKind) Class() EventClass {
 		return ClassPriority
 	case "events":
 		return ClassReport
+	case "syscall":
+		if k == EventSyscallDropped {
+			return ClassPriority
+		}
+		return ClassSyscall
 	}
 	return ClassBulk
 }
@@ -138,6 +156,7 @@ var eventCatalog = []EventPayload{
 	PoolClaimed{}, PoolMissed{}, PoolFilled{}, PoolFillFailed{},
 	WebhookReceived{}, WebhookRejected{}, WebhookDelivered{}, WebhookFailed{},
 	IngressRequest{},
+	SyscallExec{}, SyscallConnect{}, SyscallOpen{}, SyscallPriv{}, SyscallDropped{},
 	EventsDropped{},
 }
 

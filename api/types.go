@@ -65,6 +65,10 @@ type CreateSandboxRequest struct {
 	// Publish are ports to publish through the ingress listener once the
 	// sandbox runs (the response's Ports carry their tokens, once).
 	Publish []PortSpec `json:"publish,omitempty"`
+	// Audit lists syscall audit classes (exec, net, file, priv, or all)
+	// whose syscalls the sandbox streams as syscall.* events. Off
+	// (empty) by default.
+	Audit []string `json:"audit,omitempty"`
 }
 
 // PortSpec publishes a guest port through the ingress listener; it is
@@ -222,6 +226,8 @@ type Sandbox struct {
 	// LastWake is the last time the sandbox was woken from an idle pause
 	// (by an exec, a file operation or an ingress request) and why.
 	LastWake *Wake `json:"last_wake,omitempty"`
+	// Audit is the sandbox's syscall audit (absent when off).
+	Audit *SandboxAudit `json:"audit,omitempty"`
 }
 
 // Network describes a sandbox's routed link.

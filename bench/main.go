@@ -6,6 +6,8 @@
 //     (same image, same seccomp/namespaces/limits) running /bin/true;
 //   - exec round trip of `true` in a running sandbox (p50/p99), through the
 //     daemon API and directly over the agent protocol;
+//   - with -only audit, the cost of syscall audit (audit.go): an
+//     exec-heavy workload with and without --audit, per runtime;
 //   - with -only snapshot, the qemu runtime's VM templates (snapshot.go):
 //     restore vs cold boot to first exec, memory of many sandboxes, and
 //     the template's build time and size.
@@ -43,7 +45,7 @@ func main() {
 	n := flag.Int("n", 30, "cold starts per side")
 	execN := flag.Int("exec", 300, "exec round trips")
 	agent := flag.String("agent", "bin/cagebox-agent", "static cagebox-agent binary")
-	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\", \"policy\", \"pool\", \"snapshot\" or \"ingress\"")
+	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\", \"policy\", \"pool\", \"snapshot\", \"ingress\" or \"audit\"")
 	sustained := flag.Int("sustained", 200, "pool: `cagebox run -- true` back to back per runtime")
 	egressDur := flag.Duration("egress-time", 4*time.Second, "egress: load duration per client kind")
 	egressConc := flag.Int("egress-conc", 16, "egress: concurrent clients")
@@ -51,6 +53,7 @@ func main() {
 	runtimes := flag.String("runtimes", "container,gvisor,qemu", "runtimes to measure cold starts of (those available here)")
 	snapN := flag.Int("snap-n", 5, "snapshot: cold boots and restores timed per side")
 	snapMemN := flag.Int("snap-mem-n", 20, "snapshot: sandboxes running at once per side for the memory comparison")
+	auditRounds := flag.Int("audit-rounds", 3, "audit: workload runs per side per runtime")
 	flag.Parse()
 	if *only == "egress" {
 		egressBench(*egressDur, *egressConc)
@@ -84,6 +87,10 @@ func main() {
 	}
 	if *only == "ingress" {
 		ingressBench(agentPath, *execN*10, *egressDur, *egressConc)
+		return
+	}
+	if *only == "audit" {
+		auditBench(agentPath, *auditRounds, *runtimes)
 		return
 	}
 	home, err := os.MkdirTemp("", "cbx-bench")

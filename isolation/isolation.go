@@ -17,6 +17,7 @@ import (
 
 	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/rootfs"
+	"github.com/cagebox/cagebox/internal/syscallaudit"
 )
 
 // Class is the strength of the isolation boundary a runtime offers.
@@ -136,6 +137,11 @@ type Spec struct {
 	// ReadOnlyRoot makes the image root read-only: only Mounts and a
 	// size-bounded /tmp (Resources.DiskBytes) are writable.
 	ReadOnlyRoot bool
+	// Audit, when its Classes are not empty, streams the guest's audited
+	// system calls (`cagebox create --audit`) to its Sink. A runtime that
+	// cannot audit does not implement AuditGaps, and the sandbox manager
+	// refuses such a request.
+	Audit Audit
 }
 
 // MountingRuntime is implemented by runtimes that honour Spec.Mounts and
@@ -158,6 +164,29 @@ type Mount struct {
 	Bind *mounts.Source
 	// Image is a volume's ext4 image on the host.
 	Image string
+}
+
+// Audit is what a sandbox's syscall audit records and where to.
+type Audit struct {
+	Classes syscallaudit.Set
+	// Sink receives each record; it must not block (the sandbox
+	// manager's rate-limits and queues). Records arrive from one
+	// goroutine per sandbox.
+	Sink func(syscallaudit.Record)
+}
+
+// AuditGaps is implemented by runtimes that cannot record some audit
+// classes: Unrecorded returns those of set they cannot record, and why.
+type AuditGaps interface {
+	Unrecorded(set syscallaudit.Set) (syscallaudit.Set, string)
+}
+
+// AgentAudit is implemented by runtimes whose guest agent streams the
+// audit records (VMs: agentproto's audit operation) rather than the
+// runtime's Sink: the holder of the agent session subscribes
+// (agentproto.Client.Audit) and converts them (syscallaudit.FromAgent).
+type AgentAudit interface {
+	AuditsThroughAgent() bool
 }
 
 // Guest paths of the trusted CA files (every runtime writes them as

@@ -62,6 +62,7 @@ func run(args []string, stderr io.Writer) int {
 	graceStr := fs.String("grace", envOr("CAGEBOX_AGENT_GRACE", "10s"), "on SIGTERM, how long processes get to exit before they are killed")
 	awaitClaim := fs.Bool("await-claim", envOr("CAGEBOX_AGENT_AWAIT_CLAIM", "") == "1", "run nothing until the host claims the agent for a sandbox (pools, VM templates); capabilities are dropped at the claim")
 	claimKeepsCaps := fs.Bool("claim-keeps-caps", false, "with --await-claim: keep capabilities until the claim, as a VM guest's agent does to apply its network, entropy and clock")
+	auditFD := fs.Int("audit-fd", -1, "VM guests: the audit netlink socket the init set up, whose records the agent streams to the host")
 	logLevel := fs.String("log-level", envOr("CAGEBOX_AGENT_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -147,6 +148,9 @@ func run(args []string, stderr io.Writer) int {
 		log.Warn("no reaper; orphans will not be reaped", "err", err)
 	}
 	srv := &agentproto.Server{Token: token, BaseEnv: env, Logger: log, Reaper: reaper, StartProcess: launch.startProcess, AwaitClaim: *awaitClaim}
+	if *auditFD >= 0 {
+		srv.AuditSource = startAuditReader(*auditFD, log)
+	}
 	if err := checkChildren(context.Background(), srv, selfProbeArgv); err != nil {
 		if launchErr != nil {
 			err = fmt.Errorf("%w (dropping them failed: %v)", err, launchErr)

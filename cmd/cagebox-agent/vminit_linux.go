@@ -181,6 +181,15 @@ func vmBoot(log *slog.Logger, params map[string]string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// Audit is enabled before the agent starts (tasks get an audit
+	// context at fork), and fails the boot if the kernel cannot: the host
+	// asked for it.
+	auditFD := -1
+	if len(cfg.AuditSyscalls) > 0 {
+		if auditFD, err = openAudit(); err != nil {
+			return 0, err
+		}
+	}
 	for key, val := range map[string]string{
 		// Guest processes are root without capabilities; unprivileged
 		// user namespaces would give them capabilities back.
@@ -225,6 +234,12 @@ func vmBoot(log *slog.Logger, params map[string]string) (int, error) {
 	if port != nil {
 		cmd.ExtraFiles = []*os.File{port}
 	}
+	var auditFile *os.File
+	if auditFD >= 0 {
+		auditFile = os.NewFile(uintptr(auditFD), "audit")
+		cmd.Args = append(cmd.Args, "--audit-fd", strconv.Itoa(3+len(cmd.ExtraFiles)))
+		cmd.ExtraFiles = append(cmd.ExtraFiles, auditFile)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWIPC,
 		UseCgroupFD: true,
@@ -236,6 +251,14 @@ func vmBoot(log *slog.Logger, params map[string]string) (int, error) {
 	cg.Close()
 	if port != nil {
 		port.Close()
+	}
+	if auditFile != nil {
+		err := addAuditRules(auditFD, cfg.AuditSyscalls)
+		auditFile.Close()
+		if err != nil {
+			_ = cmd.Process.Kill()
+			return 0, err
+		}
 	}
 	return cmd.Process.Pid, nil
 }

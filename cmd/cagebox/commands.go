@@ -313,6 +313,7 @@ type createFlags struct {
 	mounts                                      []string
 	readOnlyRoot                                bool
 	publish                                     []string
+	audit                                       []string
 }
 
 func (f *createFlags) add(cmd *cobra.Command) {
@@ -328,6 +329,7 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().StringArrayVar(&f.publish, "publish", nil, "publish this guest port through the daemon's ingress: PORT or PORT:public (no token); the access token is printed once on stderr (repeatable)")
 	cmd.Flags().StringArrayVar(&f.allow, "allow", nil, "allow HTTP(S) to this host, e.g. api.github.com or *.example.com (repeatable; default: nothing is reachable)")
+	cmd.Flags().StringSliceVar(&f.audit, "audit", nil, "stream the guest's system calls of these classes as syscall.* events: exec, net, file, priv (or all), e.g. --audit exec,net (default: off; `cagebox events`)")
 	cmd.Flags().StringVar(&f.policyFile, "policy", "", "egress policy document, YAML or JSON (see docs/policy.md)")
 	cmd.Flags().StringVar(&f.policyRef, "policy-ref", "", "follow the tenant's named policy NAME (cagebox policy create); its edits apply to the sandbox")
 	cmd.Flags().StringArrayVar(&f.secrets, "secret", nil, "credential binding: NAME@HOST[,HOST] takes the value from this CLI's environment variable NAME (never argv); NAME=vault:KEY[@HOST,...] uses a stored secret. The guest's $NAME holds a placeholder (repeatable)")
@@ -515,6 +517,7 @@ func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
 	}
 	req.Timeout, req.IdleTimeout, req.IdleAction = f.timeout, f.idle, f.idleAction
 	req.Allow = f.allow
+	req.Audit = f.audit
 	req.PolicyRef = f.policyRef
 	sec, err := f.secretBindings()
 	if err != nil {

@@ -116,6 +116,7 @@ type source struct{ tenant, sandbox string }
 
 type sourceState struct {
 	bulk, prio *rate.Limiter // nil when not rate-limited
+	sys        *rate.Limiter // syscall.*: a budget of its own
 	drops      *drops        // nil when nothing is waiting to be reported
 	lastReport time.Time
 	lastSeen   time.Time
@@ -270,6 +271,7 @@ func (l *Log) state(src source, now time.Time) *sourceState {
 		if l.limited && src.sandbox != "" {
 			st.bulk = rate.NewLimiter(rate.Limit(l.cfg.Rate), l.cfg.Burst)
 			st.prio = rate.NewLimiter(rate.Limit(l.cfg.Rate), l.cfg.Burst)
+			st.sys = rate.NewLimiter(rate.Limit(l.cfg.Rate), l.cfg.Burst)
 		}
 		l.sources[src] = st
 	}
@@ -279,8 +281,11 @@ func (l *Log) state(src source, now time.Time) *sourceState {
 
 func (st *sourceState) allow(cls Class, now time.Time) bool {
 	lim := st.prio
-	if cls == Bulk {
+	switch cls {
+	case Bulk:
 		lim = st.bulk
+	case api.ClassSyscall:
+		lim = st.sys
 	}
 	return lim == nil || lim.AllowN(now, 1)
 }
@@ -316,7 +321,7 @@ func (l *Log) dropLocked(src source, kind Kind, at time.Time, reason int) {
 // bulk events may fill three quarters of it. l.mu is held.
 func (l *Log) admit(cls Class, n int) bool {
 	maxN, maxB := l.cfg.Queue, l.cfg.QueueBytes
-	if cls == Bulk {
+	if cls == Bulk || cls == api.ClassSyscall {
 		maxN, maxB = maxN*3/4, maxB*3/4
 	}
 	return l.pending < maxN && l.pendingBytes+n <= maxB

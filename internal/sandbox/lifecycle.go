@@ -19,6 +19,7 @@ import (
 	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
+	"github.com/cagebox/cagebox/internal/syscallaudit"
 	"github.com/cagebox/cagebox/isolation"
 )
 
@@ -42,6 +43,7 @@ type createParams struct {
 	res           isolation.Resources
 	// mounts are the request's mounts, checked (checkMounts).
 	mounts []mounts.Spec
+	audit  syscallaudit.Set
 }
 
 // Create creates and starts a sandbox for tenant: from a warm pool when
@@ -115,6 +117,10 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 	if err := ValidateEnv("env", req.Env); err != nil {
 		return nil, err
 	}
+	auditClasses, err := auditSet(req)
+	if err != nil {
+		return nil, err
+	}
 	rawPolicy := req.Policy
 	if req.PolicyRef != "" {
 		if len(req.Policy) > 0 {
@@ -158,8 +164,11 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 	if err != nil {
 		return nil, err
 	}
+	if err := auditSupported(rt, auditClasses); err != nil {
+		return nil, err
+	}
 	res := isolation.Resources{MemoryBytes: req.MemoryBytes, CPUs: req.CPUs, PIDs: req.PIDs, DiskBytes: req.DiskBytes}
-	return &createParams{req: req, timeout: timeout, idle: idle, doc: doc, rt: rt, img: img, res: res.WithDefaults(), mounts: ms}, nil
+	return &createParams{req: req, timeout: timeout, idle: idle, doc: doc, rt: rt, img: img, res: res.WithDefaults(), mounts: ms, audit: auditClasses}, nil
 }
 
 // createCold makes a sandbox from nothing.
@@ -210,8 +219,10 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 		Mounts:       ims,
 		ReadOnlyRoot: req.ReadOnlyRoot,
 	}
-	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: doc, PolicyRef: req.PolicyRef, Secrets: bound, Mounts: p.mounts, ReadOnlyRoot: req.ReadOnlyRoot}
+	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: doc, PolicyRef: req.PolicyRef, Secrets: bound, Mounts: p.mounts, ReadOnlyRoot: req.ReadOnlyRoot, Audit: p.audit.Strings()}
 	sr.ExecCwd, sr.ExecUser = imageExecDefaults(img)
+	spec.Audit = m.startAudit(tenant.ID, id, p.audit)
+	undo.Add(func() { m.endAudit(id) })
 	now := m.cfg.Now().UTC()
 	rec := m.newRecord(id, tenant, p, &sr, StatusCreating, now)
 	log := m.log.With("sandbox", id, "tenant", tenant.ID, "runtime", rt.Name())
@@ -297,6 +308,9 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 	m.mu.Lock()
 	m.live[id] = e
 	m.mu.Unlock()
+	if aa, ok := rt.(isolation.AgentAudit); ok && aa.AuditsThroughAgent() && !p.audit.Empty() {
+		m.agentAudit(id, e, spec.Audit)
+	}
 	m.emitEnvSecrets(tenant.ID, id, bound)
 	log.Info("sandbox running", "image", img.Name, "setup", tCreate, "start", tStart, "agent_ready", time.Since(t1))
 	m.Emit(tenant.ID, id, api.SandboxCreated{Runtime: rt.Name(), Image: img.Name})
@@ -535,6 +549,7 @@ func (m *Manager) destroy(r *store.Sandbox, reason string) error {
 	m.releaseImage(r.ID)
 	m.detach(r.ID)
 	m.dropPorts(r.ID)
+	m.endAudit(r.ID)
 	var sr specRecord
 	if json.Unmarshal(r.Spec, &sr) == nil {
 		m.dropInline(r.TenantID, sr.Secrets)

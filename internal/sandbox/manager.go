@@ -119,6 +119,8 @@ type Manager struct {
 	// volMu serialises volume creates, removals and the check-and-record
 	// of a sandbox that mounts volumes (volumes.go).
 	volMu sync.Mutex
+	// audits holds the auditor of each audited sandbox (audit.go).
+	audits sync.Map
 }
 
 // entry is a sandbox the daemon is attached to.
@@ -194,6 +196,7 @@ type specRecord struct {
 	ReadOnlyRoot bool          `json:"read_only_root,omitempty"`
 	// LastWake: the last wake from an idle pause.
 	LastWake *api.Wake `json:"last_wake,omitempty"`
+	Audit    []string  `json:"audit,omitempty"`
 }
 
 func newID() string {
@@ -272,6 +275,7 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 		}
 	}
 	v.Mounts, v.ReadOnlyRoot = mountsView(sr.Mounts), sr.ReadOnlyRoot
+	v.Audit = m.auditView(r.ID, r.Runtime, sr.Audit)
 	if gw := m.cfg.Gateway; gw != nil {
 		if a, ok := gw.Get(r.ID); ok {
 			v.Network = &api.Network{Address: a.Link.GuestAddr.String(), Gateway: a.Link.HostAddr.String(), HostIf: a.Link.HostIf}

@@ -278,7 +278,8 @@ func (m *Manager) discard(p *pooled) {
 // request's class has no pool, the pool is empty, or the claimed sandbox
 // could not be bound (a miss: the caller makes it cold).
 func (m *Manager) fromPool(ctx context.Context, tenant *store.Tenant, p *createParams) (*api.Sandbox, error, bool) {
-	if m.pool == nil {
+	if m.pool == nil || !p.audit.Empty() {
+		// A pooled sandbox was made without audit.
 		return nil, nil, false
 	}
 	// A pooled sandbox's root and mounts were made before its tenant was

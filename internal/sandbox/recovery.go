@@ -128,9 +128,11 @@ func (m *Manager) Recover(ctx context.Context) error {
 		// A paused sandbox whose idle action is pause is taken as paused by
 		// its idle timeout: the next call wakes it.
 		paused := r.Status == StatusPaused || r.Status == StatusHibernated
-		m.live[r.ID] = &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken, paused: paused, execCwd: sr.ExecCwd, execUser: sr.ExecUser,
+		e := &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken, paused: paused, execCwd: sr.ExecCwd, execUser: sr.ExecUser,
 			idlePaused: paused && (sr.IdleAction == IdlePause || sr.IdleAction == IdleHibernate)}
+		m.live[r.ID] = e
 		m.mu.Unlock()
+		m.recoverAudit(r, sr.Audit, e)
 		m.Emit(r.TenantID, r.ID, api.SandboxReattached{})
 		log.Info("re-attached sandbox after restart", "status", r.Status)
 	}

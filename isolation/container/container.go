@@ -8,14 +8,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
+	"github.com/cagebox/cagebox/internal/syscallaudit"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/oci"
 )
@@ -115,6 +119,10 @@ type Sandbox struct {
 	// listener is the agent's listening socket between Create and Start;
 	// its file is handed to the container and our copy closed.
 	listener *net.UnixListener
+	// notifier serves the seccomp notifications of an audited sandbox
+	// (nil when audit is off, and after a daemon restart: see
+	// oci.Notifier).
+	notifier *oci.Notifier
 }
 
 var (
@@ -137,7 +145,23 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 			undo.Run()
 		}
 	}()
-	base, err := oci.Create(Name, spec, oci.NewState(spec, rt.binary, rt.stateRoot, nil), oci.BundleOptions{}, nil, oci.Hooks{}, &undo)
+	var adjust func(*specs.Spec)
+	var notifier *oci.Notifier
+	if !spec.Audit.Classes.Empty() {
+		if spec.Audit.Sink == nil {
+			return nil, errors.New("container: audit needs a sink")
+		}
+		if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+			return nil, fmt.Errorf("create state dir: %w", err)
+		}
+		listener := filepath.Join(spec.StateDir, oci.AuditListener)
+		adjust = func(sp *specs.Spec) { oci.AuditProfile(sp, spec.Audit.Classes, listener) }
+		if notifier, err = oci.StartNotifier(listener, spec.Audit.Classes, spec.Audit.Sink, slog.Default().With("sandbox", spec.ID)); err != nil {
+			return nil, err
+		}
+		undo.Add(notifier.Close)
+	}
+	base, err := oci.Create(Name, spec, oci.NewState(spec, rt.binary, rt.stateRoot, nil), oci.BundleOptions{}, adjust, oci.Hooks{}, &undo)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +171,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	}
 	ln.SetUnlinkOnClose(false)
 	undo.Add(func() { ln.Close() })
-	return &Sandbox{Sandbox: base, listener: ln}, nil
+	return &Sandbox{Sandbox: base, listener: ln, notifier: notifier}, nil
 }
 
 // Start implements isolation.Sandbox: the agent runs as PID 1 and its
@@ -179,7 +203,24 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 		s.listener = nil
 	}
 	s.mu.Unlock()
-	return s.Sandbox.Destroy(ctx)
+	err := s.Sandbox.Destroy(ctx)
+	if s.notifier != nil {
+		s.notifier.Close()
+	}
+	return err
+}
+
+// Unrecorded implements isolation.AuditGaps: containers record every
+// class.
+func (rt *Runtime) Unrecorded(syscallaudit.Set) (syscallaudit.Set, string) { return 0, "" }
+
+// StopAudit stops serving the sandbox's seccomp notifications, as a
+// daemon restart does: from then on its audited syscalls fail with ENOSYS
+// (fail closed). For tests, and for a daemon that shuts down.
+func (s *Sandbox) StopAudit() {
+	if s.notifier != nil {
+		s.notifier.Close()
+	}
 }
 
 // Recover implements isolation.Runtime.

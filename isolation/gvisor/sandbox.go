@@ -45,6 +45,11 @@ type Sandbox struct {
 	// the agent answers before it returns); never stored.
 	token   string
 	started bool
+	// audit is the strace reader of an audited sandbox (nil otherwise,
+	// and after a daemon restart).
+	audit *straceReader
+	// auditFlags are runsc flags only `runsc run` gets (strace).
+	auditFlags []string
 }
 
 var (
@@ -90,7 +95,19 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	if err := os.MkdirAll(rt.stateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("create runsc state root: %w", err)
 	}
-	return &Sandbox{Sandbox: base, token: spec.AgentToken}, nil
+	sb := &Sandbox{Sandbox: base, token: spec.AgentToken}
+	if !spec.Audit.Classes.Empty() {
+		if spec.Audit.Sink == nil {
+			return nil, errors.New("gvisor: audit needs a sink")
+		}
+		fifo := auditPath(spec.StateDir)
+		if sb.audit, err = startStrace(fifo, spec.Audit, rt.log.With("sandbox", spec.ID)); err != nil {
+			return nil, err
+		}
+		undo.Add(func() { sb.audit.Close(fifo) })
+		sb.auditFlags = straceFlags(spec.Audit.Classes, fifo)
+	}
+	return sb, nil
 }
 
 // adjustSpec fits the shared bundle to gVisor's pids accounting. The host
@@ -157,6 +174,9 @@ func (s *Sandbox) Start(ctx context.Context) error {
 	var run func(*exec.Cmd) error
 	if netns := s.Data().NetNS; netns != "" {
 		run = func(cmd *exec.Cmd) error { return runWithNetNSCheckMasked(netns, cmd) }
+	}
+	if len(s.auditFlags) > 0 {
+		run = withFlags(run, s.auditFlags)
 	}
 	t0 := time.Now()
 	if err := s.Run(ctx, nil, nil, run); err != nil {
@@ -237,7 +257,11 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.mu.Lock()
 	s.started, s.token = true, ""
 	s.mu.Unlock()
-	return s.Sandbox.Destroy(ctx)
+	err := s.Sandbox.Destroy(ctx)
+	if s.audit != nil {
+		s.audit.Close(auditPath(s.Data().Dir))
+	}
+	return err
 }
 
 // afterDelete kills what `runsc delete` left running and removes runsc's

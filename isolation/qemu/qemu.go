@@ -352,9 +352,9 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	// else a cold boot (which builds the template in the background).
 	var tmpl *templateMeta
 	var treq *templateRequest
-	// A sandbox with mounts or a read-only root boots cold: a template's
-	// guest has neither, and a claim cannot add them.
-	if rt.templatesOn() && len(spec.Mounts) == 0 && !spec.ReadOnlyRoot {
+	// A sandbox with mounts, a read-only root or audit boots cold: a
+	// template's guest has none of them, and a claim cannot add them.
+	if rt.templatesOn() && len(spec.Mounts) == 0 && !spec.ReadOnlyRoot && spec.Audit.Classes.Empty() {
 		treq, err = rt.templateFor(arts, spec.RootFS, res, memMiB, spec.NetNS != "", ks.Usable)
 		if err != nil {
 			s.log.Warn("no qemu template: cold boot", "err", err)
@@ -394,6 +394,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 			Nameserver: spec.Nameserver, TrustedCAPEM: string(spec.TrustedCAPEM),
 			PIDs: res.PIDs, DiskBytes: res.DiskBytes, AwaitClaim: spec.AwaitClaim,
 			Mounts: vmMounts, ReadOnlyRoot: spec.ReadOnlyRoot,
+			AuditSyscalls: auditSyscalls(spec.Audit.Classes),
 		}
 		if err := vmimage.WriteSandboxInitrd(initrd, arts.Initrd, cfg); err != nil {
 			return nil, fmt.Errorf("qemu: %w", err)
