@@ -887,7 +887,8 @@ class Cagebox:
                secrets: Any = None, env: Env = None, memory: Size = None, cpus: Optional[float] = None,
                pids: Optional[int] = None, disk: Size = None, timeout: Duration = None, idle_timeout: Duration = None,
                idle_action: Optional[str] = None, policy: Any = None, policy_ref: Optional[str] = None,
-               mounts: Any = None, read_only_root: bool = False) -> Sandbox:
+               mounts: Any = None, read_only_root: bool = False, audit: Optional[Sequence[str]] = None,
+               publish: Optional[Sequence[Any]] = None) -> Sandbox:
         """Creates and starts a sandbox.
 
         runtime: a name from cb.runtimes() or "auto" (default: the daemon's
@@ -901,7 +902,11 @@ class Cagebox:
         named policy; mounts: host paths below the daemon's --mount-root
         and volumes, as dicts {type, src, dst, rw, exec} or "--mount"
         strings (read-only, nosuid, nodev, noexec unless rw/exec);
-        read_only_root: only rw mounts and a size-bounded /tmp are writable.
+        read_only_root: only rw mounts and a size-bounded /tmp are writable;
+        audit: syscall audit classes ("exec", "net", "file", "priv" or
+        "all"), streamed as syscall.* events; publish: guest ports to
+        publish through the ingress listener (ints, or dicts {port, public,
+        ttl}); the answer's ``ports`` carry their tokens, once.
         """
         if isinstance(allow, str):
             allow = [allow]
@@ -911,6 +916,8 @@ class Cagebox:
             "idle_timeout": duration(idle_timeout), "idle_action": idle_action, "env": env_list(env),
             "policy": policy_doc(policy), "allow": list(allow) if allow else None, "policy_ref": policy_ref,
             "secrets": _secret_bindings(secrets), "mounts": _mounts(mounts),
+            "audit": list(audit) if audit else None,
+            "publish": [p if isinstance(p, dict) else {"port": int(p)} for p in publish] if publish else None,
         })
         if read_only_root:
             req["read_only_root"] = True

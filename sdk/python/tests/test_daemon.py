@@ -262,6 +262,16 @@ class TestPorts(DaemonTest):
         self.assertEqual([x.port for x in sb.ports()], [9090])
 
 
+class TestCreateOptions(DaemonTest):
+    def test_audit_and_publish_at_create(self):
+        sb = self.new(audit=["exec"], publish=[8080])
+        info = sb.inspect()
+        self.assertEqual(info["audit"]["classes"], ["exec"])
+        self.assertEqual([p["port"] for p in info["ports"]], [8080])
+        with self.assertRaises(cagebox.Invalid):
+            self.new(audit=["everything"])
+
+
 class TestWebhooks(DaemonTest):
     def test_add_list_remove(self):
         self.cb.secrets.put("SDK_HOOK", "whsec_" + "b" * 32, [UPSTREAM_HOST])

@@ -750,6 +750,10 @@ export interface CreateOptions {
   mounts?: (api.Mount | string)[];
   /** Only rw mounts and a size-bounded /tmp are writable. */
   readOnlyRoot?: boolean;
+  /** Stream the guest's audited syscalls as syscall.* events: exec, net, file, priv or all. */
+  audit?: string[];
+  /** Guest ports to publish through the ingress listener (numbers, or PortSpec for public/ttl). */
+  publish?: (number | api.PortSpec)[];
 }
 
 /** Parses the CLI's --mount syntax into a Mount. */
@@ -895,6 +899,8 @@ export class Cagebox {
       allow: o.allow, policy_ref: o.policyRef, secrets: bindings(o.secrets),
       mounts: o.mounts?.length ? o.mounts.map((m) => (typeof m === "string" ? parseMount(m) : m)) : undefined,
       read_only_root: o.readOnlyRoot || undefined,
+      audit: o.audit?.length ? o.audit : undefined,
+      publish: o.publish?.length ? o.publish.map((p) => (typeof p === "number" ? { port: p } : p)) : undefined,
     });
     return new Sandbox(this, await this.transport.call<api.SandboxInfo>("POST /v1/sandboxes", undefined, { json: req }));
   }

@@ -52,6 +52,23 @@ export interface SandboxInfo {
   resources: Resources; created_at: string; expires_at?: string; idle_timeout?: string; idle_action?: string;
   last_active: string; network?: Network; policy?: PolicyDocument; secrets?: BoundSecret[];
   real_values_in_guest?: string[]; mounts?: Mount[]; read_only_root?: boolean;
+  /** The syscall audit (absent when off). */
+  audit?: SandboxAudit;
+  /** Published ports (tokens only in the answer to create). */
+  ports?: Port[];
+  /** The last wake from an idle pause, and why. */
+  last_wake?: { reason: string; at: string };
+}
+
+/** A sandbox's syscall audit (api.SandboxAudit). */
+export interface SandboxAudit {
+  classes: string[];
+  unrecorded?: string[];
+  note?: string;
+  recorded: number;
+  dropped: number;
+  rate: number;
+  burst: number;
 }
 
 /** A host path (type "bind", below the daemon's --mount-root) or a volume
@@ -69,6 +86,17 @@ export interface CreateSandboxRequest {
   runtime?: string; image?: string; memory_bytes?: number; cpus?: number; pids?: number; disk_bytes?: number;
   timeout?: string; idle_timeout?: string; idle_action?: string; env?: string[]; policy?: PolicyDocument;
   allow?: string[]; policy_ref?: string; secrets?: SecretBinding[]; mounts?: Mount[]; read_only_root?: boolean;
+  /** Syscall audit classes: exec, net, file, priv, or all (off by default). */
+  audit?: string[];
+  /** Ports to publish through the ingress listener once the sandbox runs. */
+  publish?: PortSpec[];
+}
+
+/** A port to publish (api.PortSpec). */
+export interface PortSpec {
+  port: number;
+  public?: boolean;
+  ttl?: string;
 }
 
 export interface ExecRequest {

@@ -334,6 +334,15 @@ describe("against a real daemon", { skip: reason || false }, () => {
     });
   });
 
+  it("create: audit and publish", async () => {
+    await cb.withSandbox({ image: "busybox", audit: ["exec"], publish: [8080] }, async (sb) => {
+      const info = await sb.inspect();
+      assert.deepEqual(info.audit.classes, ["exec"]);
+      assert.deepEqual(info.ports.map((p) => p.port), [8080]);
+    });
+    await assert.rejects(cb.create({ image: "busybox", audit: ["everything"] }), cagebox.Invalid);
+  });
+
   it("webhooks: add, list, remove", async () => {
     await cb.secrets.put("SDK_HOOK_JS", "whsec_" + "c".repeat(32), [UPSTREAM_HOST]);
     try {
