@@ -55,6 +55,15 @@ async function waitText(locator, re, timeout = 15000) {
   throw new Error(`waited ${timeout} ms for ${re}, last text: ${last.slice(-300)}`);
 }
 
+// shot saves a screenshot of a page as docs' picture of it when
+// CONSOLE_SHOTS names a directory (docs/console/ is made this way:
+// CONSOLE_SHOTS=$PWD/docs/console go test -run TestConsole ./test/e2e/).
+async function shot(page, name) {
+  if (!process.env.CONSOLE_SHOTS) return;
+  await page.waitForTimeout(300);
+  await page.screenshot({ path: `${process.env.CONSOLE_SHOTS}/${name}.png` }).catch((e) => process.stderr.write(`screenshot ${name}: ${e}\n`));
+}
+
 let current = null; // the page steps act on, for screenshots
 let shots = 0;
 async function step(name, fn) {
@@ -76,6 +85,7 @@ async function tenantFlow(browser) {
 
   await step('login: unauthenticated /ui/ redirects to the login page', async () => {
     await page.goto(BASE + '/ui/');
+    await shot(page, 'login');
     check('login: unauthenticated /ui/ redirects to the login page', new URL(page.url()).pathname === '/ui/login', page.url());
   });
   await step('login: a wrong key is refused with a message', async () => {
@@ -89,6 +99,7 @@ async function tenantFlow(browser) {
     await Promise.all([page.waitForURL(BASE + '/ui/'), page.click('button[type=submit]')]);
     await page.waitForSelector(`#sandboxes tr[data-id="${SANDBOX}"]`);
     check('login: the key logs in', true);
+    await shot(page, 'sandboxes');
   });
   await step('cookie: HttpOnly, Secure, SameSite=Strict, accepted on http://127.0.0.1', async () => {
     const cs = (await ctx.cookies()).filter(c => c.name === 'cagebox_session');
@@ -112,6 +123,7 @@ async function tenantFlow(browser) {
     const mem = await page.textContent('#sandbox-memory');
     const st = await page.textContent('#sandbox-status');
     check('detail: runtime, isolation class, limits', rt.length > 0 && /namespaces|app-kernel|hypervisor/.test(cls) && /iB/.test(mem) && st === 'running', `${rt} ${cls} ${mem} ${st}`);
+    await shot(page, 'sandbox-detail');
   });
   await step('egress log: the sandbox\'s denied request is listed live', async () => {
     await page.waitForSelector('.event-log tr[data-kind="egress.deny"]', { timeout: 15000 });
@@ -123,6 +135,7 @@ async function tenantFlow(browser) {
     await page.click('#policy-save');
     const err = await waitText(page.locator('#policy-error'), /\S/);
     check('policy: an invalid document shows the error in place', /com|public suffix|wildcard/i.test(err), err);
+    await shot(page, 'policy-error');
   });
   await step('policy: a valid document is saved', async () => {
     await page.fill('#policy-text', JSON.stringify({ version: 1, default: 'deny', rules: [{ name: 'docs', host: 'docs.example.test', action: 'allow' }] }));
@@ -147,6 +160,7 @@ async function tenantFlow(browser) {
       if (!found) await page.waitForTimeout(200);
     }
     if (!found) throw new Error('the approval never showed in the queue');
+    await shot(page, 'approvals');
     await page.locator('#approvals tr', { hasText: 'console e2e' }).locator('.btn-approve').click();
     const res = await pending;
     check('approvals: a waiting request is approved from the queue', res.allowed === true, JSON.stringify(res));
@@ -163,6 +177,7 @@ async function tenantFlow(browser) {
     const valueLeft = await page.inputValue('#add-secret input[name=value]');
     const t1 = await row.textContent();
     check('secrets: added, showing preview and hosts; the input is cleared', valueLeft === '' && t1.includes('api.example.test') && t1.includes(SECRET1.slice(-4)) && !t1.includes(SECRET1), t1);
+    await shot(page, 'secrets');
     const v1 = Number(await row.locator('td.num').textContent());
     await row.locator('.rotate-value').fill(SECRET2);
     await row.locator('.btn-rotate').click();
@@ -206,6 +221,7 @@ async function tenantFlow(browser) {
     await page.keyboard.type('stty size\n');
     const out = await waitText(page.locator('#terminal .xterm-rows'), /21 77/);
     check('terminal: resize reaches the pty', /21 77/.test(out), out.slice(-200));
+    await shot(page, 'terminal');
     await page.keyboard.type('exit 3\n');
     const ex = await waitText(page.locator('#term-status'), /exited/);
     check('terminal: exit status shown', /code 3/.test(ex), ex);
@@ -285,6 +301,12 @@ async function adminFlow(browser) {
     const ids = await page.$$eval('#sandboxes tbody tr', rs => rs.map(r => r.dataset.id));
     check('admin: sees every tenant\'s sandboxes', ids.includes(OTHER), ids.join(' '));
   });
+  await step('admin: the tools page lists registered tools', async () => {
+    await page.click('#nav a[href="#/tools"]');
+    await page.waitForSelector('#tools');
+    await shot(page, 'tools');
+    check('admin: the tools page lists registered tools', await page.locator('#tools').count() === 1);
+  });
   await step('admin: a new tenant key is shown once', async () => {
     await page.click('#nav-tenants');
     const row = page.locator(`#tenants tr[data-id="${TENANT}"]`);
@@ -297,6 +319,7 @@ async function adminFlow(browser) {
     await page.click('#key-done');
     await page.reload();
     await page.waitForSelector('#tenants');
+    await shot(page, 'tenants');
     const html = await page.content();
     check('admin: the key is not shown again', !html.includes(key), '');
   });
