@@ -98,6 +98,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var netCfgTable, netCfgPrefix, masterKey, exfil string
 	var lim limitFlags
 	var ing ingressFlags
+	var relayDiscordURL string
 	var eventRetention string
 	var eventRate float64
 	var eventBurst int
@@ -181,7 +182,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{
-				Ingress: ing.cfg,
+				Ingress: ing.cfg, RelayDiscordURL: relayDiscordURL,
 				Pools:   targets, PoolMemory: poolBytes,
 				Home: g.home, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, InsecureListen: insecureListen, AgentPath: agent, MinIsolation: floor, DefaultRuntime: defRuntime,
 				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey, Events: events,
@@ -190,6 +191,7 @@ func daemonCmd(g *globals) *cobra.Command {
 		},
 	}
 	ing.register(cmd)
+	cmd.Flags().StringVar(&relayDiscordURL, "relay-discord-url", "", "Discord Gateway URL relays connect to (default wss://gateway.discord.gg; for a self-hosted or test gateway)")
 	cmd.Flags().StringVar(&listen, "listen", "", "also serve the API on this TCP address (API keys required), e.g. 127.0.0.1:7070; plain HTTP on loopback only, elsewhere give --tls-cert/--tls-key")
 	cmd.Flags().StringVar(&tlsCert, "tls-cert", "", "serve --listen over HTTPS with this certificate (PEM, with its chain)")
 	cmd.Flags().StringVar(&tlsKey, "tls-key", "", "private key (PEM) of --tls-cert")

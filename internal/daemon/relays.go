@@ -1,0 +1,284 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/hooks"
+	"github.com/cagebox/cagebox/internal/relay"
+	"github.com/cagebox/cagebox/internal/store"
+	"github.com/cagebox/cagebox/internal/vault"
+)
+
+// relayConfig is a relay's stored settings (store.Relay.Config): no
+// secret value, only the vault key's name (the webhook row's Secret).
+type relayConfig struct {
+	Intents int `json:"intents"`
+}
+
+// relays runs every relay in the store: each is a goroutine holding its
+// connection while its sandbox exists (running or asleep); its events
+// become deliveries of the relay's webhook row (package hooks queues,
+// orders, wakes and retries them).
+type relays struct {
+	st         store.Store
+	hooks      *hooks.Service
+	v          *vault.Vault
+	emit       func(string, string, api.EventPayload)
+	log        *slog.Logger
+	discordURL string
+
+	mu      sync.Mutex
+	ctx     context.Context
+	running map[string]*runningRelay // by webhook ID
+	wg      sync.WaitGroup
+}
+
+type runningRelay struct {
+	cancel context.CancelFunc
+	d      *relay.Discord
+}
+
+func newRelays(st store.Store, h *hooks.Service, v *vault.Vault, emit func(string, string, api.EventPayload), log *slog.Logger, discordURL string) *relays {
+	if h == nil {
+		return nil
+	}
+	return &relays{st: st, hooks: h, v: v, emit: emit, log: log, discordURL: discordURL, running: map[string]*runningRelay{}}
+}
+
+// run starts the stored relays and keeps the running set equal to the
+// store's (a destroyed sandbox's relays go with its webhooks) until ctx
+// ends.
+func (rs *relays) run(ctx context.Context) {
+	rs.mu.Lock()
+	rs.ctx = ctx
+	rs.mu.Unlock()
+	t := time.NewTicker(3 * time.Second)
+	defer t.Stop()
+	for {
+		rs.sync(ctx)
+		select {
+		case <-ctx.Done():
+			rs.wg.Wait()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (rs *relays) sync(ctx context.Context) {
+	l, err := rs.st.ListRelays(ctx, "", "")
+	if err != nil {
+		if ctx.Err() == nil {
+			rs.log.Warn("list relays", "err", err)
+		}
+		return
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.ctx == nil || rs.ctx.Err() != nil {
+		return
+	}
+	want := map[string]bool{}
+	for _, r := range l {
+		want[r.Hook.ID] = true
+		if rs.running[r.Hook.ID] == nil {
+			rs.startLocked(r)
+		}
+	}
+	for id, r := range rs.running {
+		if !want[id] {
+			r.cancel()
+			delete(rs.running, id)
+		}
+	}
+}
+
+func (rs *relays) startLocked(r *store.Relay) {
+	var cfg relayConfig
+	_ = json.Unmarshal([]byte(r.Config), &cfg)
+	hook := r.Hook
+	name := strings.TrimPrefix(hook.Name, hooks.RelayPrefix)
+	tenant, sb := hook.TenantID, hook.SandboxID
+	d := relay.NewDiscord(relay.DiscordConfig{
+		URL:     rs.discordURL,
+		Intents: cfg.Intents,
+		Token: func(ctx context.Context) ([]byte, func(), error) {
+			sec, _, err := rs.v.Value(ctx, tenant, hook.Secret)
+			if err != nil {
+				return nil, nil, err
+			}
+			return sec.Bytes(), sec.Wipe, nil
+		},
+		Deliver: func(ctx context.Context, key, t string, ev []byte) error {
+			h := http.Header{}
+			h.Set("Content-Type", "application/json")
+			h.Set("X-Cagebox-Relay", name)
+			h.Set("X-Discord-Event", t)
+			return rs.hooks.Enqueue(ctx, &hook, key, h, ev)
+		},
+		Event: func(kind string, st relay.State, detail string, code int) {
+			switch kind {
+			case "connected":
+				rs.emit(tenant, sb, api.RelayConnected{Relay: name, Resumed: detail == "resumed", Seq: st.Seq})
+			case "disconnected":
+				rs.emit(tenant, sb, api.RelayDisconnected{Relay: name, Code: max(code, 0), Reason: detail})
+			case "failed":
+				rs.emit(tenant, sb, api.RelayFailed{Relay: name, Error: detail})
+			}
+		},
+		Log: rs.log.With("relay", name, "sandbox", sb),
+	})
+	ctx, cancel := context.WithCancel(rs.ctx)
+	rs.running[hook.ID] = &runningRelay{cancel: cancel, d: d}
+	rs.wg.Add(1)
+	go func() {
+		defer rs.wg.Done()
+		if err := d.Run(ctx); err != nil {
+			rs.log.Warn("relay stopped", "relay", name, "sandbox", sb, "err", err)
+		}
+	}()
+}
+
+func (rs *relays) state(id string) api.RelayState {
+	rs.mu.Lock()
+	r := rs.running[id]
+	rs.mu.Unlock()
+	if r == nil {
+		return api.RelayState{}
+	}
+	s := r.d.Snapshot()
+	return api.RelayState{Connected: s.Connected, Failed: s.Failed, SessionID: s.SessionID, Seq: s.Seq, Reconnects: s.Reconnects,
+		Resumes: s.Resumes, Received: s.Received, Dropped: s.Dropped, LastError: s.LastError}
+}
+
+func (rs *relays) view(ctx context.Context, r *store.Relay) *api.Relay {
+	var cfg relayConfig
+	_ = json.Unmarshal([]byte(r.Config), &cfg)
+	n, _ := rs.st.PendingDeliveries(ctx, r.Hook.ID)
+	return &api.Relay{Name: strings.TrimPrefix(r.Hook.Name, hooks.RelayPrefix), SandboxID: r.Hook.SandboxID, Kind: r.Kind, Port: r.Hook.Port, Path: r.Hook.Path,
+		TokenSecret: r.Hook.Secret, Intents: cfg.Intents, CreatedAt: r.Hook.CreatedAt, State: rs.state(r.Hook.ID), Pending: n}
+}
+
+// The relay routes: a sandbox's tenant owns its relays, and their
+// secrets are that tenant's.
+
+func (s *Server) relaySandbox(r *http.Request, t *store.Tenant) (*api.Sandbox, error) {
+	if s.relays == nil {
+		return nil, fmt.Errorf("%w: relays deliver through the ingress path: start the daemon with --ingress ADDR --ingress-domain DOMAIN", errdefs.ErrUnavailable)
+	}
+	return s.mgr.Get(r.Context(), scope(t), r.PathValue("id"))
+}
+
+func (s *Server) addRelay(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	sb, err := s.relaySandbox(r, t)
+	if err != nil {
+		return err
+	}
+	var req api.RelayRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.Name == "" {
+		req.Name = req.Kind
+	}
+	switch req.Kind {
+	case "discord":
+	case "websocket":
+		return fmt.Errorf("%w: kind websocket: the generic WebSocket relay is not built yet; use discord", errdefs.ErrInvalid)
+	default:
+		return fmt.Errorf("%w: kind %q: use discord", errdefs.ErrInvalid, req.Kind)
+	}
+	if err := hooks.CheckTarget(req.Name, req.Port, &req.Path); err != nil {
+		return err
+	}
+	if req.Intents < 0 || req.Intents >= 1<<26 {
+		return fmt.Errorf("%w: intents %d: a bitfield of Discord gateway intents, e.g. 513 (GUILDS|GUILD_MESSAGES)", errdefs.ErrInvalid, req.Intents)
+	}
+	if req.TokenSecret == "" {
+		return fmt.Errorf("%w: token_secret: name the vault secret holding the bot token (cagebox secret add NAME)", errdefs.ErrInvalid)
+	}
+	// The token must open now, not at the first connection.
+	sec, _, err := s.relays.v.Value(r.Context(), sb.Tenant, req.TokenSecret)
+	if err != nil {
+		return fmt.Errorf("%w: token_secret %s: %v", errdefs.ErrInvalid, req.TokenSecret, err)
+	}
+	sec.Wipe()
+	ib := make([]byte, 8)
+	_, _ = rand.Read(ib)
+	tb := make([]byte, 32)
+	_, _ = rand.Read(tb)
+	th := sha256.Sum256(tb) // a hash of a token nobody is shown: the row has no usable URL
+	cfg, _ := json.Marshal(relayConfig{Intents: req.Intents})
+	rel := &store.Relay{Hook: store.Webhook{ID: fmt.Sprintf("wh-%x", ib), TenantID: sb.Tenant, SandboxID: sb.ID, Name: hooks.RelayPrefix + req.Name,
+		Port: req.Port, Path: req.Path, Verify: hooks.RelayPrefix + req.Kind, Secret: req.TokenSecret, TokenHash: th[:]}, Kind: req.Kind, Config: string(cfg)}
+	if err := s.relays.st.CreateRelay(r.Context(), rel); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return fmt.Errorf("%w: sandbox %s already has a relay %q (cagebox relay rm %s %s)", errdefs.ErrConflict, sb.ID, req.Name, sb.ID, req.Name)
+		}
+		return err
+	}
+	if err := s.mgr.SyncPublished(r.Context(), sb.ID); err != nil {
+		_ = s.relays.st.DeleteWebhook(context.WithoutCancel(r.Context()), sb.Tenant, sb.ID, rel.Hook.Name)
+		return fmt.Errorf("admit port %d: %w", req.Port, err)
+	}
+	s.relays.sync(r.Context())
+	writeJSON(w, http.StatusCreated, s.relays.view(r.Context(), rel))
+	return nil
+}
+
+func (s *Server) listRelays(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	sb, err := s.relaySandbox(r, t)
+	if err != nil {
+		return err
+	}
+	l, err := s.relays.st.ListRelays(r.Context(), sb.Tenant, sb.ID)
+	if err != nil {
+		return err
+	}
+	out := []*api.Relay{}
+	for _, x := range l {
+		out = append(out, s.relays.view(r.Context(), x))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) removeRelay(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	sb, err := s.relaySandbox(r, t)
+	if err != nil {
+		return err
+	}
+	name := r.PathValue("name")
+	l, err := s.relays.st.ListRelays(r.Context(), sb.Tenant, sb.ID)
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, x := range l {
+		found = found || x.Hook.Name == hooks.RelayPrefix+name
+	}
+	if !found {
+		return fmt.Errorf("%w: sandbox %s has no relay %q", errdefs.ErrNotFound, sb.ID, name)
+	}
+	if err := s.relays.st.DeleteWebhook(r.Context(), sb.Tenant, sb.ID, hooks.RelayPrefix+name); err != nil {
+		return err
+	}
+	s.relays.sync(r.Context())
+	if err := s.mgr.SyncPublished(r.Context(), sb.ID); err != nil {
+		s.log.Warn("unadmit relay port", "sandbox", sb.ID, "err", err)
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
