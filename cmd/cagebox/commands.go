@@ -28,6 +28,7 @@ import (
 	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/pool"
+	"github.com/cagebox/cagebox/internal/relay"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/qemu"
@@ -180,10 +181,15 @@ func daemonCmd(g *globals) *cobra.Command {
 			if ing.cfg.Addr != "" && ing.cfg.Domain == "" {
 				return fmt.Errorf("--ingress needs --ingress-domain D (ports are served as https://PORT-ID.D)")
 			}
+			if relayDiscordURL != "" {
+				if err := relay.ValidateURL(relayDiscordURL); err != nil {
+					return fmt.Errorf("--relay-discord-url: %w", err)
+				}
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{
 				Ingress: ing.cfg, RelayDiscordURL: relayDiscordURL,
-				Pools:   targets, PoolMemory: poolBytes,
+				Pools: targets, PoolMemory: poolBytes,
 				Home: g.home, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, InsecureListen: insecureListen, AgentPath: agent, MinIsolation: floor, DefaultRuntime: defRuntime,
 				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey, Events: events,
 				MountRoots: mountRoots,
