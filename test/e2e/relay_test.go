@@ -221,4 +221,19 @@ func TestRelayDiscord(t *testing.T) {
 	if r := ie.cli("", "relay", "rm", id, "discord"); r.code == 0 {
 		t.Errorf("removing a removed relay: %+v", r)
 	}
+
+	// Destroying the sandbox stops its relays.
+	if r := ie.cli("", "relay", "add", id, "discord", "--name", "again", "--token-secret", "DISCORD_BOT", "--port", "8080"); r.code != 0 {
+		t.Fatalf("relay add: %+v", r)
+	}
+	waitFor("the second relay to identify", g.Connected)
+	if r := ie.cli("", "rm", id); r.code != 0 {
+		t.Fatalf("rm: %+v", r)
+	}
+	waitFor("the destroyed sandbox's relay to close", func() bool { return !g.Connected() })
+	n = g.Conns()
+	time.Sleep(2 * time.Second)
+	if g.Conns() != n {
+		t.Errorf("a destroyed sandbox's relay reconnected")
+	}
 }
