@@ -100,6 +100,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var lim limitFlags
 	var ing ingressFlags
 	var relayDiscordURL string
+	var relayAllowPrivate bool
 	var eventRetention string
 	var eventRate float64
 	var eventBurst int
@@ -188,7 +189,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{
-				Ingress: ing.cfg, RelayDiscordURL: relayDiscordURL,
+				Ingress: ing.cfg, RelayDiscordURL: relayDiscordURL, RelayAllowPrivate: relayAllowPrivate,
 				Pools: targets, PoolMemory: poolBytes,
 				Home: g.home, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, InsecureListen: insecureListen, AgentPath: agent, MinIsolation: floor, DefaultRuntime: defRuntime,
 				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey, Events: events,
@@ -197,6 +198,7 @@ func daemonCmd(g *globals) *cobra.Command {
 		},
 	}
 	ing.register(cmd)
+	cmd.Flags().BoolVar(&relayAllowPrivate, "relay-allow-private", false, "let websocket relays (tenants' URLs) reach loopback, private and link-local addresses; for tests and single-tenant hosts only")
 	cmd.Flags().StringVar(&relayDiscordURL, "relay-discord-url", "", "Discord Gateway URL relays connect to (default wss://gateway.discord.gg; for a self-hosted or test gateway)")
 	cmd.Flags().StringVar(&listen, "listen", "", "also serve the API on this TCP address (API keys required), e.g. 127.0.0.1:7070; plain HTTP on loopback only, elsewhere give --tls-cert/--tls-key")
 	cmd.Flags().StringVar(&tlsCert, "tls-cert", "", "serve --listen over HTTPS with this certificate (PEM, with its chain)")

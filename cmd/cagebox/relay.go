@@ -20,7 +20,7 @@ func relayCmd(g *globals) *cobra.Command {
 	}
 	var req api.RelayRequest
 	add := &cobra.Command{
-		Use:   "add ID discord --token-secret VAULT_KEY --port P [--path /discord] [--intents N] [--name NAME]",
+		Use:   "add ID discord|websocket --port P [--path /events] [--name NAME] (discord: --token-secret VAULT_KEY [--intents N]; websocket: --url wss://… [--header 'Authorization: Bearer {secret}'] [--secret VAULT_KEY])",
 		Short: "Add a relay (needs the daemon's --ingress)",
 		Long: `Add a relay to a sandbox. For discord, the daemon opens and keeps the bot's
 Discord Gateway WebSocket (heartbeats, identify, resume after a drop, Discord's
@@ -28,11 +28,19 @@ rate limits) with the token held in the vault under VAULT_KEY, opened only while
 IDENTIFY or RESUME is written; the guest never has it. Every dispatch event
 ({"t","s","d"} JSON) is POSTed to the guest's PORT and PATH, in order, at least
 once, queued (bounded, persisted) while the sandbox sleeps and waking it. The
-guest calls Discord's REST API through the egress gateway with a placeholder.`,
+guest calls Discord's REST API through the egress gateway with a placeholder.
+
+For websocket, the daemon connects to --url (public addresses only) with the
+--header lines, {secret} in them standing for the vault secret's value, and
+POSTs every message the server sends (text or binary) to the guest the same
+way; it reconnects with backoff, and stops if the server answers 401/403.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r := req
 			r.Kind = args[1]
+			if r.Kind != "discord" && !cmd.Flags().Changed("intents") {
+				r.Intents = 0
+			}
 			rl, err := g.client().AddRelay(cmd.Context(), args[0], &r)
 			if err != nil {
 				return err
@@ -44,8 +52,11 @@ guest calls Discord's REST API through the egress gateway with a placeholder.`,
 	add.Flags().StringVar(&req.Name, "name", "", "the relay's name (default: the kind)")
 	add.Flags().IntVar(&req.Port, "port", 0, "the guest's port events go to")
 	add.Flags().StringVar(&req.Path, "path", "/", "the guest's path events go to")
-	add.Flags().StringVar(&req.TokenSecret, "token-secret", "", "the vault secret holding the bot token")
-	add.Flags().IntVar(&req.Intents, "intents", 513, "Discord gateway intents (513 = GUILDS | GUILD_MESSAGES)")
+	add.Flags().StringVar(&req.TokenSecret, "token-secret", "", "discord: the vault secret holding the bot token")
+	add.Flags().IntVar(&req.Intents, "intents", 513, "discord: gateway intents (513 = GUILDS | GUILD_MESSAGES)")
+	add.Flags().StringVar(&req.TokenSecret, "secret", "", "websocket: the vault secret {secret} in --header stands for (same as --token-secret)")
+	add.Flags().StringVar(&req.URL, "url", "", "websocket: the server's URL, wss://HOST/PATH")
+	add.Flags().StringArrayVar(&req.Headers, "header", nil, "websocket: a handshake header 'Name: value' ({secret}: the secret's value; repeatable)")
 	var asJSON bool
 	ls := &cobra.Command{
 		Use:   "ls ID",

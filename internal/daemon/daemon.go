@@ -91,6 +91,9 @@ type Config struct {
 	// RelayDiscordURL overrides the Discord Gateway URL relays connect to
 	// (tests, self-hosted gateways); "" = relay.DefaultDiscordURL.
 	RelayDiscordURL string
+	// RelayAllowPrivate lets websocket relays reach private, loopback and
+	// link-local addresses (refused by default: a tenant's URL).
+	RelayAllowPrivate bool
 }
 
 // EventConfig configures audit events (package audit).
@@ -411,7 +414,7 @@ func Run(ctx context.Context, cfg Config) error {
 	srv := NewServer(st, mgr, images, v, log)
 	srv.metrics = met.Handler()
 	srv.hooks = hooksSvc
-	srv.relays = newRelays(st, hooksSvc, v, emit, log, cfg.RelayDiscordURL)
+	srv.relays = newRelays(st, hooksSvc, v, emit, log, cfg.RelayDiscordURL, cfg.RelayAllowPrivate)
 
 	// The socket is created 0600 from the start (umask), not chmod-ed after.
 	old := umask(0o177)
