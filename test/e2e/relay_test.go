@@ -4,9 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/relay/discordtest"
@@ -22,7 +27,8 @@ class H(http.server.BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(n).decode()
         rec = {"path": self.path, "type": self.headers.get("X-Discord-Event"), "relay": self.headers.get("X-Cagebox-Relay"),
-               "auth": self.headers.get("Authorization"), "body": json.loads(body)}
+               "msg": self.headers.get("X-Cagebox-Relay-Message"), "auth": self.headers.get("Authorization"), "raw": body,
+               "body": json.loads(body) if body.startswith("{") else None}
         with open("/tmp/relay.log", "a") as f: f.write(json.dumps(rec) + "\n")
         self.send_response(204); self.end_headers()
 http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
@@ -31,6 +37,8 @@ http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever(
 const relayBotToken = "MTE5ODc2NTQzMjEw.e2e-bot.Zk9yVHJ1c3Rfbm9fb25l"
 
 type relayRec struct {
+	Msg   string `json:"msg"`
+	Raw   string `json:"raw"`
 	Path  string `json:"path"`
 	Type  string `json:"type"`
 	Relay string `json:"relay"`
@@ -235,5 +243,112 @@ func TestRelayDiscord(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	if g.Conns() != n {
 		t.Errorf("a destroyed sandbox's relay reconnected")
+	}
+}
+
+// TestRelayWebSocket: a generic WebSocket relay connects with the vault
+// secret in its handshake header, delivers each message to the guest in
+// order, reconnects after a drop, and the secret never enters the guest
+// or `relay ls`.
+func TestRelayWebSocket(t *testing.T) {
+	const wsSecret = "wss-e2e-secret-5f1c9a7e2b"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var auths []string
+	conns := 0
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auths = append(auths, r.Header.Get("Authorization"))
+		conns++
+		n := conns
+		mu.Unlock()
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		if n == 1 {
+			for i := 1; i <= 2; i++ {
+				_ = c.Write(r.Context(), websocket.MessageText, []byte(fmt.Sprintf(`{"n":%d}`, i)))
+			}
+			time.Sleep(300 * time.Millisecond)
+			return // a drop
+		}
+		_ = c.Write(r.Context(), websocket.MessageText, []byte(`{"n":3}`))
+		<-r.Context().Done()
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+
+	e := newDebianEnv(t)
+	addr := freePort(t)
+	e.startDaemon("--ingress", addr, "--ingress-domain", ingressDomain, "--relay-allow-private")
+	ie := &ingressEnv{env: e, addr: addr}
+	ie.reloadCA(t)
+	ctx := context.Background()
+	c := ie.client()
+	if _, err := c.PutSecret(ctx, &api.PutSecretRequest{Name: "WS_TOKEN", Value: wsSecret, Hosts: []string{"example.com"}}); err != nil {
+		t.Fatal(err)
+	}
+	r := ie.cli("", "create", "--runtime", e2eRuntime())
+	if r.code != 0 {
+		t.Fatalf("create: %+v", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	if err := c.WriteFile(ctx, id, "/tmp/relay.py", 0o644, strings.NewReader(relayServer)); err != nil {
+		t.Fatal(err)
+	}
+	if r := ie.cli("", "exec", id, "--", "sh", "-c", "setsid python3 /tmp/relay.py 8080 >/tmp/relay.out 2>&1 </dev/null &"); r.code != 0 {
+		t.Fatalf("start the guest's server: %+v", r)
+	}
+	if r := ie.cli("", "relay", "add", id, "websocket", "--url", "ws://"+ln.Addr().String()+"/events", "--header", "Authorization: Bearer {secret}", "--port", "8080", "--path", "/ws"); r.code == 0 || !strings.Contains(r.stderr, "secret") {
+		t.Fatalf("a {secret} header without --secret: %+v", r)
+	}
+	if r := ie.cli("", "relay", "add", id, "websocket", "--url", "ws://"+ln.Addr().String()+"/events", "--header", "Authorization: Bearer {secret}",
+		"--secret", "WS_TOKEN", "--port", "8080", "--path", "/ws", "--name", "feed"); r.code != 0 {
+		t.Fatalf("relay add: %+v", r)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	var got []string
+	for {
+		r := ie.cli("", "exec", id, "--", "sh", "-c", "cat /tmp/relay.log 2>/dev/null; true")
+		got = nil
+		for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+			var x relayRec
+			if json.Unmarshal([]byte(l), &x) == nil {
+				got = append(got, x.Path+" "+x.Relay+" "+x.Msg+" "+x.Raw)
+			}
+		}
+		if len(got) >= 3 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	want := []string{`/ws feed text {"n":1}`, `/ws feed text {"n":2}`, `/ws feed text {"n":3}`}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("the guest got %q, want %q", got, want)
+	}
+	mu.Lock()
+	for _, a := range auths {
+		if a != "Bearer "+wsSecret {
+			t.Errorf("handshake Authorization %q", a)
+		}
+	}
+	if conns < 2 {
+		t.Errorf("%d connections: the relay did not reconnect after the drop", conns)
+	}
+	mu.Unlock()
+	r = ie.cli("", "relay", "ls", id, "--json")
+	if r.code != 0 || strings.Contains(r.stdout, wsSecret) || !strings.Contains(r.stdout, "{secret}") {
+		t.Errorf("relay ls: %+v", r)
+	}
+	if r := ie.cli("", "exec", id, "--", "sh", "-c", "cat /proc/*/environ /tmp/relay.log 2>/dev/null | grep -c "+wsSecret+"; true"); strings.TrimSpace(r.stdout) != "0" {
+		t.Errorf("the secret reached the guest: %+v", r)
+	}
+	if r := ie.cli("", "relay", "rm", id, "feed"); r.code != 0 {
+		t.Fatalf("relay rm: %+v", r)
 	}
 }
