@@ -548,14 +548,18 @@ class Sandbox:
         """Removes a webhook and its queued deliveries."""
         self._t.call("DELETE /v1/sandboxes/{id}/webhooks/{name}", {"id": self.id, "name": name})
 
-    def add_relay(self, kind: str, port: int, token_secret: str, path: str = "/", intents: Optional[int] = None, name: Optional[str] = None) -> Record:
+    def add_relay(self, kind: str, port: int, token_secret: Optional[str] = None, path: str = "/", intents: Optional[int] = None,
+                  name: Optional[str] = None, url: Optional[str] = None, headers: Optional[Sequence[str]] = None) -> Record:
         """Adds a relay: the daemon holds a connection for the sandbox
         (kind ``discord``: the bot's Discord Gateway WebSocket, its token the
-        vault secret ``token_secret``, opened only to identify or resume)
-        and POSTs each event to the guest's ``port`` and ``path``, queued
-        while the sandbox sleeps and waking it. The guest never has the
-        token. Needs the daemon's --ingress."""
-        body = _drop_none({"name": name, "kind": kind, "port": port, "path": path, "token_secret": token_secret, "intents": intents})
+        vault secret ``token_secret``, opened only to identify or resume;
+        kind ``websocket``: ``url``, with ``headers`` "Name: value" where
+        {secret} stands for ``token_secret``'s value) and POSTs each event
+        to the guest's ``port`` and ``path``, queued while the sandbox
+        sleeps and waking it. The guest never has the secret. Needs the
+        daemon's --ingress."""
+        body = _drop_none({"name": name, "kind": kind, "port": port, "path": path, "token_secret": token_secret, "intents": intents,
+                           "url": url, "headers": list(headers) if headers else None})
         return Record.of(self._t.call("POST /v1/sandboxes/{id}/relays", {"id": self.id}, json_body=body))
 
     def relays(self) -> List[Record]:

@@ -309,6 +309,11 @@ class TestRelays(DaemonTest):
         self.assertEqual(sb.webhooks(), [])
         with self.assertRaises(cagebox.Conflict):
             sb.add_relay("discord", 8080, "SDK_BOT")
+        ws = sb.add_relay("websocket", 8081, "SDK_BOT", name="feed", url="wss://relay.invalid/events", headers=["Authorization: Bearer {secret}"])
+        self.assertEqual((ws.kind, ws.url, ws.headers), ("websocket", "wss://relay.invalid/events", ["Authorization: Bearer {secret}"]))
+        sb.remove_relay("feed")
+        with self.assertRaises(cagebox.Invalid):
+            sb.add_relay("websocket", 8081, name="nosecret", url="wss://relay.invalid/", headers=["Authorization: Bearer {secret}"])
         with self.assertRaises(cagebox.Invalid):
             sb.add_relay("irc", 8080, "SDK_BOT", name="x")
         with self.assertRaises(cagebox.Invalid):

@@ -213,8 +213,11 @@ export interface Relay {
   port: number;
   path: string;
   /** The vault secret's name, never its value. */
-  token_secret: string;
-  intents: number;
+  token_secret?: string;
+  intents?: number;
+  url?: string;
+  /** As given: {secret} stays a placeholder. */
+  headers?: string[];
   created_at: string;
   state: RelayState;
   /** Events queued, not yet delivered. */

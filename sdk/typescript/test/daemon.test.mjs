@@ -376,6 +376,10 @@ describe("against a real daemon", { skip: reason || false }, () => {
         assert.equal(typeof ls[0].state.connected, "boolean");
         assert.deepEqual(await sb.webhooks(), []);
         await assert.rejects(sb.addRelay("discord", 8080, "SDK_BOT_JS"), cagebox.Conflict);
+        const ws = await sb.addRelay("websocket", 8081, "SDK_BOT_JS", { name: "feed", url: "wss://relay.invalid/events", headers: ["Authorization: Bearer {secret}"] });
+        assert.deepEqual([ws.kind, ws.url, ws.headers], ["websocket", "wss://relay.invalid/events", ["Authorization: Bearer {secret}"]]);
+        await sb.removeRelay("feed");
+        await assert.rejects(sb.addRelay("websocket", 8081, undefined, { name: "n", url: "wss://relay.invalid/", headers: ["Authorization: Bearer {secret}"] }), cagebox.Invalid);
         await assert.rejects(sb.addRelay("irc", 8080, "SDK_BOT_JS", { name: "x" }), cagebox.Invalid);
         await sb.removeRelay("discord");
         await assert.rejects(sb.removeRelay("discord"), cagebox.NotFound);
