@@ -57,11 +57,9 @@ func (s *sink) count(t string) int {
 	return n
 }
 
-func start(t *testing.T, g *discordtest.Gateway, tok string, mod func(*DiscordConfig)) (*Discord, *sink, chan error, []string) {
+func start(t *testing.T, g *discordtest.Gateway, tok string, mod func(*DiscordConfig)) (*Discord, *sink, chan error) {
 	t.Helper()
 	s := &sink{}
-	var evmu sync.Mutex
-	var evs []string
 	cfg := DiscordConfig{
 		URL: g.URL,
 		Token: func(context.Context) ([]byte, func(), error) {
@@ -72,11 +70,6 @@ func start(t *testing.T, g *discordtest.Gateway, tok string, mod func(*DiscordCo
 		Deliver:          s.deliver,
 		IdentifyInterval: 10 * time.Millisecond,
 		MinBackoff:       20 * time.Millisecond,
-		Event: func(kind string, st State, detail string, code int) {
-			evmu.Lock()
-			evs = append(evs, kind+" "+detail)
-			evmu.Unlock()
-		},
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -93,7 +86,7 @@ func start(t *testing.T, g *discordtest.Gateway, tok string, mod func(*DiscordCo
 			t.Error("relay did not stop")
 		}
 	})
-	return d, s, done, evs
+	return d, s, done
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -119,7 +112,7 @@ func gateway(t *testing.T) *discordtest.Gateway {
 func TestDiscordIdentifyDispatchDropResume(t *testing.T) {
 	g := gateway(t)
 	g.HeartbeatInterval = 200
-	d, s, _, _ := start(t, g, testToken, nil)
+	d, s, _ := start(t, g, testToken, nil)
 	waitFor(t, "identify", func() bool { return g.Connected() })
 	ids := g.Identifies()
 	if len(ids) != 1 || ids[0].Token != testToken || ids[0].Intents != 513 {
@@ -176,7 +169,7 @@ func TestDiscordIdentifyDispatchDropResume(t *testing.T) {
 
 func TestDiscordReconnectOpResumes(t *testing.T) {
 	g := gateway(t)
-	_, s, _, _ := start(t, g, testToken, nil)
+	_, s, _ := start(t, g, testToken, nil)
 	waitFor(t, "ready", func() bool { return s.count("READY") == 1 })
 	g.Dispatch("X", 1)
 	waitFor(t, "X", func() bool { return s.count("X") == 1 })
@@ -191,7 +184,7 @@ func TestDiscordReconnectOpResumes(t *testing.T) {
 
 func TestDiscordInvalidSessionIdentifiesAfresh(t *testing.T) {
 	g := gateway(t)
-	_, s, _, _ := start(t, g, testToken, nil)
+	_, s, _ := start(t, g, testToken, nil)
 	waitFor(t, "ready", func() bool { return s.count("READY") == 1 })
 	start := time.Now()
 	if err := g.Op(9, false); err != nil {
@@ -210,14 +203,14 @@ func TestDiscordMissedACKReconnects(t *testing.T) {
 	g := gateway(t)
 	g.HeartbeatInterval = 100
 	g.NoACK = true
-	_, s, _, _ := start(t, g, testToken, nil)
+	_, s, _ := start(t, g, testToken, nil)
 	waitFor(t, "ready", func() bool { return s.count("READY") == 1 })
 	waitFor(t, "a resume after a missed ACK", func() bool { return len(g.Resumes()) >= 1 })
 }
 
 func TestDiscordAuthFailedStops(t *testing.T) {
 	g := gateway(t)
-	d, _, done, _ := start(t, g, "bad-token", nil)
+	d, _, done := start(t, g, "bad-token", nil)
 	select {
 	case err := <-done:
 		if !errors.Is(err, ErrAuth) {
@@ -276,7 +269,7 @@ func TestDiscordSendRateLimit(t *testing.T) {
 
 func TestIdentifyIntervalRespected(t *testing.T) {
 	g := gateway(t)
-	_, s, _, _ := start(t, g, testToken, func(c *DiscordConfig) { c.IdentifyInterval = 700 * time.Millisecond })
+	_, s, _ := start(t, g, testToken, func(c *DiscordConfig) { c.IdentifyInterval = 700 * time.Millisecond })
 	waitFor(t, "ready", func() bool { return s.count("READY") == 1 })
 	t0 := time.Now()
 	g.CloseWith(4009, "Session timed out") // identify afresh
