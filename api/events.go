@@ -82,6 +82,11 @@ const (
 	EventWebhookFailed    EventKind = "webhook.failed"
 	// Inbound (package ingress).
 	EventIngressRequest EventKind = "ingress.request"
+
+	// Relays (package relay).
+	EventRelayConnected    EventKind = "relay.connected"
+	EventRelayDisconnected EventKind = "relay.disconnected"
+	EventRelayFailed       EventKind = "relay.failed"
 	// Syscall audit (`--audit`; the runtimes, through the sandbox
 	// manager's per-sandbox rate limit).
 	EventSyscallExec    EventKind = "syscall.exec"
@@ -156,6 +161,7 @@ var eventCatalog = []EventPayload{
 	PoolClaimed{}, PoolMissed{}, PoolFilled{}, PoolFillFailed{},
 	WebhookReceived{}, WebhookRejected{}, WebhookDelivered{}, WebhookFailed{},
 	IngressRequest{},
+	RelayConnected{}, RelayDisconnected{}, RelayFailed{},
 	SyscallExec{}, SyscallConnect{}, SyscallOpen{}, SyscallPriv{}, SyscallDropped{},
 	EventsDropped{},
 }
@@ -562,3 +568,29 @@ type IngressRequest struct {
 }
 
 func (IngressRequest) EventKind() EventKind { return EventIngressRequest }
+
+func (RelayConnected) EventKind() EventKind    { return EventRelayConnected }
+func (RelayDisconnected) EventKind() EventKind { return EventRelayDisconnected }
+func (RelayFailed) EventKind() EventKind       { return EventRelayFailed }
+
+// RelayConnected: a relay's connection is up (identified afresh or
+// resumed).
+type RelayConnected struct {
+	Relay   string `json:"relay"`
+	Resumed bool   `json:"resumed"`
+	Seq     int64  `json:"seq"`
+}
+
+// RelayDisconnected: a relay's connection ended; it reconnects.
+type RelayDisconnected struct {
+	Relay  string `json:"relay"`
+	Code   int    `json:"code,omitempty"`
+	Reason string `json:"reason"`
+}
+
+// RelayFailed: the service refused the relay (a bad token, disallowed
+// intents); it stopped and does not retry.
+type RelayFailed struct {
+	Relay string `json:"relay"`
+	Error string `json:"error"`
+}

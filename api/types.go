@@ -669,6 +669,56 @@ type Webhook struct {
 	Pending int `json:"pending"`
 }
 
+// RelayRequest adds a relay to a sandbox (POST
+// /v1/sandboxes/{id}/relays): the host holds a connection on the guest's
+// behalf and delivers what arrives to the guest's Port and Path. Kind
+// "discord": a bot's Gateway connection, its token the vault secret
+// TokenSecret, Intents its gateway intents. Kind "websocket": URL, with
+// Headers ("Name: value", {secret} standing for TokenSecret's value).
+type RelayRequest struct {
+	Name        string   `json:"name"`
+	Kind        string   `json:"kind"`
+	Port        int      `json:"port"`
+	Path        string   `json:"path,omitempty"`
+	TokenSecret string   `json:"token_secret,omitempty"`
+	Intents     int      `json:"intents,omitempty"`
+	URL         string   `json:"url,omitempty"`
+	Headers     []string `json:"headers,omitempty"`
+}
+
+// Relay is a sandbox's relay and its connection's state.
+type Relay struct {
+	Name        string `json:"name"`
+	SandboxID   string `json:"sandbox_id"`
+	Kind        string `json:"kind"`
+	Port        int    `json:"port"`
+	Path        string `json:"path"`
+	TokenSecret string `json:"token_secret,omitempty"`
+	Intents     int    `json:"intents,omitempty"`
+	URL         string `json:"url,omitempty"`
+	// Headers are as given: {secret} stays a placeholder.
+	Headers   []string   `json:"headers,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
+	State     RelayState `json:"state"`
+	// Pending counts events queued for the guest, not yet delivered.
+	Pending int `json:"pending"`
+}
+
+// RelayState is a relay's connection.
+type RelayState struct {
+	Connected  bool   `json:"connected"`
+	Failed     bool   `json:"failed,omitempty"`
+	SessionID  string `json:"session_id,omitempty"`
+	Seq        int64  `json:"seq"`
+	Reconnects int    `json:"reconnects"`
+	Resumes    int    `json:"resumes"`
+	// Received counts events queued for the guest; Dropped those that
+	// could not be (queue full).
+	Received  int64  `json:"received"`
+	Dropped   int64  `json:"dropped"`
+	LastError string `json:"last_error,omitempty"`
+}
+
 // ConsoleSession is a one-time link to the web console (POST
 // /v1/console/sessions, admin over the unix socket): opening URL in a
 // browser before ExpiresAt logs it in as the admin, once.

@@ -28,6 +28,7 @@ import (
 	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/pool"
+	"github.com/cagebox/cagebox/internal/relay"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/qemu"
@@ -98,6 +99,8 @@ func daemonCmd(g *globals) *cobra.Command {
 	var netCfgTable, netCfgPrefix, masterKey, exfil string
 	var lim limitFlags
 	var ing ingressFlags
+	var relayDiscordURL string
+	var relayAllowPrivate bool
 	var eventRetention string
 	var eventRate float64
 	var eventBurst int
@@ -179,10 +182,15 @@ func daemonCmd(g *globals) *cobra.Command {
 			if ing.cfg.Addr != "" && ing.cfg.Domain == "" {
 				return fmt.Errorf("--ingress needs --ingress-domain D (ports are served as https://PORT-ID.D)")
 			}
+			if relayDiscordURL != "" {
+				if err := relay.ValidateURL(relayDiscordURL); err != nil {
+					return fmt.Errorf("--relay-discord-url: %w", err)
+				}
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{
-				Ingress: ing.cfg,
-				Pools:   targets, PoolMemory: poolBytes,
+				Ingress: ing.cfg, RelayDiscordURL: relayDiscordURL, RelayAllowPrivate: relayAllowPrivate,
+				Pools: targets, PoolMemory: poolBytes,
 				Home: g.home, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, InsecureListen: insecureListen, AgentPath: agent, MinIsolation: floor, DefaultRuntime: defRuntime,
 				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey, Events: events,
 				MountRoots: mountRoots,
@@ -190,6 +198,8 @@ func daemonCmd(g *globals) *cobra.Command {
 		},
 	}
 	ing.register(cmd)
+	cmd.Flags().BoolVar(&relayAllowPrivate, "relay-allow-private", false, "let websocket relays (tenants' URLs) reach loopback, private and link-local addresses; for tests and single-tenant hosts only")
+	cmd.Flags().StringVar(&relayDiscordURL, "relay-discord-url", "", "Discord Gateway URL relays connect to (default wss://gateway.discord.gg; for a self-hosted or test gateway)")
 	cmd.Flags().StringVar(&listen, "listen", "", "also serve the API on this TCP address (API keys required), e.g. 127.0.0.1:7070; plain HTTP on loopback only, elsewhere give --tls-cert/--tls-key")
 	cmd.Flags().StringVar(&tlsCert, "tls-cert", "", "serve --listen over HTTPS with this certificate (PEM, with its chain)")
 	cmd.Flags().StringVar(&tlsKey, "tls-key", "", "private key (PEM) of --tls-cert")

@@ -107,6 +107,7 @@ func newRoot() *cobra.Command {
 		consoleCmd(g),
 		portCmd(g),
 		webhookCmd(g),
+		relayCmd(g),
 	)
 	return root
 }

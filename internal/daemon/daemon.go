@@ -88,6 +88,12 @@ type Config struct {
 	MountRoots []string
 	// Ingress is the inbound listener for published ports.
 	Ingress IngressConfig
+	// RelayDiscordURL overrides the Discord Gateway URL relays connect to
+	// (tests, self-hosted gateways); "" = relay.DefaultDiscordURL.
+	RelayDiscordURL string
+	// RelayAllowPrivate lets websocket relays reach private, loopback and
+	// link-local addresses (refused by default: a tenant's URL).
+	RelayAllowPrivate bool
 }
 
 // EventConfig configures audit events (package audit).
@@ -408,6 +414,7 @@ func Run(ctx context.Context, cfg Config) error {
 	srv := NewServer(st, mgr, images, v, log)
 	srv.metrics = met.Handler()
 	srv.hooks = hooksSvc
+	srv.relays = newRelays(st, hooksSvc, v, emit, log, cfg.RelayDiscordURL, cfg.RelayAllowPrivate)
 
 	// The socket is created 0600 from the start (umask), not chmod-ed after.
 	old := umask(0o177)
@@ -440,6 +447,11 @@ func Run(ctx context.Context, cfg Config) error {
 		hooksDone := make(chan struct{})
 		go func() { hooksSvc.Run(rctx); close(hooksDone) }()
 		defer func() { cancel(); <-hooksDone }()
+	}
+	if srv.relays != nil {
+		relaysDone := make(chan struct{})
+		go func() { srv.relays.run(rctx); close(relaysDone) }()
+		defer func() { cancel(); <-relaysDone }()
 	}
 	go audit.Retain(rctx, audit.RetainConfig{Store: st, Keep: cfg.Events.Retention, Logger: log})
 	log.Info("cagebox daemon ready", "socket", sock, "home", cfg.Home, "sandboxes", mgr.Count())

@@ -116,6 +116,9 @@ func Routes() []Route {
 		{Method: "POST", Path: "/v1/sandboxes/{id}/webhooks", handler: (*Server).addWebhook},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/webhooks", handler: (*Server).listWebhooks},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}/webhooks/{name}", handler: (*Server).removeWebhook},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/relays", handler: (*Server).addRelay},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/relays", handler: (*Server).listRelays},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}/relays/{name}", handler: (*Server).removeRelay},
 	}
 }
 
@@ -131,6 +134,8 @@ type Server struct {
 	metrics http.Handler
 	// hooks serves the webhook routes (nil: no ingress, 503).
 	hooks *hooks.Service
+	// relays serves the relay routes (nil: no ingress, 503).
+	relays *relays
 	// imageOps holds a token per pull or import under way: at most
 	// cap(imageOps) at once, each downloads, unpacks and hashes a tree.
 	imageOps chan struct{}

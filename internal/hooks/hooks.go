@@ -197,14 +197,62 @@ func (s *Service) List(ctx context.Context, tenant, sandboxID string) ([]*api.We
 	}
 	out := []*api.Webhook{}
 	for _, w := range ws {
+		if IsRelay(w) {
+			continue // `relay ls` shows it
+		}
 		n, _ := s.cfg.Store.PendingDeliveries(ctx, w.ID)
 		out = append(out, s.view(w, n))
 	}
 	return out, nil
 }
 
+// RelayPrefix starts the name and Verify of a webhook row a relay owns
+// (package relay): its deliveries are the relay's events; it has no
+// usable URL (its token was never shown) and `webhook ls|rm` skip it.
+const RelayPrefix = "relay:"
+
+// CheckTarget validates a name, a guest port and path (defaulting "" to
+// "/") as Add does; relays use it for theirs.
+func CheckTarget(name string, port int, path *string) error {
+	switch {
+	case !nameRE.MatchString(name):
+		return invalid("name %q: use 1-63 of a-z 0-9 _ -, starting with a letter or digit", name)
+	case port < 1 || port > 65535:
+		return invalid("port %d: the guest's port, 1-65535", port)
+	}
+	if *path == "" {
+		*path = "/"
+	}
+	if !pathRE.MatchString(*path) || strings.Contains(*path, "/../") || strings.HasSuffix(*path, "/..") {
+		return invalid("path %q: an absolute URL path such as /hook", *path)
+	}
+	return nil
+}
+
+// IsRelay reports whether a webhook row is a relay's.
+func IsRelay(w *store.Webhook) bool { return strings.HasPrefix(w.Verify, RelayPrefix) }
+
+// Enqueue queues one event of a relay's for its sandbox (in order, at
+// least once, waking it): a key already queued is not queued again (nil).
+func (s *Service) Enqueue(ctx context.Context, hook *store.Webhook, key string, header http.Header, body []byte) error {
+	d := &store.Delivery{WebhookID: hook.ID, SandboxID: hook.SandboxID, Key: key, Method: http.MethodPost, Header: header, Body: body, ReceivedAt: s.cfg.Now()}
+	switch err := s.cfg.Store.EnqueueDelivery(ctx, d, s.cfg.MaxPending); {
+	case errors.Is(err, store.ErrConflict):
+		return nil
+	case errors.Is(err, store.ErrFull):
+		return fmt.Errorf("queue full (%d undelivered): %w", s.cfg.MaxPending, err)
+	case err != nil:
+		return fmt.Errorf("queue relay event: %w", err)
+	}
+	s.Kick()
+	return nil
+}
+
 // Remove deletes a webhook and its queue.
 func (s *Service) Remove(ctx context.Context, tenant, sandboxID, name string) error {
+	if strings.HasPrefix(name, RelayPrefix) {
+		return fmt.Errorf("%w: sandbox %s has no webhook %q", errdefs.ErrNotFound, sandboxID, name)
+	}
 	if err := s.cfg.Store.DeleteWebhook(ctx, tenant, sandboxID, name); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return fmt.Errorf("%w: sandbox %s has no webhook %q", errdefs.ErrNotFound, sandboxID, name)

@@ -164,6 +164,8 @@ type Store interface {
 
 	// WebhookStore is webhooks and their delivery queue.
 	WebhookStore
+	// RelayStore is relays (their deliveries are a webhook's).
+	RelayStore
 	// PortStore is the sandboxes' published ports.
 	PortStore
 

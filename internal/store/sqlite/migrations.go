@@ -173,4 +173,14 @@ CREATE TABLE ports (
 	PRIMARY KEY (sandbox_id, port)
 );
 `},
+	// Relays (package relay): each owns a webhook row, whose delivery
+	// queue carries its events; deleting the webhook deletes the relay.
+	{Version: 9, Name: "relays", SQL: `
+CREATE TABLE relays (
+	webhook_id TEXT PRIMARY KEY REFERENCES webhooks(id) ON DELETE CASCADE,
+	kind       TEXT NOT NULL,
+	config     TEXT NOT NULL,
+	created_at INTEGER NOT NULL
+);
+`},
 }

@@ -55,6 +55,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"BudgetUsage", testBudgetUsage},
 		{"Tools", testTools},
 		{"Webhooks", testWebhooks},
+		{"Relays", testRelays},
 		{"Volumes", testVolumes},
 		{"Ports", testPorts},
 	}

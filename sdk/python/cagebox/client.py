@@ -548,6 +548,29 @@ class Sandbox:
         """Removes a webhook and its queued deliveries."""
         self._t.call("DELETE /v1/sandboxes/{id}/webhooks/{name}", {"id": self.id, "name": name})
 
+    def add_relay(self, kind: str, port: int, token_secret: Optional[str] = None, path: str = "/", intents: Optional[int] = None,
+                  name: Optional[str] = None, url: Optional[str] = None, headers: Optional[Sequence[str]] = None) -> Record:
+        """Adds a relay: the daemon holds a connection for the sandbox
+        (kind ``discord``: the bot's Discord Gateway WebSocket, its token the
+        vault secret ``token_secret``, opened only to identify or resume;
+        kind ``websocket``: ``url``, with ``headers`` "Name: value" where
+        {secret} stands for ``token_secret``'s value) and POSTs each event
+        to the guest's ``port`` and ``path``, queued while the sandbox
+        sleeps and waking it. The guest never has the secret. Needs the
+        daemon's --ingress."""
+        body = _drop_none({"name": name, "kind": kind, "port": port, "path": path, "token_secret": token_secret, "intents": intents,
+                           "url": url, "headers": list(headers) if headers else None})
+        return Record.of(self._t.call("POST /v1/sandboxes/{id}/relays", {"id": self.id}, json_body=body))
+
+    def relays(self) -> List[Record]:
+        """The sandbox's relays, each with its connection's ``state``
+        (connected, session_id, seq, reconnects, received) and ``pending``."""
+        return Record.of(self._t.call("GET /v1/sandboxes/{id}/relays", {"id": self.id}))
+
+    def remove_relay(self, name: str) -> None:
+        """Stops a relay and drops its queued events."""
+        self._t.call("DELETE /v1/sandboxes/{id}/relays/{name}", {"id": self.id, "name": name})
+
     def events(self, after: int = 0) -> List[Record]:
         """This sandbox's stored audit events (up to 1000 after seq `after`)."""
         return self._cb.events(sandbox=self.id, after=after)

@@ -295,6 +295,35 @@ class TestWebhooks(DaemonTest):
         self.assertEqual(sb.webhooks(), [])
 
 
+class TestRelays(DaemonTest):
+    def test_add_list_remove(self):
+        self.cb.secrets.put("SDK_BOT", "bot." + "d" * 32, ["discord.com"])
+        self.addCleanup(lambda: self.cb.secrets.delete("SDK_BOT"))
+        sb = self.new()
+        r = sb.add_relay("discord", 8080, "SDK_BOT", path="/discord", intents=513)
+        self.assertEqual((r.name, r.kind, r.port, r.path, r.token_secret, r.intents), ("discord", "discord", 8080, "/discord", "SDK_BOT", 513))
+        self.assertNotIn("d" * 32, repr(r))
+        ls = sb.relays()
+        self.assertEqual([(x.name, x.pending) for x in ls], [("discord", 0)])
+        self.assertIn("connected", ls[0].state)
+        self.assertEqual(sb.webhooks(), [])
+        with self.assertRaises(cagebox.Conflict):
+            sb.add_relay("discord", 8080, "SDK_BOT")
+        ws = sb.add_relay("websocket", 8081, "SDK_BOT", name="feed", url="wss://relay.invalid/events", headers=["Authorization: Bearer {secret}"])
+        self.assertEqual((ws.kind, ws.url, ws.headers), ("websocket", "wss://relay.invalid/events", ["Authorization: Bearer {secret}"]))
+        sb.remove_relay("feed")
+        with self.assertRaises(cagebox.Invalid):
+            sb.add_relay("websocket", 8081, name="nosecret", url="wss://relay.invalid/", headers=["Authorization: Bearer {secret}"])
+        with self.assertRaises(cagebox.Invalid):
+            sb.add_relay("irc", 8080, "SDK_BOT", name="x")
+        with self.assertRaises(cagebox.Invalid):
+            sb.add_relay("discord", 8080, "NO_SUCH_SECRET", name="y")
+        sb.remove_relay("discord")
+        with self.assertRaises(cagebox.NotFound):
+            sb.remove_relay("discord")
+        self.assertEqual(sb.relays(), [])
+
+
 class TestErrors(DaemonTest):
     def test_kinds(self):
         with self.assertRaises(cagebox.NotFound) as c:

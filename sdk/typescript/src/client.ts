@@ -521,6 +521,34 @@ export class Sandbox {
     await this.t.call("DELETE /v1/sandboxes/{id}/webhooks/{name}", { id: this.id, name });
   }
 
+  /** Adds a relay: the daemon holds a connection for the sandbox (kind
+   * "discord": the bot's Discord Gateway WebSocket, its token the vault
+   * secret `tokenSecret`, opened only to identify or resume; kind
+   * "websocket": `o.url`, with `o.headers` "Name: value" where {secret}
+   * stands for tokenSecret's value) and POSTs each event to the guest's port
+   * and path, queued while the sandbox sleeps and waking it. Needs the
+   * daemon's --ingress. */
+  addRelay(
+    kind: string,
+    port: number,
+    tokenSecret?: string,
+    o: { path?: string; intents?: number; name?: string; url?: string; headers?: string[] } = {},
+  ): Promise<api.Relay> {
+    return this.t.call("POST /v1/sandboxes/{id}/relays", { id: this.id }, {
+      json: dropEmpty({ name: o.name, kind, port, path: o.path, token_secret: tokenSecret, intents: o.intents, url: o.url, headers: o.headers }),
+    });
+  }
+
+  /** The sandbox's relays with their connections' state. */
+  relays(): Promise<api.Relay[]> {
+    return this.t.call("GET /v1/sandboxes/{id}/relays", { id: this.id });
+  }
+
+  /** Stops a relay and drops its queued events. */
+  async removeRelay(name: string): Promise<void> {
+    await this.t.call("DELETE /v1/sandboxes/{id}/relays/{name}", { id: this.id, name });
+  }
+
   events(after = 0): Promise<api.Event[]> {
     return this.cb.events({ sandbox: this.id, after });
   }

@@ -192,6 +192,38 @@ export interface Port {
   token?: string;
 }
 
+/** A relay's connection (api.RelayState). */
+export interface RelayState {
+  connected: boolean;
+  failed?: boolean;
+  session_id?: string;
+  seq: number;
+  reconnects: number;
+  resumes: number;
+  received: number;
+  dropped: number;
+  last_error?: string;
+}
+
+/** A sandbox's relay (api.Relay). */
+export interface Relay {
+  name: string;
+  sandbox_id: string;
+  kind: string;
+  port: number;
+  path: string;
+  /** The vault secret's name, never its value. */
+  token_secret?: string;
+  intents?: number;
+  url?: string;
+  /** As given: {secret} stays a placeholder. */
+  headers?: string[];
+  created_at: string;
+  state: RelayState;
+  /** Events queued, not yet delivered. */
+  pending: number;
+}
+
 /** A sandbox's webhook (api.Webhook); url and token only in the answer to its creation. */
 export interface Webhook {
   name: string;

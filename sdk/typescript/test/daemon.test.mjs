@@ -364,6 +364,32 @@ describe("against a real daemon", { skip: reason || false }, () => {
     }
   });
 
+  it("relays: add, list, remove", async () => {
+    await cb.secrets.put("SDK_BOT_JS", "bot." + "e".repeat(32), ["discord.com"]);
+    try {
+      await cb.withSandbox({ image: "busybox" }, async (sb) => {
+        const r = await sb.addRelay("discord", 8080, "SDK_BOT_JS", { path: "/discord", intents: 513 });
+        assert.deepEqual([r.name, r.kind, r.port, r.path, r.token_secret, r.intents], ["discord", "discord", 8080, "/discord", "SDK_BOT_JS", 513]);
+        assert.ok(!JSON.stringify(r).includes("e".repeat(32)));
+        const ls = await sb.relays();
+        assert.deepEqual(ls.map((x) => [x.name, x.pending]), [["discord", 0]]);
+        assert.equal(typeof ls[0].state.connected, "boolean");
+        assert.deepEqual(await sb.webhooks(), []);
+        await assert.rejects(sb.addRelay("discord", 8080, "SDK_BOT_JS"), cagebox.Conflict);
+        const ws = await sb.addRelay("websocket", 8081, "SDK_BOT_JS", { name: "feed", url: "wss://relay.invalid/events", headers: ["Authorization: Bearer {secret}"] });
+        assert.deepEqual([ws.kind, ws.url, ws.headers], ["websocket", "wss://relay.invalid/events", ["Authorization: Bearer {secret}"]]);
+        await sb.removeRelay("feed");
+        await assert.rejects(sb.addRelay("websocket", 8081, undefined, { name: "n", url: "wss://relay.invalid/", headers: ["Authorization: Bearer {secret}"] }), cagebox.Invalid);
+        await assert.rejects(sb.addRelay("irc", 8080, "SDK_BOT_JS", { name: "x" }), cagebox.Invalid);
+        await sb.removeRelay("discord");
+        await assert.rejects(sb.removeRelay("discord"), cagebox.NotFound);
+        assert.deepEqual(await sb.relays(), []);
+      });
+    } finally {
+      await cb.secrets.delete("SDK_BOT_JS");
+    }
+  });
+
   it("secrets: put, bind, rotate, revoke, unbind, delete", async () => {
     const s = await cb.secrets.put("SDK_TOKEN_JS", "ghp_" + "a".repeat(36), [UPSTREAM_HOST]);
     assert.equal(s.version, 1);

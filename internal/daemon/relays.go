@@ -1,0 +1,366 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/egress"
+	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/hooks"
+	"github.com/cagebox/cagebox/internal/relay"
+	"github.com/cagebox/cagebox/internal/store"
+	"github.com/cagebox/cagebox/internal/vault"
+)
+
+// relayConfig is a relay's stored settings (store.Relay.Config): no
+// secret value, only the vault key's name (the webhook row's Secret).
+type relayConfig struct {
+	Intents int      `json:"intents,omitempty"`
+	URL     string   `json:"url,omitempty"`
+	Headers []string `json:"headers,omitempty"`
+}
+
+// relayRunner is a running relay of either kind.
+type relayRunner interface {
+	Run(ctx context.Context) error
+	Snapshot() relay.State
+}
+
+// publicClient dials only public addresses (egress.CheckAddr): a tenant's
+// WebSocket relay URL must not reach the host, its network or a cloud
+// metadata endpoint.
+var publicClient = &http.Client{Transport: &http.Transport{
+	Proxy: nil,
+	DialContext: (&net.Dialer{Timeout: 15 * time.Second, Control: func(_, address string, _ syscall.RawConn) error {
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil {
+			return fmt.Errorf("relay dial %s: %w", address, err)
+		}
+		if err := egress.CheckAddr(ap.Addr()); err != nil {
+			return fmt.Errorf("relay dial %s: %w", address, err)
+		}
+		return nil
+	}}).DialContext,
+	TLSHandshakeTimeout: 15 * time.Second,
+	ForceAttemptHTTP2:   false,
+}}
+
+// relays runs every relay in the store: each is a goroutine holding its
+// connection while its sandbox exists (running or asleep); its events
+// become deliveries of the relay's webhook row (package hooks queues,
+// orders, wakes and retries them).
+type relays struct {
+	st         store.Store
+	hooks      *hooks.Service
+	v          *vault.Vault
+	emit       func(string, string, api.EventPayload)
+	log        *slog.Logger
+	discordURL string
+	// allowPrivate lets websocket relays dial any address
+	// (--relay-allow-private: tests, servers on the operator's network).
+	allowPrivate bool
+
+	mu      sync.Mutex
+	ctx     context.Context
+	running map[string]*runningRelay // by webhook ID
+	wg      sync.WaitGroup
+}
+
+type runningRelay struct {
+	cancel context.CancelFunc
+	d      relayRunner
+}
+
+func newRelays(st store.Store, h *hooks.Service, v *vault.Vault, emit func(string, string, api.EventPayload), log *slog.Logger, discordURL string, allowPrivate bool) *relays {
+	if h == nil {
+		return nil
+	}
+	return &relays{st: st, hooks: h, v: v, emit: emit, log: log, discordURL: discordURL, allowPrivate: allowPrivate, running: map[string]*runningRelay{}}
+}
+
+// run starts the stored relays and keeps the running set equal to the
+// store's (a destroyed sandbox's relays go with its webhooks) until ctx
+// ends.
+func (rs *relays) run(ctx context.Context) {
+	rs.mu.Lock()
+	rs.ctx = ctx
+	rs.mu.Unlock()
+	t := time.NewTicker(3 * time.Second)
+	defer t.Stop()
+	for {
+		rs.sync(ctx)
+		select {
+		case <-ctx.Done():
+			rs.wg.Wait()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (rs *relays) sync(ctx context.Context) {
+	l, err := rs.st.ListRelays(ctx, "", "")
+	if err != nil {
+		if ctx.Err() == nil {
+			rs.log.Warn("list relays", "err", err)
+		}
+		return
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.ctx == nil || rs.ctx.Err() != nil {
+		return
+	}
+	want := map[string]bool{}
+	for _, r := range l {
+		want[r.Hook.ID] = true
+		if rs.running[r.Hook.ID] == nil {
+			rs.startLocked(r)
+		}
+	}
+	for id, r := range rs.running {
+		if !want[id] {
+			r.cancel()
+			delete(rs.running, id)
+		}
+	}
+}
+
+func (rs *relays) startLocked(r *store.Relay) {
+	var cfg relayConfig
+	_ = json.Unmarshal([]byte(r.Config), &cfg)
+	hook := r.Hook
+	name := strings.TrimPrefix(hook.Name, hooks.RelayPrefix)
+	tenant, sb := hook.TenantID, hook.SandboxID
+	event := func(kind string, st relay.State, detail string, code int) {
+		switch kind {
+		case "connected":
+			rs.emit(tenant, sb, api.RelayConnected{Relay: name, Resumed: detail == "resumed", Seq: st.Seq})
+		case "disconnected":
+			rs.emit(tenant, sb, api.RelayDisconnected{Relay: name, Code: max(code, 0), Reason: detail})
+		case "failed":
+			rs.emit(tenant, sb, api.RelayFailed{Relay: name, Error: detail})
+		}
+	}
+	secret := func(ctx context.Context) ([]byte, func(), error) {
+		sec, _, err := rs.v.Value(ctx, tenant, hook.Secret)
+		if err != nil {
+			return nil, nil, err
+		}
+		return sec.Bytes(), sec.Wipe, nil
+	}
+	enqueue := func(ctx context.Context, key, ctype string, h http.Header, body []byte) error {
+		h.Set("Content-Type", ctype)
+		h.Set("X-Cagebox-Relay", name)
+		return rs.hooks.Enqueue(ctx, &hook, key, h, body)
+	}
+	var d relayRunner
+	switch r.Kind {
+	case "websocket":
+		wc := relay.WebSocketConfig{URL: cfg.URL, Headers: cfg.Headers, HTTPClient: publicClient, Event: event,
+			Deliver: func(ctx context.Context, key, typ string, msg []byte) error {
+				h := http.Header{}
+				h.Set("X-Cagebox-Relay-Message", typ)
+				ct := "text/plain; charset=utf-8"
+				if typ == "binary" {
+					ct = "application/octet-stream"
+				}
+				return enqueue(ctx, key, ct, h, msg)
+			},
+			Log: rs.log.With("relay", name, "sandbox", sb)}
+		if hook.Secret != "" {
+			wc.Secret = secret
+		}
+		if rs.allowPrivate {
+			wc.HTTPClient = nil
+		}
+		d = relay.NewWebSocket(wc)
+	default:
+		d = relay.NewDiscord(relay.DiscordConfig{
+			URL:     rs.discordURL,
+			Intents: cfg.Intents,
+			Token:   secret,
+			Deliver: func(ctx context.Context, key, t string, ev []byte) error {
+				h := http.Header{}
+				h.Set("X-Discord-Event", t)
+				return enqueue(ctx, key, "application/json", h, ev)
+			},
+			Event: event,
+			Log:   rs.log.With("relay", name, "sandbox", sb),
+		})
+	}
+	ctx, cancel := context.WithCancel(rs.ctx)
+	rs.running[hook.ID] = &runningRelay{cancel: cancel, d: d}
+	rs.wg.Add(1)
+	go func() {
+		defer rs.wg.Done()
+		if err := d.Run(ctx); err != nil {
+			rs.log.Warn("relay stopped", "relay", name, "sandbox", sb, "err", err)
+		}
+	}()
+}
+
+func (rs *relays) state(id string) api.RelayState {
+	rs.mu.Lock()
+	r := rs.running[id]
+	rs.mu.Unlock()
+	if r == nil {
+		return api.RelayState{}
+	}
+	s := r.d.Snapshot()
+	return api.RelayState{Connected: s.Connected, Failed: s.Failed, SessionID: s.SessionID, Seq: s.Seq, Reconnects: s.Reconnects,
+		Resumes: s.Resumes, Received: s.Received, Dropped: s.Dropped, LastError: s.LastError}
+}
+
+func (rs *relays) view(ctx context.Context, r *store.Relay) *api.Relay {
+	var cfg relayConfig
+	_ = json.Unmarshal([]byte(r.Config), &cfg)
+	n, _ := rs.st.PendingDeliveries(ctx, r.Hook.ID)
+	return &api.Relay{Name: strings.TrimPrefix(r.Hook.Name, hooks.RelayPrefix), SandboxID: r.Hook.SandboxID, Kind: r.Kind, Port: r.Hook.Port, Path: r.Hook.Path,
+		TokenSecret: r.Hook.Secret, Intents: cfg.Intents, URL: cfg.URL, Headers: cfg.Headers, CreatedAt: r.Hook.CreatedAt, State: rs.state(r.Hook.ID), Pending: n}
+}
+
+// The relay routes: a sandbox's tenant owns its relays, and their
+// secrets are that tenant's.
+
+func (s *Server) relaySandbox(r *http.Request, t *store.Tenant) (*api.Sandbox, error) {
+	if s.relays == nil {
+		return nil, fmt.Errorf("%w: relays deliver through the ingress path: start the daemon with --ingress ADDR --ingress-domain DOMAIN", errdefs.ErrUnavailable)
+	}
+	return s.mgr.Get(r.Context(), scope(t), r.PathValue("id"))
+}
+
+func (s *Server) addRelay(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	sb, err := s.relaySandbox(r, t)
+	if err != nil {
+		return err
+	}
+	var req api.RelayRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.Name == "" {
+		req.Name = req.Kind
+	}
+	switch req.Kind {
+	case "discord":
+		if req.URL != "" || len(req.Headers) > 0 {
+			return fmt.Errorf("%w: url and headers are for kind websocket; a discord relay connects to the daemon's Discord gateway", errdefs.ErrInvalid)
+		}
+		if req.Intents < 0 || req.Intents >= 1<<26 {
+			return fmt.Errorf("%w: intents %d: a bitfield of Discord gateway intents, e.g. 513 (GUILDS|GUILD_MESSAGES)", errdefs.ErrInvalid, req.Intents)
+		}
+		if req.TokenSecret == "" {
+			return fmt.Errorf("%w: token_secret: name the vault secret holding the bot token (cagebox secret add NAME)", errdefs.ErrInvalid)
+		}
+	case "websocket":
+		if err := relay.ValidateWebSocketURL(req.URL); err != nil {
+			return fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
+		}
+		if err := relay.ParseHeaders(req.Headers); err != nil {
+			return fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
+		}
+		uses := false
+		for _, h := range req.Headers {
+			uses = uses || strings.Contains(h, relay.SecretPlaceholder)
+		}
+		if uses && req.TokenSecret == "" {
+			return fmt.Errorf("%w: a header uses {secret}: name the vault secret (--secret NAME)", errdefs.ErrInvalid)
+		}
+		if req.Intents != 0 {
+			return fmt.Errorf("%w: intents are for kind discord", errdefs.ErrInvalid)
+		}
+	default:
+		return fmt.Errorf("%w: kind %q: use discord or websocket", errdefs.ErrInvalid, req.Kind)
+	}
+	if err := hooks.CheckTarget(req.Name, req.Port, &req.Path); err != nil {
+		return err
+	}
+	// The secret must open now, not at the first connection.
+	if req.TokenSecret != "" {
+		sec, _, err := s.relays.v.Value(r.Context(), sb.Tenant, req.TokenSecret)
+		if err != nil {
+			return fmt.Errorf("%w: secret %s: %v", errdefs.ErrInvalid, req.TokenSecret, err)
+		}
+		sec.Wipe()
+	}
+	ib := make([]byte, 8)
+	_, _ = rand.Read(ib)
+	tb := make([]byte, 32)
+	_, _ = rand.Read(tb)
+	th := sha256.Sum256(tb) // a hash of a token nobody is shown: the row has no usable URL
+	cfg, _ := json.Marshal(relayConfig{Intents: req.Intents, URL: req.URL, Headers: req.Headers})
+	rel := &store.Relay{Hook: store.Webhook{ID: fmt.Sprintf("wh-%x", ib), TenantID: sb.Tenant, SandboxID: sb.ID, Name: hooks.RelayPrefix + req.Name,
+		Port: req.Port, Path: req.Path, Verify: hooks.RelayPrefix + req.Kind, Secret: req.TokenSecret, TokenHash: th[:]}, Kind: req.Kind, Config: string(cfg)}
+	if err := s.relays.st.CreateRelay(r.Context(), rel); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return fmt.Errorf("%w: sandbox %s already has a relay %q (cagebox relay rm %s %s)", errdefs.ErrConflict, sb.ID, req.Name, sb.ID, req.Name)
+		}
+		return err
+	}
+	if err := s.mgr.SyncPublished(r.Context(), sb.ID); err != nil {
+		_ = s.relays.st.DeleteWebhook(context.WithoutCancel(r.Context()), sb.Tenant, sb.ID, rel.Hook.Name)
+		return fmt.Errorf("admit port %d: %w", req.Port, err)
+	}
+	s.relays.sync(r.Context())
+	writeJSON(w, http.StatusCreated, s.relays.view(r.Context(), rel))
+	return nil
+}
+
+func (s *Server) listRelays(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	sb, err := s.relaySandbox(r, t)
+	if err != nil {
+		return err
+	}
+	l, err := s.relays.st.ListRelays(r.Context(), sb.Tenant, sb.ID)
+	if err != nil {
+		return err
+	}
+	out := []*api.Relay{}
+	for _, x := range l {
+		out = append(out, s.relays.view(r.Context(), x))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) removeRelay(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	sb, err := s.relaySandbox(r, t)
+	if err != nil {
+		return err
+	}
+	name := r.PathValue("name")
+	l, err := s.relays.st.ListRelays(r.Context(), sb.Tenant, sb.ID)
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, x := range l {
+		found = found || x.Hook.Name == hooks.RelayPrefix+name
+	}
+	if !found {
+		return fmt.Errorf("%w: sandbox %s has no relay %q", errdefs.ErrNotFound, sb.ID, name)
+	}
+	if err := s.relays.st.DeleteWebhook(r.Context(), sb.Tenant, sb.ID, hooks.RelayPrefix+name); err != nil {
+		return err
+	}
+	s.relays.sync(r.Context())
+	if err := s.mgr.SyncPublished(r.Context(), sb.ID); err != nil {
+		s.log.Warn("unadmit relay port", "sandbox", sb.ID, "err", err)
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
