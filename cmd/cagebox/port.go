@@ -163,4 +163,5 @@ func (f *ingressFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.maxBodyStr, "ingress-max-body", "100M", "largest request body through ingress (413 beyond), e.g. 100M")
 	cmd.Flags().Float64Var(&f.cfg.Rate, "ingress-rate", 100, "requests a second each published port takes (burst 2×; a sandbox's ports together 4×); over it 429; negative = no limit")
 	cmd.Flags().IntVar(&f.cfg.PublicPort, "ingress-public-port", 0, "port in the URLs the daemon hands out (default: the --ingress port; set it behind a port-forward)")
+	cmd.Flags().StringVar(&f.cfg.PlainAddr, "ingress-plain", "", "also serve ingress over plain HTTP on this loopback address, for a TLS-terminating proxy on this host (it must keep the Host header), e.g. 127.0.0.1:8080")
 }

@@ -38,6 +38,10 @@ type IngressConfig struct {
 	// PublicPort is the port in the URLs the daemon hands out (0: the
 	// listener's own; set it behind a port-forward or load balancer).
 	PublicPort int
+	// PlainAddr also serves ingress over plain HTTP, on a loopback
+	// address only: for a TLS-terminating proxy on the same host (which
+	// must keep the Host header). Clients outside never reach it.
+	PlainAddr string
 }
 
 // IngressDir is where the daemon keeps its ingress CA and URL-signing key.
@@ -109,7 +113,27 @@ func startIngress(cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit fu
 		},
 		OnRemove: srv.CloseIdle,
 	})
+	var pl net.Listener
+	if ic.PlainAddr != "" {
+		host, _, err := net.SplitHostPort(ic.PlainAddr)
+		if err != nil {
+			l.Close()
+			return nil, nil, fmt.Errorf("--ingress-plain %q: want HOST:PORT on loopback, e.g. 127.0.0.1:8443", ic.PlainAddr)
+		}
+		if ok, what, err := loopbackOnly(context.Background(), host); err != nil || !ok {
+			l.Close()
+			if err == nil {
+				err = fmt.Errorf("%s is %s", host, what)
+			}
+			return nil, nil, fmt.Errorf("--ingress-plain %s: plain HTTP is served on loopback only, for a TLS-terminating proxy on this host: %w", ic.PlainAddr, err)
+		}
+		if pl, err = net.Listen("tcp", ic.PlainAddr); err != nil {
+			l.Close()
+			return nil, nil, fmt.Errorf("--ingress-plain %s: %w", ic.PlainAddr, err)
+		}
+	}
 	hs := srv.HTTPServer(tlsConf)
+	var ps *http.Server
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -117,6 +141,19 @@ func startIngress(cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit fu
 			log.Error("ingress listener", "err", err)
 		}
 	}()
+	plainDone := make(chan struct{})
+	if pl != nil {
+		ps = srv.HTTPServer(nil)
+		go func() {
+			defer close(plainDone)
+			if err := ps.Serve(pl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("ingress plain listener", "err", err)
+			}
+		}()
+		log.Info("ingress also on plain HTTP (loopback, for a TLS-terminating proxy)", "addr", pl.Addr().String())
+	} else {
+		close(plainDone)
+	}
 	attrs := []any{"addr", l.Addr().String(), "domain", domain}
 	if ic.Cert == "" {
 		attrs = append(attrs, "ca", ingress.CAPath(dir))
@@ -126,7 +163,11 @@ func startIngress(cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit fu
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = hs.Shutdown(sctx)
+		if ps != nil {
+			_ = ps.Shutdown(sctx)
+		}
 		<-done
+		<-plainDone
 	}, nil
 }
 

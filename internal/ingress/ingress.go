@@ -407,6 +407,11 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 	info := pr.In.Context().Value(infoKey{}).(*reqInfo)
 	pr.SetXForwarded()
 	out := pr.Out
+	if pr.In.TLS == nil {
+		// The plain listener is only for a TLS-terminating proxy on this
+		// host (--ingress-plain): the client's scheme was https.
+		out.Header.Set("X-Forwarded-Proto", "https")
+	}
 	out.URL.Scheme = "http"
 	out.URL.Host = info.target.Addr.String()
 	out.Host = pr.In.Host
