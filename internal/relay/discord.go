@@ -204,9 +204,7 @@ func (d *Discord) Run(ctx context.Context) error {
 		}
 		wait := time.Duration(0)
 		if fails > 0 {
-			wait = d.cfg.MinBackoff << min(fails-1, 10)
-			wait = min(wait, d.cfg.MaxBackoff)
-			wait += time.Duration(rand.Int64N(int64(wait)/4 + 1))
+			wait = backoff(fails, d.cfg.MinBackoff, d.cfg.MaxBackoff)
 		}
 		select {
 		case <-ctx.Done():
@@ -215,6 +213,14 @@ func (d *Discord) Run(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// backoff is the wait before reconnecting after fails failed attempts
+// (fails ≥ 1): lo doubling per failure up to hi, plus up to a quarter of
+// jitter so that relays dropped together do not come back together.
+func backoff(fails int, lo, hi time.Duration) time.Duration {
+	wait := min(lo<<min(fails-1, 10), hi)
+	return wait + time.Duration(rand.Int64N(int64(wait)/4+1))
 }
 
 // frame is a gateway payload.

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -137,8 +136,7 @@ func (w *WebSocket) Run(ctx context.Context) error {
 			fails = 0
 		}
 		fails++
-		wait := min(w.cfg.MinBackoff<<min(fails-1, 10), w.cfg.MaxBackoff)
-		wait += time.Duration(mrand.Int64N(int64(wait)/4 + 1))
+		wait := backoff(fails, w.cfg.MinBackoff, w.cfg.MaxBackoff)
 		select {
 		case <-ctx.Done():
 			w.update(func(s *State) { s.Connected = false })
