@@ -55,32 +55,8 @@ func (c *Client) ArchivePut(ctx context.Context, path string, r io.Reader, lim A
 		return err
 	}
 	defer s.close()
-	sendErr := make(chan error, 1)
-	go func() {
-		buf, put := getChunk()
-		writeFailed := false
-		defer func() { put(writeFailed) }()
-		for {
-			n, err := io.ReadFull(r, buf[headerSize:])
-			if n > 0 {
-				if werr := s.fw.writeBuf(frameData, buf[:headerSize+n]); werr != nil {
-					writeFailed = true
-					sendErr <- werr
-					return
-				}
-			}
-			if err == io.EOF || err == io.ErrUnexpectedEOF {
-				sendErr <- s.fw.write(frameEOF, nil)
-				return
-			}
-			if err != nil {
-				sendErr <- fmt.Errorf("read archive: %w", err)
-				// The agent waits for more: end its wait.
-				s.close()
-				return
-			}
-		}
-	}()
+	// The agent waits for more after a read error: sendFrom ends its wait.
+	sendErr := s.sendFrom(r, "read archive", true)
 	var v struct{}
 	if err := s.reply(&v); err != nil {
 		select {

@@ -413,17 +413,11 @@ func pumpStdin(fw *frameWriter, r io.Reader) {
 	}
 }
 
-// WriteFile writes the contents of r to path in the guest, replacing the
-// file atomically, with permissions mode; missing parent directories are
-// created. The data is streamed.
-func (c *Client) WriteFile(ctx context.Context, path string, mode os.FileMode, r io.Reader) error {
-	s, err := c.open(ctx, &request{Op: opWriteFile, Path: path, Mode: uint32(mode)})
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	// Send in the background so that an early error from the agent (say,
-	// permission denied) is seen at once; closing the stream stops the sender.
+// sendFrom streams r to the agent as data frames and then EOF, in the
+// background, and reports how it ended on the returned channel. A read
+// error of r is wrapped as what; with closeOnReadErr the stream is closed
+// too (an agent waiting for more data stops waiting).
+func (s *stream) sendFrom(r io.Reader, what string, closeOnReadErr bool) <-chan error {
 	sendErr := make(chan error, 1)
 	go func() {
 		buf, put := getChunk()
@@ -443,11 +437,29 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode os.FileMode, r
 				return
 			}
 			if err != nil {
-				sendErr <- fmt.Errorf("read source: %w", err)
+				sendErr <- fmt.Errorf("%s: %w", what, err)
+				if closeOnReadErr {
+					s.close()
+				}
 				return
 			}
 		}
 	}()
+	return sendErr
+}
+
+// WriteFile writes the contents of r to path in the guest, replacing the
+// file atomically, with permissions mode; missing parent directories are
+// created. The data is streamed.
+func (c *Client) WriteFile(ctx context.Context, path string, mode os.FileMode, r io.Reader) error {
+	s, err := c.open(ctx, &request{Op: opWriteFile, Path: path, Mode: uint32(mode)})
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	// Send in the background so that an early error from the agent (say,
+	// permission denied) is seen at once; closing the stream stops the sender.
+	sendErr := s.sendFrom(r, "read source", false)
 	var v struct{}
 	if err := s.reply(&v); err != nil {
 		// Do not wait for the sender: it may be blocked reading r. Closing
