@@ -19,21 +19,34 @@ import (
 type vsockListener uint64
 
 func (v vsockListener) serve(ctx context.Context, srv *agentproto.Server, log *slog.Logger) error {
+	ln, err := v.listen()
+	if err != nil {
+		return err
+	}
+	return v.acceptLoop(ctx, ln, srv, log)
+}
+
+// listen binds and listens on the port: once it returns, the port is held.
+func (v vsockListener) listen() (*os.File, error) {
 	fd, err := unix.Socket(unix.AF_VSOCK, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
-		return fmt.Errorf("vsock socket: %w", err)
+		return nil, fmt.Errorf("vsock socket: %w", err)
 	}
 	if err := unix.Bind(fd, &unix.SockaddrVM{CID: unix.VMADDR_CID_ANY, Port: uint32(v)}); err != nil {
 		unix.Close(fd)
-		return fmt.Errorf("vsock bind port %d: %w", v, err)
+		return nil, fmt.Errorf("vsock bind port %d: %w", v, err)
 	}
 	if err := unix.Listen(fd, 16); err != nil {
 		unix.Close(fd)
-		return fmt.Errorf("vsock listen: %w", err)
+		return nil, fmt.Errorf("vsock listen: %w", err)
 	}
 	// A non-blocking file joins the runtime's poller, so Accept waits
 	// without a thread and Close (on ctx) ends it.
-	ln := os.NewFile(uintptr(fd), fmt.Sprintf("vsock:%d", v))
+	return os.NewFile(uintptr(fd), fmt.Sprintf("vsock:%d", v)), nil
+}
+
+// acceptLoop serves every connection on ln until ctx ends; it closes ln.
+func (v vsockListener) acceptLoop(ctx context.Context, ln *os.File, srv *agentproto.Server, log *slog.Logger) error {
 	defer ln.Close()
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
