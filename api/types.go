@@ -69,6 +69,11 @@ type CreateSandboxRequest struct {
 	// whose syscalls the sandbox streams as syscall.* events. Off
 	// (empty) by default.
 	Audit []string `json:"audit,omitempty"`
+	// Labels are the caller's KEY=VALUE tags, returned with the sandbox
+	// and matched by GET /v1/sandboxes?label=KEY=VALUE (the fleet
+	// controller finds its sandboxes by them). At most 16; keys up to 253
+	// characters of [A-Za-z0-9._/-], values up to 63 of [A-Za-z0-9._-].
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // PortSpec publishes a guest port through the ingress listener; it is
@@ -228,6 +233,8 @@ type Sandbox struct {
 	LastWake *Wake `json:"last_wake,omitempty"`
 	// Audit is the sandbox's syscall audit (absent when off).
 	Audit *SandboxAudit `json:"audit,omitempty"`
+	// Labels are as created.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Network describes a sandbox's routed link.
@@ -540,6 +547,22 @@ type PoolStatus struct {
 	LastError string `json:"last_error,omitempty"`
 	// LastFillMs is how long the last successful fill took.
 	LastFillMs int64 `json:"last_fill_ms"`
+}
+
+// PoolTarget is one warm pool: keep Size sandboxes of runtime, image and
+// memory ready.
+type PoolTarget struct {
+	Runtime     string `json:"runtime"`
+	Image       string `json:"image"`
+	MemoryBytes int64  `json:"memory_bytes,omitempty"`
+	Size        int    `json:"size"`
+}
+
+// SetPoolsRequest is the body of PUT /v1/pools (admin): the pools the
+// daemon keeps from now on, replacing its earlier targets (a class left
+// out keeps none; its ready sandboxes are destroyed).
+type SetPoolsRequest struct {
+	Targets []PoolTarget `json:"targets"`
 }
 
 // Pools is the answer of GET /v1/pools.
