@@ -235,6 +235,22 @@ func (c *Client) List(ctx context.Context) ([]api.Sandbox, error) {
 	return out, c.do(ctx, "GET", "/v1/sandboxes", nil, &out)
 }
 
+// ListLabeled lists the sandboxes that carry every one of labels.
+func (c *Client) ListLabeled(ctx context.Context, labels map[string]string) ([]api.Sandbox, error) {
+	q := url.Values{}
+	for k, v := range labels {
+		q.Add("label", k+"="+v)
+	}
+	var out []api.Sandbox
+	return out, c.do(ctx, "GET", "/v1/sandboxes?"+q.Encode(), nil, &out)
+}
+
+// SetPools replaces the daemon's warm pool targets (admin).
+func (c *Client) SetPools(ctx context.Context, req *api.SetPoolsRequest) (*api.Pools, error) {
+	var out api.Pools
+	return &out, c.do(ctx, "PUT", "/v1/pools", req, &out)
+}
+
 // Get inspects a sandbox.
 func (c *Client) Get(ctx context.Context, id string) (*api.Sandbox, error) {
 	var sb api.Sandbox
