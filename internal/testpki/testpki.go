@@ -23,6 +23,8 @@ type PKI struct {
 	CAPEM []byte
 	Pool  *x509.CertPool
 	Leaf  tls.Certificate
+
+	caKey *ecdsa.PrivateKey
 }
 
 // New makes a CA valid for validity and a leaf for names (and 127.0.0.1).
@@ -65,5 +67,39 @@ func New(validity time.Duration, names ...string) (*PKI, error) {
 		CA: ca, Pool: pool,
 		CAPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
 		Leaf:  tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: key},
+		caKey: caKey,
 	}, nil
+}
+
+// IssuePEM makes another server certificate from the CA, for names and
+// ips, and returns it and its key as PEM (for a server that reads files).
+func (p *PKI) IssuePEM(validity time.Duration, names []string, ips []net.IP) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("testpki: %w", err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		return nil, nil, fmt.Errorf("testpki: %w", err)
+	}
+	cn := "cagebox test server"
+	if len(names) > 0 {
+		cn = names[0]
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: cn}, DNSNames: names, IPAddresses: ips,
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validity),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.CA, &key.PublicKey, p.caKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("testpki: %w", err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("testpki: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), nil
 }
