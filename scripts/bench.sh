@@ -39,4 +39,12 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 export PATH=$PATH:/usr/local/go/bin
 make -s build
+# The fleet benchmarks (claims through the Kubernetes controller on three
+# node agents) are Go benchmarks in test/kube: `scripts/bench.sh -only kube`.
+if [ "${1:-}" = "-only" ] && [ "${2:-}" = "kube" ]; then
+  KUBEBUILDER_ASSETS=$(./scripts/kube-testbin.sh)
+  export KUBEBUILDER_ASSETS CAGEBOX_REQUIRE_KUBE=1
+  export CAGEBOX_TEST_IMAGES=${CAGEBOX_HOME:-/var/lib/cagebox}/images
+  exec go test -count=1 -run '^$' -bench Fleet -benchtime "${KUBE_BENCHTIME:-5x}" -timeout 30m ./test/kube/
+fi
 go run ./bench "$@"

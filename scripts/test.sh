@@ -9,5 +9,10 @@ export CAGEBOX_TEST_VM=${CAGEBOX_HOME:-/var/lib/cagebox}/vm
 # This machine kind always has runc, runsc and qemu: their conformance
 # suites fail, not skip, if one cannot run (firecracker needs real KVM).
 export CAGEBOX_REQUIRE_RUNTIMES=container,gvisor,qemu
+# The Kubernetes tests (test/kube, internal/kube/...) run a real control
+# plane: kube-apiserver and etcd built from the module proxy once per
+# version into $CAGEBOX_HOME/kube (about 6 minutes the first time).
+KUBEBUILDER_ASSETS=$(./scripts/kube-testbin.sh)
+export KUBEBUILDER_ASSETS CAGEBOX_REQUIRE_KUBE=1
 export PATH=$PATH:/usr/local/go/bin
 make test
