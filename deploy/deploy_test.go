@@ -444,3 +444,32 @@ func TestNamespaced(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsExamples decodes the YAML examples of docs/kubernetes.md
+// strictly: the guide's objects are ones the apiserver takes.
+func TestDocsExamples(t *testing.T) {
+	b, err := os.ReadFile("../docs/kubernetes.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllSubmatch(b, -1)
+	kinds := map[string]int{}
+	for i, m := range blocks {
+		for _, obj := range decodeDocs(t, "docs/kubernetes.md block "+string(rune('1'+i)), m[1]) {
+			kinds[obj.GetObjectKind().GroupVersionKind().Kind]++
+			if tmpl, ok := obj.(*extv1beta1.SandboxTemplate); ok {
+				ann := tmpl.Spec.PodTemplate.ObjectMeta.Annotations
+				for _, e := range tmpl.Spec.PodTemplate.Spec.Containers[0].Env {
+					if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && ann[fleet.AnnSecretHostsPrefix+e.Name] == "" {
+						t.Errorf("template %s: env %s from a Secret without %s%s", tmpl.Name, e.Name, fleet.AnnSecretHostsPrefix, e.Name)
+					}
+				}
+			}
+		}
+	}
+	for _, k := range []string{"SandboxTemplate", "SandboxWarmPool", "SandboxClaim", "Secret"} {
+		if kinds[k] == 0 {
+			t.Errorf("docs/kubernetes.md has no %s example (found %v)", k, kinds)
+		}
+	}
+}
