@@ -14,7 +14,6 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -22,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 	"sigs.k8s.io/yaml"
@@ -30,17 +30,19 @@ import (
 	"github.com/cagebox/cagebox/internal/kube/fleet"
 )
 
-// decoder decodes strictly: an unknown or duplicate field is an error.
-var decoder = func() runtime.Decoder {
+// scheme has every type the manifests and the guide use.
+var scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		corev1.AddToScheme, coordinationv1.AddToScheme, appsv1.AddToScheme, rbacv1.AddToScheme,
-		apiextensionsv1.AddToScheme, sandboxv1beta1.AddToScheme, extv1beta1.AddToScheme,
+		clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, sandboxv1beta1.AddToScheme, extv1beta1.AddToScheme,
 	} {
 		utilruntime.Must(add(s))
 	}
-	return serializer.NewCodecFactory(s, serializer.EnableStrict).UniversalDeserializer()
+	return s
 }()
+
+// decoder decodes strictly: an unknown or duplicate field is an error.
+var decoder = serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer()
 
 // decodeDocs decodes every YAML document of b (comment-only ones apart).
 func decodeDocs(t *testing.T, name string, b []byte) []runtime.Object {
