@@ -11,7 +11,9 @@ import (
 	"github.com/cagebox/cagebox/internal/kube/fleet"
 )
 
-func schemaKind(group, kind string) schema.GroupKind { return schema.GroupKind{Group: group, Kind: kind} }
+func schemaKind(group, kind string) schema.GroupKind {
+	return schema.GroupKind{Group: group, Kind: kind}
+}
 
 // can asks the apiserver whether service account sa may do verb.
 func can(t *testing.T, k client.Client, sa, verb, group, res, ns string) bool {
