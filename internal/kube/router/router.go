@@ -328,7 +328,7 @@ func (r *Router) splice(client *sniff.Conn, node net.Conn) (in, out int64, idle 
 	}
 	pipe := func(dst, src net.Conn, rd io.Reader, n *int64) {
 		defer wg.Done()
-		buf := make([]byte, 32<<10)
+		buf := make([]byte, 32<<10) // as io.Copy: 10,000 connections hold 640 MiB of buffers
 		for {
 			_ = src.SetReadDeadline(time.Unix(0, last.Load()).Add(r.cfg.IdleTimeout))
 			k, err := rd.Read(buf)

@@ -37,7 +37,7 @@ type node struct {
 	srv  *http.Server
 }
 
-func startNode(t *testing.T, name string, pki *testpki.PKI) *node {
+func startNode(t testing.TB, name string, pki *testpki.PKI) *node {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -48,7 +48,7 @@ func startNode(t *testing.T, name string, pki *testpki.PKI) *node {
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, "node=%s host=%s proto=%s", name, r.Host, r.Proto)
 		}),
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{pki.Leaf}, NextProtos: []string{"echo"}},
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{pki.Leaf}, NextProtos: []string{"echo", "sink"}},
 	}
 	if err := http2.ConfigureServer(n.srv, nil); err != nil {
 		t.Fatal(err)
@@ -71,6 +71,11 @@ func startNode(t *testing.T, name string, pki *testpki.PKI) *node {
 		}
 		fmt.Fprintf(c, "bye %d\n", lines)
 	}
+	// "sink" reads to EOF and answers how many bytes it got.
+	n.srv.TLSNextProto["sink"] = func(_ *http.Server, c *tls.Conn, _ http.Handler) {
+		k, _ := io.Copy(io.Discard, c)
+		fmt.Fprintf(c, "%d\n", k)
+	}
 	go func() { _ = n.srv.ServeTLS(ln, "", "") }()
 	t.Cleanup(func() { _ = n.srv.Close() })
 	return n
@@ -85,7 +90,7 @@ type fixture struct {
 	done  chan error
 }
 
-func setup(t *testing.T, mod func(*Config)) *fixture {
+func setup(t testing.TB, mod func(*Config)) *fixture {
 	t.Helper()
 	pki, err := testpki.New(time.Hour, "*."+domain)
 	if err != nil {
@@ -99,7 +104,7 @@ func setup(t *testing.T, mod func(*Config)) *fixture {
 	cfg := Config{
 		Domain: domain,
 		Lookup: func(id string) (string, bool) { a, ok := nodes[id]; return a, ok },
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(t)})),
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			f.dials.Add(1)
 			return d.DialContext(ctx, network, addr)
@@ -459,4 +464,59 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 	t.Fatal("condition not met in 5s")
+}
+
+func logLevel(t testing.TB) slog.Level {
+	if _, ok := t.(*testing.B); ok {
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
+}
+
+// BenchmarkRouter compares a client reaching a node's ingress directly
+// with the same through the router: a new TLS connection and one HTTP
+// request each, and a bulk upload.
+func BenchmarkRouter(b *testing.B) {
+	f := setup(b, nil)
+	host := "8080-" + idA + "." + domain
+	for _, via := range []struct{ name, addr string }{{"direct", f.a.addr}, {"router", f.addr}} {
+		b.Run("connect+GET/"+via.name, func(b *testing.B) {
+			conf := &tls.Config{RootCAs: f.pki.Pool, ServerName: host, NextProtos: []string{"http/1.1"}, ClientSessionCache: nil}
+			for b.Loop() {
+				c, err := tls.Dial("tcp", via.addr, conf)
+				if err != nil {
+					b.Fatal(err)
+				}
+				fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+				if _, err := io.Copy(io.Discard, c); err != nil {
+					b.Fatal(err)
+				}
+				c.Close()
+			}
+		})
+		b.Run("upload-64MiB/"+via.name, func(b *testing.B) {
+			const size = 64 << 20
+			buf := make([]byte, 256<<10)
+			b.SetBytes(size)
+			for b.Loop() {
+				raw, err := net.Dial("tcp", via.addr)
+				if err != nil {
+					b.Fatal(err)
+				}
+				c := tls.Client(raw, &tls.Config{RootCAs: f.pki.Pool, ServerName: host, NextProtos: []string{"sink"}})
+				for sent := 0; sent < size; sent += len(buf) {
+					if _, err := c.Write(buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+				_ = c.CloseWrite()
+				_ = raw.(*net.TCPConn).CloseWrite()
+				got, err := bufio.NewReader(c).ReadString('\n')
+				if err != nil || got != fmt.Sprintf("%d\n", size) {
+					b.Fatalf("sink got %q, %v", got, err)
+				}
+				c.Close()
+			}
+		})
+	}
 }
