@@ -28,6 +28,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/cagebox/cagebox/internal/hostname"
 	"github.com/cagebox/cagebox/internal/sniff"
 )
@@ -85,6 +87,12 @@ type Router struct {
 	}
 	open atomic.Int64 // connections being served
 	wg   sync.WaitGroup
+	// logs bounds the refusal log lines (a scan of the fleet address
+	// would flood the log otherwise); the counters count them all.
+	logs *rate.Limiter
+	// ctx ends with Close (dials to nodes).
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	// mu guards the fields below.
 	mu     sync.Mutex
@@ -117,7 +125,9 @@ func New(cfg Config) *Router {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Router{cfg: cfg, log: log, lns: map[net.Listener]struct{}{}, conns: map[net.Conn]struct{}{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Router{cfg: cfg, log: log, lns: map[net.Listener]struct{}{}, conns: map[net.Conn]struct{}{},
+		logs: rate.NewLimiter(10, 50), ctx: ctx, cancel: cancel}
 }
 
 // Stats returns the counters so far.
@@ -170,7 +180,7 @@ func (r *Router) Serve(ln net.Listener) error {
 		if r.open.Add(1) > int64(r.cfg.MaxConns) {
 			r.open.Add(-1)
 			r.st.busy.Add(1)
-			r.log.Warn("router: connection refused: too many connections", "remote", c.RemoteAddr(), "max", r.cfg.MaxConns)
+			r.refused(r.log, slog.LevelWarn, "router: connection refused: too many connections", "remote", c.RemoteAddr().String(), "max", r.cfg.MaxConns)
 			_ = c.Close()
 			continue
 		}
@@ -199,6 +209,7 @@ func temporary(err error) bool {
 // Close stops every Serve, closes every connection and waits for their
 // goroutines.
 func (r *Router) Close() error {
+	r.cancel()
 	r.mu.Lock()
 	r.closed = true
 	for ln := range r.lns {
@@ -245,26 +256,26 @@ func (r *Router) handle(c net.Conn) {
 		switch {
 		case errors.As(err, &ne) && ne.Timeout():
 			r.st.slow.Add(1)
-			log.Info("router: refused: no whole TLS ClientHello in time", "timeout", r.cfg.HelloTimeout)
+			r.refused(log, slog.LevelInfo, "router: refused: no whole TLS ClientHello in time", "timeout", r.cfg.HelloTimeout)
 		case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
 			// closed before saying anything; not worth a log line
 			r.st.noTLS.Add(1)
 		default:
 			r.st.noTLS.Add(1)
-			log.Info("router: refused: not a TLS connection", "err", err)
+			r.refused(log, slog.LevelInfo, "router: refused: not a TLS connection", "err", err)
 		}
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
 	if hello.ServerName == "" {
 		r.st.noSNI.Add(1)
-		log.Info("router: refused: TLS without a server name (SNI); connect to https://PORT-ID." + r.cfg.Domain)
+		r.refused(log, slog.LevelInfo, "router: refused: TLS without a server name (SNI); connect to https://PORT-ID."+r.cfg.Domain)
 		return
 	}
 	port, id, ok := hostname.ParsePortHost(hello.ServerName, r.cfg.Domain)
 	if !ok {
 		r.st.badHost.Add(1)
-		log.Info("router: refused: server name is not PORT-ID."+r.cfg.Domain, "sni", trim(hello.ServerName))
+		r.refused(log, slog.LevelInfo, "router: refused: server name is not PORT-ID."+r.cfg.Domain, "sni", trim(hello.ServerName))
 		return
 	}
 	log = log.With("sandbox", id, "port", port)
@@ -274,15 +285,15 @@ func (r *Router) handle(c net.Conn) {
 	}
 	if !ok || addr == "" {
 		r.st.unknown.Add(1)
-		log.Info("router: refused: no node runs this sandbox")
+		r.refused(log, slog.LevelInfo, "router: refused: no node runs this sandbox")
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DialTimeout)
+	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.DialTimeout)
 	nc, err := r.cfg.Dial(ctx, "tcp", addr)
 	cancel()
 	if err != nil {
 		r.st.dialFail.Add(1)
-		log.Warn("router: node ingress unreachable", "node_ingress", addr, "err", err)
+		r.refused(log, slog.LevelWarn, "router: node ingress unreachable", "node_ingress", addr, "err", err)
 		return
 	}
 	if !r.track(nc, true) {
@@ -299,6 +310,14 @@ func (r *Router) handle(c net.Conn) {
 	}
 	log.Debug("router: connection done", "node_ingress", addr, "bytes_in", in, "bytes_out", out,
 		"duration", time.Since(start), "idle_timeout", idle)
+}
+
+// refused logs a refused or failed connection, at most 10 a second
+// (bursts of 50); Stats counts every one.
+func (r *Router) refused(log *slog.Logger, level slog.Level, msg string, args ...any) {
+	if r.logs.Allow() {
+		log.Log(context.Background(), level, msg, args...)
+	}
 }
 
 // trim cuts a server name for a log line.

@@ -379,6 +379,26 @@ func TestSlowHello(t *testing.T) {
 	}
 }
 
+// A node whose ingress does not answer: the client's connection is
+// closed, and counted.
+func TestNodeUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	f := setup(t, func(c *Config) {
+		c.Lookup = func(string) (string, bool) { return dead, true }
+	})
+	c, err := tls.Dial("tcp", f.addr, &tls.Config{RootCAs: f.pki.Pool, ServerName: "8080-" + idA + "." + domain})
+	if err == nil {
+		c.Close()
+		t.Fatal("handshake through to a dead node")
+	}
+	waitFor(t, func() bool { return f.r.Stats().DialFail == 1 })
+}
+
 func TestConnectionCap(t *testing.T) {
 	f := setup(t, func(c *Config) { c.MaxConns = 2; c.HelloTimeout = 5 * time.Second })
 	var held []net.Conn
