@@ -300,7 +300,9 @@ func TestRBAC(t *testing.T) {
 		{"extensions.agents.x-k8s.io", "sandboxwarmpools/status", "update", true},
 		{"extensions.agents.x-k8s.io", "sandboxtemplates", "watch", true},
 		{"extensions.agents.x-k8s.io", "sandboxtemplates", "update", false},
-		{"extensions.agents.x-k8s.io", "sandboxclaims", "delete", false},
+		{"extensions.agents.x-k8s.io", "sandboxclaims", "delete", true}, // lifecycle shutdownPolicy Delete
+		{"extensions.agents.x-k8s.io", "sandboxwarmpools", "delete", false},
+		{"extensions.agents.x-k8s.io", "sandboxtemplates", "delete", false},
 		{"coordination.k8s.io", "leases", "watch", true},
 		{"coordination.k8s.io", "leases", "update", false},
 		{"", "events", "create", true},
