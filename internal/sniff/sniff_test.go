@@ -71,7 +71,7 @@ func TestClientHello(t *testing.T) {
 		{"header split over records", split(withSNI, 2), 16 << 10, "", 0, ErrNotTLS},
 		{"garbage hello", append([]byte{0x16, 3, 1, 0, 8, 1, 0, 0, 4}, 'a', 'b', 'c', 'd'), 4096, "", 0, ErrNotTLS},
 		{"empty record", []byte{0x16, 3, 1, 0, 0}, 4096, "", 0, ErrNotTLS},
-		{"server hello", append([]byte{0x16, 3, 3, 0, 4, 2, 0, 0, 0}), 4096, "", 0, ErrNotTLS},
+		{"server hello", []byte{0x16, 3, 3, 0, 4, 2, 0, 0, 0}, 4096, "", 0, ErrNotTLS},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := append([]byte(nil), tc.in...)
