@@ -47,6 +47,7 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/internal/hostname"
+	"github.com/cagebox/cagebox/internal/sniff"
 )
 
 // Request is what the policy decides on. Protocol is "http" for an HTTP
@@ -587,14 +588,6 @@ func (p *Proxy) decide(ctx context.Context, sb *Sandbox, r *Request) (d Decision
 	return d, VerdictAllow
 }
 
-// flow kinds.
-const (
-	kindTLS = iota + 1
-	kindHTTP
-	kindTCP
-	kindSilent
-)
-
 // handle serves one accepted sandbox connection.
 func (p *Proxy) handle(c net.Conn) {
 	sb, dst, ok := p.cfg.Lookup(c)
@@ -617,10 +610,10 @@ func (p *Proxy) handle(c net.Conn) {
 	defer c.Close()
 
 	br := bufio.NewReaderSize(c, 4096)
-	pc := &peekedConn{Conn: c, r: br}
+	pc := sniff.NewConn(c, br)
 	_ = c.SetReadDeadline(start.Add(p.cfg.PeekTimeout))
-	kind, err := classify(br)
-	if err == nil && kind == kindSilent {
+	kind, err := sniff.Classify(br)
+	if err == nil && kind == sniff.Silent {
 		// Server-speaks-first protocols send nothing: splice them if raw
 		// TCP is allowed here. Otherwise this may just be a slow client:
 		// wait longer for its first bytes.
@@ -632,16 +625,16 @@ func (p *Proxy) handle(c net.Conn) {
 			}
 		}
 		_ = c.SetReadDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
-		kind, err = classify(br)
+		kind, err = sniff.Classify(br)
 	}
 	_ = c.SetReadDeadline(time.Time{})
 	if err != nil {
 		return // closed before saying anything
 	}
 	switch kind {
-	case kindTLS:
+	case sniff.TLS:
 		p.serveTLS(pc, sb, lim, dst, start)
-	case kindHTTP:
+	case sniff.HTTP:
 		name, ok := sb.nameOf(dst.Addr())
 		p.serveConn(pc, &connInfo{sb: sb, lim: lim, dst: dst, scheme: "http", name: name, named: ok})
 	default:
@@ -649,56 +642,8 @@ func (p *Proxy) handle(c net.Conn) {
 	}
 }
 
-// classify peeks at the first bytes of a flow: a TLS handshake record, an
-// HTTP request line ("METHOD "), or anything else (raw TCP). A flow that
-// sends nothing before the read deadline is kindSilent.
-func classify(br *bufio.Reader) (int, error) {
-	b, err := br.Peek(1)
-	if err != nil {
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return kindSilent, nil
-		}
-		return 0, err
-	}
-	if b[0] == 0x16 { // TLS handshake record
-		return kindTLS, nil
-	}
-	const maxMethod = 16
-	for n := 1; n <= maxMethod; n++ {
-		b, err := br.Peek(n)
-		if err != nil {
-			return kindTCP, nil
-		}
-		switch c := b[n-1]; {
-		case c == ' ' && n > 1:
-			return kindHTTP, nil
-		case c >= 'A' && c <= 'Z', c == '-' || c == '_':
-		default:
-			return kindTCP, nil
-		}
-	}
-	return kindTCP, nil
-}
-
-// peekedConn replays the bytes classify peeked.
-type peekedConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (c *peekedConn) Read(b []byte) (int, error) { return c.r.Read(b) }
-
-// CloseWrite half-closes the underlying connection when it can.
-func (c *peekedConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return nil
-}
-
 // serveTLS terminates a sandbox TLS connection after checking its SNI.
-func (p *Proxy) serveTLS(pc *peekedConn, sb *Sandbox, lim *sbState, dst netip.AddrPort, start time.Time) {
+func (p *Proxy) serveTLS(pc *sniff.Conn, sb *Sandbox, lim *sbState, dst netip.AddrPort, start time.Time) {
 	info := &connInfo{sb: sb, lim: lim, dst: dst, scheme: "https", named: true}
 	var refusal *Event
 	refuse := func(host, rule, reason string) error {

@@ -8,11 +8,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cagebox/cagebox/internal/sniff"
 )
 
 // serveTCP splices a raw flow to its upstream if the policy allows raw TCP
 // to the destination's name and port; otherwise it closes the flow.
-func (p *Proxy) serveTCP(pc *peekedConn, sb *Sandbox, lim *sbState, dst netip.AddrPort, start time.Time) {
+func (p *Proxy) serveTCP(pc *sniff.Conn, sb *Sandbox, lim *sbState, dst netip.AddrPort, start time.Time) {
 	ev := Event{Port: int(dst.Port()), Protocol: "tcp", Time: start}
 	name, ok := sb.nameOf(dst.Addr())
 	if !ok {

@@ -19,37 +19,18 @@ import (
 
 const testID = "sb-0123456789abcdef"
 
+// TestParseHost checks the Route the ingress makes of a host; the
+// PORT-ID.DOMAIN grammar itself is tested in internal/hostname.
 func TestParseHost(t *testing.T) {
-	for _, tc := range []struct {
-		host string
-		ok   bool
-		port uint16
-	}{
-		{"8080-" + testID + ".sb.test", true, 8080},
-		{"8080-" + testID + ".SB.test:8443", true, 8080},
-		{"8080-" + testID + ".sb.test.", true, 8080},
-		{"1-" + testID + ".sb.test", true, 1},
-		{"65535-" + testID + ".sb.test", true, 65535},
-		{"65536-" + testID + ".sb.test", false, 0},
-		{"0-" + testID + ".sb.test", false, 0},
-		{"080-" + testID + ".sb.test", false, 0},
-		{"-1-" + testID + ".sb.test", false, 0},
-		{"+80-" + testID + ".sb.test", false, 0},
-		{"8080-sb-0123.sb.test", false, 0},
-		{"8080-sb-0123456789ABCDEF.sb.test", true, 8080}, // hosts are case-insensitive
-		{"8080-" + testID + ".evil.sb.test", false, 0},
-		{"8080-" + testID + ".sb.test.evil", false, 0},
-		{"x.8080-" + testID + ".sb.test", false, 0},
-		{"sb.test", false, 0},
-		{"8080" + testID + ".sb.test", false, 0},
-	} {
-		r, ok := ParseHost(tc.host, "sb.test")
-		if ok != tc.ok || (ok && (r.Port != tc.port || r.ID != testID || r.Prefix != "")) {
-			t.Errorf("ParseHost(%q) = %+v %v, want ok=%v port %d", tc.host, r, ok, tc.ok, tc.port)
-		}
+	r, ok := ParseHost("8080-"+testID+".SB.test:8443", "sb.test")
+	if !ok || r.Port != 8080 || r.ID != testID || r.Prefix != "" {
+		t.Errorf("ParseHost = %+v %v", r, ok)
 	}
-	if _, ok := ParseHost("8080-"+testID+".sb.test", ""); ok {
-		t.Error("no domain routed a host")
+	if _, ok := ParseHost("8080-"+testID+".evil.sb.test", "sb.test"); ok {
+		t.Error("a host below another name was routed")
+	}
+	if got := HostFor(testID, 8080, "sb.test."); got != "8080-"+testID+".sb.test" {
+		t.Errorf("HostFor = %q", got)
 	}
 }
 

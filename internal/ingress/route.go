@@ -13,11 +13,9 @@
 package ingress
 
 import (
-	"fmt"
-	"net"
-	"regexp"
-	"strconv"
 	"strings"
+
+	"github.com/cagebox/cagebox/internal/hostname"
 )
 
 // Route is where one request goes: a sandbox's port, and (path form) the
@@ -28,47 +26,15 @@ type Route struct {
 	Prefix string // "/s/ID/PORT" in the path form, "" in the host form
 }
 
-// idRE is a sandbox ID as the manager makes them ("sb-" + 16 hex digits).
-var idRE = regexp.MustCompile(`^sb-[0-9a-f]{16}$`)
-
 // ValidID reports whether id has the shape of a sandbox ID.
-func ValidID(id string) bool { return idRE.MatchString(id) }
+func ValidID(id string) bool { return hostname.ValidSandboxID(id) }
 
-// ParsePort parses a TCP port 1-65535 written in decimal without sign or
-// leading zeros.
-func ParsePort(s string) (uint16, error) {
-	if s == "" || len(s) > 5 || s[0] == '0' || strings.Trim(s, "0123456789") != "" {
-		return 0, fmt.Errorf("port %q: want a number 1-65535", s)
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 || n > 65535 {
-		return 0, fmt.Errorf("port %q: want a number 1-65535", s)
-	}
-	return uint16(n), nil
-}
-
-// ParseHost routes a Host header of the form PORT-ID.DOMAIN (an optional
-// :port suffix and letter case are ignored). ok is false for any other
-// host, which then may still use the path form.
+// ParseHost routes a Host header of the form PORT-ID.DOMAIN (parsed by
+// hostname.ParsePortHost, which the fleet router shares). ok is false for
+// any other host, which then may still use the path form.
 func ParseHost(host, domain string) (Route, bool) {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	domain = strings.TrimSuffix(strings.ToLower(domain), ".")
-	if domain == "" {
-		return Route{}, false
-	}
-	label, ok := strings.CutSuffix(host, "."+domain)
-	if !ok || strings.Contains(label, ".") {
-		return Route{}, false
-	}
-	p, id, ok := strings.Cut(label, "-")
-	if !ok || !ValidID(id) {
-		return Route{}, false
-	}
-	port, err := ParsePort(p)
-	if err != nil {
+	port, id, ok := hostname.ParsePortHost(host, domain)
+	if !ok {
 		return Route{}, false
 	}
 	return Route{ID: id, Port: port}, true
@@ -86,7 +52,7 @@ func ParsePath(path string) (r Route, rest string, ok bool) {
 		return Route{}, "", false
 	}
 	p, rest, _ := strings.Cut(tail, "/")
-	port, err := ParsePort(p)
+	port, err := hostname.ParsePort(p)
 	if err != nil {
 		return Route{}, "", false
 	}
@@ -95,5 +61,5 @@ func ParsePath(path string) (r Route, rest string, ok bool) {
 
 // HostFor is the host name of a port in the host form.
 func HostFor(id string, port uint16, domain string) string {
-	return strconv.Itoa(int(port)) + "-" + id + "." + strings.TrimSuffix(domain, ".")
+	return hostname.PortHost(port, id, domain)
 }
