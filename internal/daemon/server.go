@@ -145,6 +145,9 @@ type Server struct {
 	// opens (nil until then).
 	consoleMu sync.Mutex
 	consoleLn *consoleListener
+	// adminKey is the SHA-256 digest of the fleet admin key
+	// (--admin-key-file; nil: none): over TCP it is the admin.
+	adminKey []byte
 }
 
 type ctxKey int
@@ -210,6 +213,9 @@ func (s *Server) authenticate(r *http.Request) (*store.Tenant, error) {
 	key, ok := strings.CutPrefix(auth, "Bearer ")
 	if !ok || key == "" {
 		return nil, fmt.Errorf("%w: send an API key as 'Authorization: Bearer cbk_…' (cagebox tenant key creates one)", errdefs.ErrUnauthorized)
+	}
+	if s.isAdminKey(key) {
+		return s.store.GetTenant(r.Context(), adminTenantID)
 	}
 	k, err := s.store.APIKeyByHash(r.Context(), HashKey(key))
 	if err != nil {
