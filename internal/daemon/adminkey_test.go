@@ -112,4 +112,24 @@ func TestAdminKeyOverTCP(t *testing.T) {
 	if !errors.As(err, &ae) || ae.Status != 403 {
 		t.Fatalf("a tenant key on an admin route: %v, want 403", err)
 	}
+
+	// The fleet's routes: labels and pools.
+	if _, err := admin.ListLabeled(ctx, map[string]string{"cagebox.dev/uid": "bad value"}); !errors.As(err, &ae) || ae.Status != 400 || !strings.Contains(ae.Msg, "cagebox.dev/uid") {
+		t.Fatalf("a malformed label selector: %v, want a 400 naming it", err)
+	}
+	if l, err := admin.ListLabeled(ctx, map[string]string{"cagebox.dev/uid": "u-1"}); err != nil || len(l) != 0 {
+		t.Fatalf("a label selector: %v, %v", l, err)
+	}
+	if _, err := dial(tenantKey).SetPools(ctx, &api.SetPoolsRequest{}); !errors.As(err, &ae) || ae.Status != 403 {
+		t.Fatalf("PUT /v1/pools with a tenant key: %v, want 403", err)
+	}
+	if err := mgr.StartPool(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.SetPools(ctx, &api.SetPoolsRequest{Targets: []api.PoolTarget{{Runtime: "nope", Image: "default", Size: 1}}}); !errors.As(err, &ae) || ae.Status != 400 {
+		t.Fatalf("PUT /v1/pools, unknown runtime: %v, want 400", err)
+	}
+	if p, err := admin.SetPools(ctx, &api.SetPoolsRequest{}); err != nil || len(p.Pools) != 0 {
+		t.Fatalf("PUT /v1/pools, no targets: %+v, %v", p, err)
+	}
 }

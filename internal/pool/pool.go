@@ -200,11 +200,16 @@ type Pool struct {
 	done  chan struct{}
 	start sync.Once
 
-	// mu guards classes and closed.
+	// mu guards classes, order and closed. A class SetTargets dropped
+	// stays in classes (target 0, out of order) so a fill in progress
+	// finds it; order is the classes kept.
 	mu      sync.Mutex
 	classes map[Class]*class
 	order   []Class
 	closed  bool
+	// discards counts surplus sandboxes being destroyed (SetTargets);
+	// Close waits for them.
+	discards sync.WaitGroup
 }
 
 type class struct {
@@ -241,15 +246,11 @@ func New(cfg Config) (*Pool, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Pool{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), ctx: ctx, stop: cancel,
 		done: make(chan struct{}), classes: map[Class]*class{}}
+	if err := checkTargets(cfg.Targets); err != nil {
+		cancel()
+		return nil, err
+	}
 	for _, t := range cfg.Targets {
-		if _, dup := p.classes[t.Class]; dup {
-			cancel()
-			return nil, fmt.Errorf("pool: class %s given twice", t.Class)
-		}
-		if t.Size < 0 || t.Size > MaxSize {
-			cancel()
-			return nil, fmt.Errorf("pool: class %s: size %d out of range", t.Class, t.Size)
-		}
 		p.classes[t.Class] = &class{target: t.Size}
 		p.order = append(p.order, t.Class)
 	}
@@ -475,6 +476,13 @@ func (p *Pool) fill(c Class) {
 		p.cfg.Filler.Discard(it)
 		return
 	}
+	if len(cl.ready) >= cl.target {
+		// SetTargets shrank or dropped the class while this fill ran.
+		p.mu.Unlock()
+		p.log.Debug("pool fill no longer wanted", "class", c.String(), "sandbox", it.ID())
+		p.cfg.Filler.Discard(it)
+		return
+	}
 	cl.ready = append(cl.ready, it)
 	cl.fills++
 	cl.backoff, cl.lastErr, cl.fillTime = 0, "", d
@@ -499,6 +507,7 @@ func (p *Pool) Close() {
 	p.stop()
 	p.start.Do(func() { close(p.done) }) // never started: nothing to wait for
 	<-p.done
+	p.discards.Wait()
 	var wg sync.WaitGroup
 	for _, it := range items {
 		wg.Add(1)
@@ -516,5 +525,85 @@ func (p *Pool) Classes() []Class {
 	defer p.mu.Unlock()
 	out := append([]Class(nil), p.order...)
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}
+
+// checkTargets refuses a class given twice or a size out of range.
+func checkTargets(targets []Target) error {
+	seen := map[Class]bool{}
+	for _, t := range targets {
+		if seen[t.Class] {
+			return fmt.Errorf("pool: class %s given twice", t.Class)
+		}
+		seen[t.Class] = true
+		if t.Size < 0 || t.Size > MaxSize {
+			return fmt.Errorf("pool: class %s: size %d is out of range (0 to %d)", t.Class, t.Size, MaxSize)
+		}
+	}
+	return nil
+}
+
+// SetTargets replaces the pool's targets at runtime: a new class starts
+// filling; a class left out keeps none and a shrunk one keeps its new
+// size — their surplus ready sandboxes are destroyed in the background
+// (Close waits for that), and a fill in progress that is no longer wanted
+// is destroyed when it ends. Counters of a class that stays (or comes
+// back) are kept. Invalid targets change nothing.
+func (p *Pool) SetTargets(targets []Target) error {
+	if err := checkTargets(targets); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return errors.New("pool: closed")
+	}
+	want := make(map[Class]int, len(targets))
+	order := make([]Class, 0, len(targets))
+	for _, t := range targets {
+		want[t.Class] = t.Size
+		order = append(order, t.Class)
+		if _, ok := p.classes[t.Class]; !ok {
+			p.classes[t.Class] = &class{}
+		}
+	}
+	var surplus []Item
+	for c, cl := range p.classes {
+		cl.target = want[c] // 0 when left out
+		if n := len(cl.ready) - cl.target; n > 0 {
+			// The newest go: the oldest have waited longest for a claim
+			// but are as good; keeping them keeps the order of claims.
+			surplus = append(surplus, cl.ready[cl.target:]...)
+			cl.ready = append([]Item(nil), cl.ready[:cl.target]...)
+		}
+		if _, kept := want[c]; !kept && cl.filling == 0 && len(cl.ready) == 0 {
+			// Forget it; its counters go with it.
+			delete(p.classes, c)
+		}
+	}
+	p.order = order
+	p.discards.Add(len(surplus))
+	p.mu.Unlock()
+	for _, it := range surplus {
+		go func(it Item) {
+			defer p.discards.Done()
+			p.cfg.Filler.Discard(it)
+		}(it)
+	}
+	if len(surplus) > 0 {
+		p.log.Info("pool targets changed; destroying surplus sandboxes", "count", len(surplus))
+	}
+	p.kick()
+	return nil
+}
+
+// Targets is the pool's current targets, in order.
+func (p *Pool) Targets() []Target {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Target, 0, len(p.order))
+	for _, c := range p.order {
+		out = append(out, Target{Class: c, Size: p.classes[c].target})
+	}
 	return out
 }
