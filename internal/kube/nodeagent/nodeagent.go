@@ -18,6 +18,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -52,8 +54,10 @@ type Config struct {
 	// LeaseDuration is how long the lease lives without renewal (default
 	// 15s); it is renewed every third of it.
 	LeaseDuration time.Duration
-	// Capacity reports the node's capacity with each renewal (nil: none
-	// reported).
+	// Capacity reports the node's capacity (nil: none reported). It is
+	// called in the background every third of the lease's duration, never
+	// on a renewal's path (a slow report must not let the lease lapse):
+	// each renewal carries the latest report.
 	Capacity func(ctx context.Context) fleet.Capacity
 	Logger   *slog.Logger
 	// Ready, if set, is called after the first successful renewal.
@@ -71,6 +75,21 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	every := a.cfg.LeaseDuration / 3
 	retry := min(time.Second, every)
+	if a.cfg.Capacity != nil {
+		done := make(chan struct{})
+		defer func() { <-done }()
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { defer close(done); a.reportCapacity(ctx, every) }()
+		// The first announcement waits a little for the first report.
+		t := time.NewTimer(every)
+		select {
+		case <-a.firstCap:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	wait := time.Duration(0)
 	ready := false
 	failing := false
@@ -128,6 +147,36 @@ type agent struct {
 	instance string
 	// renewed is the renewTime this agent last wrote (zero before).
 	renewed time.Time
+	// capacity is the latest capacity report (an encoded fleet.Capacity;
+	// nil before the first); firstCap is closed with the first.
+	capacity atomic.Pointer[string]
+	firstCap chan struct{}
+}
+
+// reportCapacity refreshes a.capacity every interval until ctx ends.
+func (a *agent) reportCapacity(ctx context.Context, every time.Duration) {
+	var once sync.Once
+	for {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.LeaseDuration)
+		c := a.cfg.Capacity(cctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if c.At.IsZero() {
+			c.At = time.Now().UTC()
+		}
+		enc := c.Encode()
+		a.capacity.Store(&enc)
+		once.Do(func() { close(a.firstCap) })
+		t := time.NewTimer(every)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func newAgent(cfg Config) (*agent, error) {
@@ -154,7 +203,7 @@ func newAgent(cfg Config) (*agent, error) {
 	}
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	return &agent{cfg: cfg, log: cfg.Logger.With("part", "nodeagent"), name: fleet.LeaseName(cfg.Node), instance: hex.EncodeToString(b)}, nil
+	return &agent{cfg: cfg, log: cfg.Logger.With("part", "nodeagent"), name: fleet.LeaseName(cfg.Node), instance: hex.EncodeToString(b), firstCap: make(chan struct{})}, nil
 }
 
 // renew creates or updates the lease once (bounded by a third of the
@@ -168,7 +217,7 @@ func (a *agent) renew(ctx context.Context) error {
 		l, err := leases.Get(ctx, a.name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: a.name, Namespace: a.cfg.Namespace}}
-			a.fill(ctx, l, now)
+			a.fill(l, now)
 			l.Spec.AcquireTime = &now
 			if _, err := leases.Create(ctx, l, metav1.CreateOptions{}); err != nil {
 				if apierrors.IsAlreadyExists(err) {
@@ -190,7 +239,7 @@ func (a *agent) renew(ctx context.Context) error {
 			// first held by this agent: a new acquisition.
 			l.Spec.AcquireTime = &now
 		}
-		a.fill(ctx, l, now)
+		a.fill(l, now)
 		if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 			if apierrors.IsConflict(err) {
 				continue
@@ -226,7 +275,7 @@ func (a *agent) check(l *coordinationv1.Lease) error {
 }
 
 // fill sets the lease's labels, annotations and spec for a renewal at now.
-func (a *agent) fill(ctx context.Context, l *coordinationv1.Lease, now metav1.MicroTime) {
+func (a *agent) fill(l *coordinationv1.Lease, now metav1.MicroTime) {
 	if l.Labels == nil {
 		l.Labels = map[string]string{}
 	}
@@ -241,12 +290,11 @@ func (a *agent) fill(ctx context.Context, l *coordinationv1.Lease, now metav1.Mi
 		delete(l.Annotations, fleet.AnnIngress)
 	}
 	l.Annotations[AnnInstance] = a.instance
-	if a.cfg.Capacity != nil {
-		c := a.cfg.Capacity(ctx)
-		if c.At.IsZero() {
-			c.At = now.Time.UTC()
-		}
-		l.Annotations[fleet.AnnCapacity] = c.Encode()
+	if c := a.capacity.Load(); c != nil {
+		l.Annotations[fleet.AnnCapacity] = *c
+	} else {
+		// None yet: not a previous run's, which may be stale.
+		delete(l.Annotations, fleet.AnnCapacity)
 	}
 	holder := a.cfg.Node
 	secs := int32(a.cfg.LeaseDuration / time.Second)

@@ -300,3 +300,31 @@ func TestConfigRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowCapacity: a capacity report slower than the lease (the daemon
+// probing its runtimes at start) never holds a renewal up; the report is
+// carried by the renewal after it arrives.
+func TestSlowCapacity(t *testing.T) {
+	cs, ns := clientset(t, nil)
+	r := start(t, Config{Client: cs, Namespace: ns, Node: "node-e", Endpoint: "https://10.0.0.5:7443", LeaseDuration: 3 * time.Second,
+		Capacity: func(ctx context.Context) fleet.Capacity {
+			select {
+			case <-time.After(4 * time.Second):
+			case <-ctx.Done():
+			}
+			return fleet.Capacity{DefaultRuntime: "container"}
+		}})
+	r.waitReady(t)
+	l := getLease(t, cs, ns, "node-e")
+	if _, ok := l.Annotations[fleet.AnnCapacity]; ok {
+		t.Fatalf("capacity before any report: %q", l.Annotations[fleet.AnnCapacity])
+	}
+	first := l.Spec.RenewTime.Time
+	eventually(t, "renewals while the report is slow", 3*time.Second, func() bool {
+		return getLease(t, cs, ns, "node-e").Spec.RenewTime.Time.Sub(first) >= 1500*time.Millisecond
+	})
+	eventually(t, "the report", 8*time.Second, func() bool {
+		c, err := fleet.ParseCapacity(getLease(t, cs, ns, "node-e").Annotations[fleet.AnnCapacity])
+		return err == nil && c.DefaultRuntime == "container"
+	})
+}
