@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cagebox/cagebox/client"
 	"github.com/cagebox/cagebox/internal/kube/fleet"
@@ -23,17 +24,8 @@ import (
 func NodeCapacity(ctx context.Context, c *client.Client) (fleet.Capacity, error) {
 	capy := fleet.Capacity{Version: Version, At: time.Now().UTC()}
 	var errs []string
-	if rts, err := c.Runtimes(ctx); err != nil {
-		errs = append(errs, "runtimes: "+err.Error())
-	} else {
-		for _, r := range rts {
-			ri := fleet.RuntimeInfo{Name: r.Name, Class: r.Class, Available: r.Available && r.Reason == "", Reason: r.Reason}
-			capy.Runtimes = append(capy.Runtimes, ri)
-			if r.Default {
-				capy.DefaultRuntime = r.Name
-			}
-		}
-	}
+	// Health and pools answer at once; the runtimes wait for the start's
+	// probes (KVM, runsc's platform), so they come last.
 	if h, err := c.Health(ctx); err != nil {
 		errs = append(errs, "health: "+err.Error())
 	} else {
@@ -43,6 +35,17 @@ func NodeCapacity(ctx context.Context, c *client.Client) (fleet.Capacity, error)
 		errs = append(errs, "pools: "+err.Error())
 	} else {
 		capy.Pools = p.Pools
+	}
+	if rts, err := c.Runtimes(ctx); err != nil {
+		errs = append(errs, "runtimes: "+err.Error())
+	} else {
+		for _, r := range rts {
+			ri := fleet.RuntimeInfo{Name: r.Name, Class: r.Class, Available: r.Available && r.Reason == "", Reason: clip(r.Reason, maxReason)}
+			capy.Runtimes = append(capy.Runtimes, ri)
+			if r.Default {
+				capy.DefaultRuntime = r.Name
+			}
+		}
 	}
 	if total, avail, err := ReadMeminfo("/proc/meminfo"); err != nil {
 		errs = append(errs, err.Error())
@@ -92,4 +95,18 @@ func ReadMeminfo(path string) (total, avail int64, err error) {
 		return 0, 0, fmt.Errorf("meminfo %s: no MemTotal and MemAvailable", path)
 	}
 	return total, avail, nil
+}
+
+// maxReason bounds a runtime's reason in the lease (rewritten with every
+// renewal): the node's `cagebox runtimes` has the whole text.
+const maxReason = 160
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
