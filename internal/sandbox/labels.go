@@ -2,11 +2,20 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"strings"
 
 	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/store"
 )
+
+// ReservedLabelPrefix starts the labels only the admin tenant may set:
+// the fleet controller's (internal/kube/fleet), which it trusts to find
+// the sandboxes it made. A tenant able to set them could pass its own
+// sandbox off as another's Sandbox object.
+const ReservedLabelPrefix = "cagebox.dev/"
 
 // Label limits (api.CreateSandboxRequest.Labels).
 const (
@@ -37,6 +46,20 @@ func checkLabel(field, k, v string) error {
 	for i := 0; i < len(v); i++ {
 		if !labelValueChar(v[i]) {
 			return invalid("%s: the value %q of %q may hold only letters, digits and . _ -", field, v, k)
+		}
+	}
+	return nil
+}
+
+// checkReserved refuses labels under ReservedLabelPrefix from any tenant
+// but the admin.
+func checkReserved(tenant string, labels map[string]string) error {
+	if tenant == store.AdminTenantID {
+		return nil
+	}
+	for k := range labels {
+		if strings.HasPrefix(k, ReservedLabelPrefix) {
+			return fmt.Errorf("%w: labels: %q: labels under %s are the fleet's (admin only); use another prefix", errdefs.ErrDenied, k, ReservedLabelPrefix)
 		}
 	}
 	return nil

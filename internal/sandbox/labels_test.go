@@ -80,6 +80,21 @@ func TestLabels(t *testing.T) {
 		t.Fatalf("a refused create made %d sandboxes", n)
 	}
 
+	// A tenant may not set the fleet's labels (it could pass its sandbox
+	// off as the controller's).
+	spoof := createRequest()
+	spoof.Labels = map[string]string{"cagebox.dev/uid": "someone-elses", "app": "web"}
+	if _, err := m.Create(ctx, t1, spoof); !errors.Is(err, errdefs.ErrDenied) || !strings.Contains(err.Error(), "cagebox.dev/uid") {
+		t.Fatalf("a tenant's cagebox.dev/ label: %v, want ErrDenied naming it", err)
+	}
+	if n := len(testRuntime.sandboxes()); n != 0 {
+		t.Fatalf("a refused create made %d sandboxes", n)
+	}
+	if err := db.CreateTenant(ctx, &store.Tenant{ID: store.AdminTenantID}); err != nil && !errors.Is(err, store.ErrConflict) {
+		t.Fatal(err)
+	}
+	t1 = &store.Tenant{ID: store.AdminTenantID}
+
 	req := createRequest()
 	req.Labels = map[string]string{"cagebox.dev/uid": "u-1", "app": "web"}
 	cold, err := m.Create(ctx, t1, req)
@@ -119,7 +134,7 @@ func TestLabels(t *testing.T) {
 	}
 	check := func(m *Manager) {
 		t.Helper()
-		if got := ids(m, "t1", map[string]string{"app": "web"}); len(got) != 2 {
+		if got := ids(m, store.AdminTenantID, map[string]string{"app": "web"}); len(got) != 2 {
 			t.Errorf("app=web: %v, want both", got)
 		}
 		if got := ids(m, "", map[string]string{"cagebox.dev/uid": "u-2"}); len(got) != 1 || got[0] != warm.ID {
@@ -128,7 +143,7 @@ func TestLabels(t *testing.T) {
 		if got := ids(m, "t2", map[string]string{"app": "web"}); len(got) != 0 {
 			t.Errorf("another tenant sees %v", got)
 		}
-		if v, err := m.Get(ctx, "t1", cold.ID); err != nil || v.Labels["cagebox.dev/uid"] != "u-1" {
+		if v, err := m.Get(ctx, store.AdminTenantID, cold.ID); err != nil || v.Labels["cagebox.dev/uid"] != "u-1" {
 			t.Errorf("get: %v, %v", v, err)
 		}
 	}

@@ -120,6 +120,9 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 	if err := ValidateLabels(req.Labels); err != nil {
 		return nil, err
 	}
+	if err := checkReserved(tenant.ID, req.Labels); err != nil {
+		return nil, err
+	}
 	auditClasses, err := auditSet(req)
 	if err != nil {
 		return nil, err
