@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -454,6 +455,9 @@ func (p *Pool) fill(c Class) {
 	p.mu.Lock()
 	cl := p.classes[c]
 	cl.filling--
+	// A dropped class goes once its last fill ends (cl stays usable
+	// here: the sandbox made is discarded below, target 0).
+	p.forgetLocked(c)
 	if err != nil {
 		cl.failures++
 		cl.lastErr = err.Error()
@@ -571,17 +575,15 @@ func (p *Pool) SetTargets(targets []Target) error {
 	for c, cl := range p.classes {
 		cl.target = want[c] // 0 when left out
 		if n := len(cl.ready) - cl.target; n > 0 {
-			// The newest go: the oldest have waited longest for a claim
-			// but are as good; keeping them keeps the order of claims.
+			// The newest go; claims keep taking the oldest first.
 			surplus = append(surplus, cl.ready[cl.target:]...)
 			cl.ready = append([]Item(nil), cl.ready[:cl.target]...)
 		}
-		if _, kept := want[c]; !kept && cl.filling == 0 && len(cl.ready) == 0 {
-			// Forget it; its counters go with it.
-			delete(p.classes, c)
-		}
 	}
 	p.order = order
+	for c := range p.classes {
+		p.forgetLocked(c)
+	}
 	p.discards.Add(len(surplus))
 	p.mu.Unlock()
 	for _, it := range surplus {
@@ -597,13 +599,12 @@ func (p *Pool) SetTargets(targets []Target) error {
 	return nil
 }
 
-// Targets is the pool's current targets, in order.
-func (p *Pool) Targets() []Target {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make([]Target, 0, len(p.order))
-	for _, c := range p.order {
-		out = append(out, Target{Class: c, Size: p.classes[c].target})
+// forgetLocked drops class c, counters and all, once it is out of the
+// targets with nothing ready or filling. mu is held.
+func (p *Pool) forgetLocked(c Class) {
+	cl, ok := p.classes[c]
+	if !ok || cl.target > 0 || cl.filling > 0 || len(cl.ready) > 0 || slices.Contains(p.order, c) {
+		return
 	}
-	return out
+	delete(p.classes, c)
 }

@@ -93,3 +93,36 @@ func TestSetTargets(t *testing.T) {
 		t.Fatal("SetTargets after Close accepted")
 	}
 }
+
+// TestSetTargetsForgetsDroppedClasses: a dropped class leaves the pool's
+// books once nothing of it is ready or filling; brought back, it starts
+// from zero.
+func TestSetTargetsForgetsDroppedClasses(t *testing.T) {
+	f := newFiller()
+	a := ClassOf("container", "busybox", isolation.Resources{})
+	p, err := New(Config{Filler: f, Targets: []Target{{a, 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Start()
+	defer p.Close()
+	waitFor(t, "a ready", func() bool { return status(p, a).Ready == 1 })
+	f.delay.Store(int64(100 * time.Millisecond))
+	p.Claim(a)
+	waitFor(t, "a refilling", func() bool { return status(p, a).Filling })
+	if err := p.SetTargets(nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the class forgotten", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.classes) == 0
+	})
+	if err := p.SetTargets([]Target{{a, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a ready again", func() bool { return status(p, a).Ready == 1 })
+	if st := status(p, a); st.Claims != 0 || st.Fills != 1 {
+		t.Errorf("a class brought back kept its old counters: %+v", st)
+	}
+}
