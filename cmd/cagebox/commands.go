@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"io"
 
-	"log/slog"
 	"math"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,13 +20,10 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/client"
-	"github.com/cagebox/cagebox/internal/audit"
 	"github.com/cagebox/cagebox/internal/daemon"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
-	"github.com/cagebox/cagebox/internal/pool"
-	"github.com/cagebox/cagebox/internal/relay"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/qemu"
@@ -88,145 +83,6 @@ func (g *globals) ensureDaemon(ctx context.Context) (*client.Client, error) {
 		}
 	}
 	return nil, fmt.Errorf("the daemon did not answer within 20s; see %s", logPath)
-}
-
-func daemonCmd(g *globals) *cobra.Command {
-	var listen, agent, minIso, timeout, logLevel, linkPool, defRuntime string
-	var resolve, upstreamCAs, hostPublic, mountRoots []string
-	var tlsCert, tlsKey string
-	var insecureListen bool
-	var proxyPort, dnsPort uint16
-	var netCfgTable, netCfgPrefix, masterKey, exfil string
-	var lim limitFlags
-	var ing ingressFlags
-	var relayDiscordURL string
-	var relayAllowPrivate bool
-	var eventRetention string
-	var eventRate float64
-	var eventBurst int
-	var pools []string
-	var poolMem string
-	cmd := &cobra.Command{
-		Use:   "daemon",
-		Short: "Run the cagebox daemon",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if agent == "" {
-				agent = defaultAgentPath()
-			}
-			floor := isolation.Namespaces
-			if minIso != "" {
-				c, err := isolation.ParseClass(minIso)
-				if err != nil {
-					return fmt.Errorf("--min-isolation: %w", err)
-				}
-				floor = c
-			}
-			var def time.Duration
-			if timeout != "" {
-				d, err := time.ParseDuration(timeout)
-				if err != nil {
-					return fmt.Errorf("--default-timeout: %q is not a duration such as 1h", timeout)
-				}
-				def = d
-			}
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
-			}
-			netCfg := daemon.NetworkConfig{ProxyPort: proxyPort, DNSPort: dnsPort, UpstreamCAFiles: upstreamCAs,
-				TableName: netCfgTable, IfPrefix: netCfgPrefix, Resolve: map[string]netip.AddrPort{}, Exfil: exfil}
-			if linkPool != "" {
-				p, err := netip.ParsePrefix(linkPool)
-				if err != nil {
-					return fmt.Errorf("--link-pool: %q is not a prefix such as 10.201.0.0/16", linkPool)
-				}
-				netCfg.Pool = p
-			}
-			if err := lim.apply(&netCfg); err != nil {
-				return err
-			}
-			for _, r := range resolve {
-				k, v, err := daemon.ParseResolve(r)
-				if err != nil {
-					return err
-				}
-				netCfg.Resolve[k] = v
-			}
-			for _, a := range hostPublic {
-				p, err := daemon.ParseHostAddr(a)
-				if err != nil {
-					return err
-				}
-				netCfg.HostPublicAddrs = append(netCfg.HostPublicAddrs, p)
-			}
-			events, err := eventConfig(eventRetention, eventRate, eventBurst)
-			if err != nil {
-				return err
-			}
-			targets, err := pool.ParseTargets(pools...)
-			if err != nil {
-				return fmt.Errorf("--pool: %w", err)
-			}
-			var poolBytes int64
-			if poolMem != "" {
-				if poolBytes, err = pool.ParseSize(poolMem); err != nil {
-					return fmt.Errorf("--pool-memory: %w", err)
-				}
-			}
-			if ing.maxBodyStr != "" {
-				if ing.cfg.MaxBody, err = parseSize(ing.maxBodyStr); err != nil {
-					return fmt.Errorf("--ingress-max-body: %w", err)
-				}
-			}
-			if ing.cfg.Addr != "" && ing.cfg.Domain == "" {
-				return fmt.Errorf("--ingress needs --ingress-domain D (ports are served as https://PORT-ID.D)")
-			}
-			if relayDiscordURL != "" {
-				if err := relay.ValidateURL(relayDiscordURL); err != nil {
-					return fmt.Errorf("--relay-discord-url: %w", err)
-				}
-			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-			return daemon.Run(cmd.Context(), daemon.Config{
-				Ingress: ing.cfg, RelayDiscordURL: relayDiscordURL, RelayAllowPrivate: relayAllowPrivate,
-				Pools: targets, PoolMemory: poolBytes,
-				Home: g.home, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, InsecureListen: insecureListen, AgentPath: agent, MinIsolation: floor, DefaultRuntime: defRuntime,
-				DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: masterKey, Events: events,
-				MountRoots: mountRoots,
-			})
-		},
-	}
-	ing.register(cmd)
-	cmd.Flags().BoolVar(&relayAllowPrivate, "relay-allow-private", false, "let websocket relays (tenants' URLs) reach loopback, private and link-local addresses; for tests and single-tenant hosts only")
-	cmd.Flags().StringVar(&relayDiscordURL, "relay-discord-url", "", "Discord Gateway URL relays connect to (default wss://gateway.discord.gg; for a self-hosted or test gateway)")
-	cmd.Flags().StringVar(&listen, "listen", "", "also serve the API on this TCP address (API keys required), e.g. 127.0.0.1:7070; plain HTTP on loopback only, elsewhere give --tls-cert/--tls-key")
-	cmd.Flags().StringVar(&tlsCert, "tls-cert", "", "serve --listen over HTTPS with this certificate (PEM, with its chain)")
-	cmd.Flags().StringVar(&tlsKey, "tls-key", "", "private key (PEM) of --tls-cert")
-	cmd.Flags().BoolVar(&insecureListen, "insecure-listen", false, "allow plain HTTP on a non-loopback --listen address (API keys and secrets cross the network in clear; for trusted networks only)")
-	cmd.Flags().StringArrayVar(&mountRoots, "mount-root", nil, "a host directory whose contents tenants may bind-mount into sandboxes (--mount type=bind,src=…); none by default (repeatable; never / or the daemon's home)")
-	cmd.Flags().StringArrayVar(&hostPublic, "host-public-addr", nil, "a public address (or prefix) of this host that is on none of its interfaces, e.g. a cloud public IP behind 1:1 NAT: no upstream may have it (repeatable; interface addresses are learned)")
-	cmd.Flags().StringVar(&agent, "agent", os.Getenv("CAGEBOX_AGENT"), "path of the static cagebox-agent binary (default: beside this binary)")
-	cmd.Flags().StringVar(&minIso, "min-isolation", "", "isolation floor: namespaces, app-kernel or hypervisor")
-	cmd.Flags().StringVar(&defRuntime, "default-runtime", "auto", "runtime for requests that name none: auto (the strongest available that meets the floor) or a name from `cagebox runtimes`")
-	cmd.Flags().StringVar(&timeout, "default-timeout", "", "maximum lifetime of sandboxes created without --timeout (default unlimited)")
-	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	cmd.Flags().StringArrayVar(&resolve, "resolve", nil, "send sandboxes' traffic for HOST:PORT to ADDR:PORT (HOST:PORT=ADDR:PORT, repeatable; the only way a name may reach a loopback or private address)")
-	cmd.Flags().StringArrayVar(&upstreamCAs, "upstream-ca", nil, "extra CA certificate (PEM) trusted when verifying upstream servers (repeatable)")
-	cmd.Flags().StringVar(&linkPool, "link-pool", os.Getenv("CAGEBOX_LINK_POOL"), "address pool for sandbox links (default 10.201.0.0/16, one /30 each; env CAGEBOX_LINK_POOL)")
-	cmd.Flags().StringVar(&netCfgTable, "net-table", os.Getenv("CAGEBOX_NET_TABLE"), "nftables table the daemon owns (default cagebox; env CAGEBOX_NET_TABLE)")
-	cmd.Flags().StringVar(&netCfgPrefix, "net-ifprefix", os.Getenv("CAGEBOX_NET_IFPREFIX"), "prefix of host-side sandbox interfaces, 1-3 characters (default cbx; env CAGEBOX_NET_IFPREFIX)")
-	cmd.Flags().Uint16Var(&proxyPort, "proxy-port", 0, "port of the transparent proxy on each sandbox's gateway address (default 15001)")
-	cmd.Flags().StringVar(&exfil, "exfil", "flag", "requests carrying credential-shaped strings (gitleaks rules) that are not a sandbox's placeholders: flag (event), block (403) or off")
-	lim.register(cmd)
-	cmd.Flags().StringVar(&masterKey, "master-key-file", "", "vault master key file, created 0600 at first start (default $CAGEBOX_HOME/master.key; CAGEBOX_MASTER_KEY overrides)")
-	cmd.Flags().Uint16Var(&dnsPort, "dns-port", 0, "port of the synthetic DNS resolver on each gateway address (default 15053)")
-	cmd.Flags().StringVar(&eventRetention, "event-retention", "7d", "how long audit events are kept, e.g. 7d, 36h; 0 keeps them forever")
-	cmd.Flags().Float64Var(&eventRate, "event-rate", audit.DefaultRate, "events a second each sandbox may emit (egress and DNS; lifecycle and secret events have a budget of their own); over it events are dropped and counted in events.dropped; 0 = no limit")
-	cmd.Flags().StringArrayVar(&pools, "pool", nil, "keep warm sandboxes that creates claim: RUNTIME:IMAGE[:MEMORY]=N, comma-separated or repeated, e.g. container:busybox=4,qemu:default:1g=2 (a create matches a pool when its runtime, image and resources equal the pool's; others are made cold)")
-	cmd.Flags().StringVar(&poolMem, "pool-memory", "", "memory the pools' ready sandboxes may hold together (their memory limits), e.g. 4g (default a quarter of the host's memory)")
-	cmd.Flags().IntVar(&eventBurst, "event-burst", audit.DefaultBurst, "events a sandbox may emit at once above --event-rate")
-	return cmd
 }
 
 // eventConfig checks the daemon's event flags.
@@ -324,6 +180,7 @@ type createFlags struct {
 	readOnlyRoot                                bool
 	publish                                     []string
 	audit                                       []string
+	labels                                      []string
 }
 
 func (f *createFlags) add(cmd *cobra.Command) {
@@ -337,6 +194,7 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.idle, "idle-timeout", "", "after this long without activity, take the --idle-action, e.g. 5m")
 	cmd.Flags().StringVar(&f.idleAction, "idle-action", "", "what --idle-timeout does: destroy (default), pause (frozen in memory) or hibernate (microVMs: saved to disk, memory freed); the next exec or file operation resumes a paused or hibernated one")
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	cmd.Flags().StringArrayVar(&f.labels, "label", nil, "tag the sandbox KEY=VALUE; `cagebox ls --label KEY=VALUE` finds it (repeatable, at most 16)")
 	cmd.Flags().StringArrayVar(&f.publish, "publish", nil, "publish this guest port through the daemon's ingress: PORT or PORT:public (no token); the access token is printed once on stderr (repeatable)")
 	cmd.Flags().StringArrayVar(&f.allow, "allow", nil, "allow HTTP(S) to this host, e.g. api.github.com or *.example.com (repeatable; default: nothing is reachable)")
 	cmd.Flags().StringSliceVar(&f.audit, "audit", nil, "stream the guest's system calls of these classes as syscall.* events: exec, net, file, priv (or all), e.g. --audit exec,net (default: off; `cagebox events`)")
@@ -497,6 +355,9 @@ func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
 		return nil, err
 	}
 	req.Publish = pub
+	if req.Labels, err = parseLabels("--label", f.labels); err != nil {
+		return nil, err
+	}
 	if f.memory != "" {
 		n, err := parseSize(f.memory)
 		if err != nil {
@@ -798,12 +659,22 @@ func execCmd(g *globals) *cobra.Command {
 
 func lsCmd(g *globals) *cobra.Command {
 	var asJSON bool
+	var labels []string
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List sandboxes",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			l, err := g.client().List(cmd.Context())
+			sel, err := parseLabels("--label", labels)
+			if err != nil {
+				return err
+			}
+			var l []api.Sandbox
+			if len(sel) > 0 {
+				l, err = g.client().ListLabeled(cmd.Context(), sel)
+			} else {
+				l, err = g.client().List(cmd.Context())
+			}
 			if err != nil {
 				return err
 			}
@@ -821,6 +692,7 @@ func lsCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes labelled KEY=VALUE (repeatable: all must match)")
 	return cmd
 }
 

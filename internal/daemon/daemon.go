@@ -59,6 +59,10 @@ type Config struct {
 	TLSCert        string
 	TLSKey         string
 	InsecureListen bool
+	// AdminKeyFile holds the fleet admin key (at least MinAdminKeyLen
+	// characters): a TCP request bearing it is the admin, as over the unix
+	// socket. Needs Listen.
+	AdminKeyFile string
 	// AgentPath is the static cagebox-agent binary.
 	AgentPath    string
 	MinIsolation isolation.Class
@@ -203,8 +207,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	// The TCP listener is checked (and taken) first, so that a refused
-	// setting leaves nothing behind.
+	// The admin key and the TCP listener are checked (and taken) first,
+	// so that a refused setting leaves nothing behind.
+	var adminKey []byte
+	if cfg.AdminKeyFile != "" {
+		if cfg.Listen == "" {
+			return errors.New("--admin-key-file is the admin's key over TCP: give --listen ADDR too")
+		}
+		k, err := LoadAdminKey(cfg.AdminKeyFile)
+		if err != nil {
+			return err
+		}
+		adminKey = k
+	}
 	tl, err := openAPIListener(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -412,6 +427,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer stopIngress()
 	srv := NewServer(st, mgr, images, v, log)
+	srv.SetAdminKey(adminKey)
 	srv.metrics = met.Handler()
 	srv.hooks = hooksSvc
 	srv.relays = newRelays(st, hooksSvc, v, emit, log, cfg.RelayDiscordURL, cfg.RelayAllowPrivate)

@@ -98,6 +98,7 @@ func Routes() []Route {
 		{Method: "GET", Path: "/v1/tenants", Admin: true, handler: (*Server).listTenants},
 		{Method: "POST", Path: "/v1/tenants/{id}/keys", Admin: true, handler: (*Server).createKey},
 		{Method: "GET", Path: "/v1/pools", Admin: true, handler: (*Server).listPools},
+		{Method: "PUT", Path: "/v1/pools", Admin: true, handler: (*Server).setPools},
 		{Method: "GET", Path: "/metrics", Admin: true, handler: (*Server).serveMetrics},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/access", handler: (*Server).requestAccess},
 		{Method: "POST", Path: "/v1/tools", handler: (*Server).putTool},
@@ -145,6 +146,9 @@ type Server struct {
 	// opens (nil until then).
 	consoleMu sync.Mutex
 	consoleLn *consoleListener
+	// adminKey is the SHA-256 digest of the fleet admin key
+	// (--admin-key-file; nil: none): over TCP it is the admin.
+	adminKey []byte
 }
 
 type ctxKey int
@@ -210,6 +214,9 @@ func (s *Server) authenticate(r *http.Request) (*store.Tenant, error) {
 	key, ok := strings.CutPrefix(auth, "Bearer ")
 	if !ok || key == "" {
 		return nil, fmt.Errorf("%w: send an API key as 'Authorization: Bearer cbk_…' (cagebox tenant key creates one)", errdefs.ErrUnauthorized)
+	}
+	if s.isAdminKey(key) {
+		return s.store.GetTenant(r.Context(), adminTenantID)
 	}
 	k, err := s.store.APIKeyByHash(r.Context(), HashKey(key))
 	if err != nil {
@@ -404,8 +411,14 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, t *store.
 	return nil
 }
 
+// listSandboxes: GET /v1/sandboxes[?label=KEY=VALUE…] (every label given
+// must match).
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
-	l, err := s.mgr.List(r.Context(), scope(t))
+	sel, err := sandbox.ParseLabelSelector(r.URL.Query()["label"])
+	if err != nil {
+		return err
+	}
+	l, err := s.mgr.ListLabeled(r.Context(), scope(t), sel)
 	if err != nil {
 		return err
 	}
@@ -812,6 +825,21 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, t *store.T
 
 func (s *Server) listPools(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
 	writeJSON(w, 200, s.mgr.Pools())
+	return nil
+}
+
+// setPools: PUT /v1/pools replaces the warm pool targets (the fleet
+// controller's SandboxWarmPool replicas).
+func (s *Server) setPools(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	var req api.SetPoolsRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	p, err := s.mgr.SetPools(&req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, p)
 	return nil
 }
 

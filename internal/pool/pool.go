@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -200,11 +201,16 @@ type Pool struct {
 	done  chan struct{}
 	start sync.Once
 
-	// mu guards classes and closed.
+	// mu guards classes, order and closed. A class SetTargets dropped
+	// stays in classes (target 0, out of order) so a fill in progress
+	// finds it; order is the classes kept.
 	mu      sync.Mutex
 	classes map[Class]*class
 	order   []Class
 	closed  bool
+	// discards counts surplus sandboxes being destroyed (SetTargets);
+	// Close waits for them.
+	discards sync.WaitGroup
 }
 
 type class struct {
@@ -241,15 +247,11 @@ func New(cfg Config) (*Pool, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Pool{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), ctx: ctx, stop: cancel,
 		done: make(chan struct{}), classes: map[Class]*class{}}
+	if err := checkTargets(cfg.Targets); err != nil {
+		cancel()
+		return nil, err
+	}
 	for _, t := range cfg.Targets {
-		if _, dup := p.classes[t.Class]; dup {
-			cancel()
-			return nil, fmt.Errorf("pool: class %s given twice", t.Class)
-		}
-		if t.Size < 0 || t.Size > MaxSize {
-			cancel()
-			return nil, fmt.Errorf("pool: class %s: size %d out of range", t.Class, t.Size)
-		}
 		p.classes[t.Class] = &class{target: t.Size}
 		p.order = append(p.order, t.Class)
 	}
@@ -453,6 +455,9 @@ func (p *Pool) fill(c Class) {
 	p.mu.Lock()
 	cl := p.classes[c]
 	cl.filling--
+	// A dropped class goes once its last fill ends (cl stays usable
+	// here: the sandbox made is discarded below, target 0).
+	p.forgetLocked(c)
 	if err != nil {
 		cl.failures++
 		cl.lastErr = err.Error()
@@ -472,6 +477,13 @@ func (p *Pool) fill(c Class) {
 	}
 	if p.closed {
 		p.mu.Unlock()
+		p.cfg.Filler.Discard(it)
+		return
+	}
+	if len(cl.ready) >= cl.target {
+		// SetTargets shrank or dropped the class while this fill ran.
+		p.mu.Unlock()
+		p.log.Debug("pool fill no longer wanted", "class", c.String(), "sandbox", it.ID())
 		p.cfg.Filler.Discard(it)
 		return
 	}
@@ -499,6 +511,7 @@ func (p *Pool) Close() {
 	p.stop()
 	p.start.Do(func() { close(p.done) }) // never started: nothing to wait for
 	<-p.done
+	p.discards.Wait()
 	var wg sync.WaitGroup
 	for _, it := range items {
 		wg.Add(1)
@@ -517,4 +530,81 @@ func (p *Pool) Classes() []Class {
 	out := append([]Class(nil), p.order...)
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
 	return out
+}
+
+// checkTargets refuses a class given twice or a size out of range.
+func checkTargets(targets []Target) error {
+	seen := map[Class]bool{}
+	for _, t := range targets {
+		if seen[t.Class] {
+			return fmt.Errorf("pool: class %s given twice", t.Class)
+		}
+		seen[t.Class] = true
+		if t.Size < 0 || t.Size > MaxSize {
+			return fmt.Errorf("pool: class %s: size %d is out of range (0 to %d)", t.Class, t.Size, MaxSize)
+		}
+	}
+	return nil
+}
+
+// SetTargets replaces the pool's targets at runtime: a new class starts
+// filling; a class left out keeps none and a shrunk one keeps its new
+// size — their surplus ready sandboxes are destroyed in the background
+// (Close waits for that), and a fill in progress that is no longer wanted
+// is destroyed when it ends. Counters of a class that stays (or comes
+// back) are kept. Invalid targets change nothing.
+func (p *Pool) SetTargets(targets []Target) error {
+	if err := checkTargets(targets); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return errors.New("pool: closed")
+	}
+	want := make(map[Class]int, len(targets))
+	order := make([]Class, 0, len(targets))
+	for _, t := range targets {
+		want[t.Class] = t.Size
+		order = append(order, t.Class)
+		if _, ok := p.classes[t.Class]; !ok {
+			p.classes[t.Class] = &class{}
+		}
+	}
+	var surplus []Item
+	for c, cl := range p.classes {
+		cl.target = want[c] // 0 when left out
+		if n := len(cl.ready) - cl.target; n > 0 {
+			// The newest go; claims keep taking the oldest first.
+			surplus = append(surplus, cl.ready[cl.target:]...)
+			cl.ready = append([]Item(nil), cl.ready[:cl.target]...)
+		}
+	}
+	p.order = order
+	for c := range p.classes {
+		p.forgetLocked(c)
+	}
+	p.discards.Add(len(surplus))
+	p.mu.Unlock()
+	for _, it := range surplus {
+		go func(it Item) {
+			defer p.discards.Done()
+			p.cfg.Filler.Discard(it)
+		}(it)
+	}
+	if len(surplus) > 0 {
+		p.log.Info("pool targets changed; destroying surplus sandboxes", "count", len(surplus))
+	}
+	p.kick()
+	return nil
+}
+
+// forgetLocked drops class c, counters and all, once it is out of the
+// targets with nothing ready or filling. mu is held.
+func (p *Pool) forgetLocked(c Class) {
+	cl, ok := p.classes[c]
+	if !ok || cl.target > 0 || cl.filling > 0 || len(cl.ready) > 0 || slices.Contains(p.order, c) {
+		return
+	}
+	delete(p.classes, c)
 }

@@ -117,6 +117,12 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 	if err := ValidateEnv("env", req.Env); err != nil {
 		return nil, err
 	}
+	if err := ValidateLabels(req.Labels); err != nil {
+		return nil, err
+	}
+	if err := checkReserved(tenant.ID, req.Labels); err != nil {
+		return nil, err
+	}
 	auditClasses, err := auditSet(req)
 	if err != nil {
 		return nil, err
@@ -618,7 +624,7 @@ func (m *Manager) newRecord(id string, tenant *store.Tenant, p *createParams, sr
 	rec := &store.Sandbox{
 		ID: id, TenantID: tenant.ID, Runtime: p.rt.Name(), Image: p.img.Name,
 		Status: status, Spec: specJSON, CreatedAt: now, UpdatedAt: now,
-		IdleTimeout: p.idle, LastActive: now,
+		IdleTimeout: p.idle, LastActive: now, Labels: p.req.Labels,
 	}
 	timeout := p.timeout
 	if timeout == 0 {

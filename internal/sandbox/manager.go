@@ -251,7 +251,7 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 	v := &api.Sandbox{
 		ID: r.ID, Tenant: r.TenantID, Runtime: r.Runtime, Class: class, Image: r.Image,
 		Status: r.Status, Error: r.Error, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt,
-		LastActive: r.LastActive,
+		LastActive: r.LastActive, Labels: r.Labels,
 		Resources: api.Resources{
 			MemoryBytes: sr.Resources.MemoryBytes, CPUs: sr.Resources.CPUs,
 			PIDs: sr.Resources.PIDs, DiskBytes: sr.Resources.DiskBytes,
@@ -348,15 +348,7 @@ func notFound(id string, err error) error {
 
 // List returns the sandboxes of tenant ("" = all).
 func (m *Manager) List(ctx context.Context, tenant string) ([]*api.Sandbox, error) {
-	rs, err := m.cfg.Store.ListSandboxes(ctx, tenant)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*api.Sandbox, 0, len(rs))
-	for _, r := range rs {
-		out = append(out, m.view(r))
-	}
-	return out, nil
+	return m.ListLabeled(ctx, tenant, nil)
 }
 
 // attached finds a running sandbox of tenant that this daemon is attached to.

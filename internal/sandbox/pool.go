@@ -134,24 +134,12 @@ func (m *Manager) RecoverPool(ctx context.Context) {
 }
 
 // StartPool starts keeping the configured warm pools (after Recover and
-// RecoverPool). Without targets it does nothing.
+// RecoverPool). Without targets the pool is empty until SetPools gives it
+// some.
 func (m *Manager) StartPool() error {
-	if len(m.cfg.Pools) == 0 {
-		return nil
-	}
 	for _, t := range m.cfg.Pools {
-		rt, ok := isolation.Lookup(t.Class.Runtime)
-		if !ok {
-			return fmt.Errorf("pool %s: no runtime %q", t.Class, t.Class.Runtime)
-		}
-		if err := rt.Available(); err != nil {
-			return fmt.Errorf("pool %s: runtime %s is unavailable here: %v", t.Class, rt.Name(), err)
-		}
-		if rt.Class() < m.cfg.MinIsolation {
-			return fmt.Errorf("pool %s: runtime %s is below the daemon's isolation floor", t.Class, rt.Name())
-		}
-		if _, err := m.cfg.Images.Get(t.Class.Image); err != nil {
-			return fmt.Errorf("pool %s: %w", t.Class, err)
+		if err := m.checkPoolClass(t.Class); err != nil {
+			return err
 		}
 	}
 	p, err := pool.New(pool.Config{
@@ -168,6 +156,62 @@ func (m *Manager) StartPool() error {
 	m.pool = p
 	p.Start()
 	return nil
+}
+
+// checkPoolClass checks that this daemon can fill c: a runtime that is
+// here, available and at or above the floor, and an image in the cache.
+func (m *Manager) checkPoolClass(c pool.Class) error {
+	rt, ok := isolation.Lookup(c.Runtime)
+	if !ok {
+		return fmt.Errorf("pool %s: no runtime %q (`cagebox runtimes` lists them)", c, c.Runtime)
+	}
+	if err := rt.Available(); err != nil {
+		return fmt.Errorf("pool %s: runtime %s is unavailable here: %v", c, rt.Name(), err)
+	}
+	if rt.Class() < m.cfg.MinIsolation {
+		return fmt.Errorf("pool %s: runtime %s is below the daemon's isolation floor", c, rt.Name())
+	}
+	if _, err := m.cfg.Images.Get(c.Image); err != nil {
+		return fmt.Errorf("pool %s: %w", c, err)
+	}
+	return nil
+}
+
+// SetPools replaces the warm pool targets (PUT /v1/pools): new classes
+// start filling, a class left out or shrunk loses its surplus ready
+// sandboxes. Every target is checked first (runtime, image, size, memory);
+// a bad one is ErrInvalid and changes nothing.
+func (m *Manager) SetPools(req *api.SetPoolsRequest) (*api.Pools, error) {
+	if m.pool == nil {
+		return nil, fmt.Errorf("%w: the warm pools have not started yet; retry in a moment", errdefs.ErrUnavailable)
+	}
+	targets := make([]pool.Target, 0, len(req.Targets))
+	seen := map[pool.Class]bool{}
+	for i, t := range req.Targets {
+		if t.Runtime == "" || t.Image == "" {
+			return nil, invalid("targets[%d]: give runtime and image", i)
+		}
+		if t.Size < 0 || t.Size > pool.MaxSize {
+			return nil, invalid("targets[%d]: size %d is out of range (0 to %d)", i, t.Size, pool.MaxSize)
+		}
+		if t.MemoryBytes < 0 || t.MemoryBytes != 0 && t.MemoryBytes < MinMemory {
+			return nil, invalid("targets[%d]: memory_bytes %d is below the minimum of %d MiB (0: the default)", i, t.MemoryBytes, MinMemory>>20)
+		}
+		c := pool.ClassOf(t.Runtime, t.Image, isolation.Resources{MemoryBytes: t.MemoryBytes})
+		if seen[c] {
+			return nil, invalid("targets[%d]: class %s is given twice", i, c)
+		}
+		seen[c] = true
+		if err := m.checkPoolClass(c); err != nil {
+			return nil, fmt.Errorf("%w: targets[%d]: %v", errdefs.ErrInvalid, i, err)
+		}
+		targets = append(targets, pool.Target{Class: c, Size: t.Size})
+	}
+	if err := m.pool.SetTargets(targets); err != nil {
+		return nil, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
+	}
+	m.log.Info("pool targets set", "classes", len(targets))
+	return m.Pools(), nil
 }
 
 // Pools describes the warm pools (nil without any).

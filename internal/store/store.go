@@ -85,6 +85,9 @@ type Sandbox struct {
 	ExpiresAt   *time.Time
 	IdleTimeout time.Duration
 	LastActive  time.Time // CreatedAt when zero at create
+	// Labels are the caller's KEY=VALUE tags: written by CreateSandbox,
+	// never changed by UpdateSandbox. Empty reads back as nil.
+	Labels map[string]string
 }
 
 // Event is one entry of the append-only event log.
@@ -131,6 +134,9 @@ type Store interface {
 	// ListSandboxes returns the tenant's sandboxes (tenantID "": all)
 	// ordered by CreatedAt, then ID.
 	ListSandboxes(ctx context.Context, tenantID string) ([]*Sandbox, error)
+	// ListSandboxesLabeled is ListSandboxes of the sandboxes that carry
+	// every one of labels (none: all of them).
+	ListSandboxesLabeled(ctx context.Context, tenantID string, labels map[string]string) ([]*Sandbox, error)
 	// UpdateSandbox replaces the mutable fields of the row with s.ID and
 	// sets s.UpdatedAt. ID, TenantID and CreatedAt never change: when
 	// s.TenantID is not "" it must match the row's tenant, else

@@ -183,4 +183,9 @@ CREATE TABLE relays (
 	created_at INTEGER NOT NULL
 );
 `},
+	// Sandbox labels (KEY=VALUE tags set at create, never changed): a
+	// JSON object, matched with json_each by ListSandboxesLabeled.
+	{Version: 10, Name: "sandbox labels", SQL: `
+ALTER TABLE sandboxes ADD COLUMN labels TEXT;
+`},
 }

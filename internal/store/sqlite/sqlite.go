@@ -14,6 +14,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -214,7 +216,7 @@ func scanAPIKey(r scanner) (*store.APIKey, error) {
 // ---- sandboxes ----
 
 const sandboxCols = `id, tenant_id, runtime, image, status, spec, state, error,
-	created_at, updated_at, expires_at, idle_timeout, last_active`
+	created_at, updated_at, expires_at, idle_timeout, last_active, labels`
 
 // CreateSandbox implements store.Store.
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
@@ -231,10 +233,18 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	}
 	sb.LastActive = store.NormTime(sb.LastActive)
 	expires := normPtr(&sb.ExpiresAt)
+	var labels any
+	if len(sb.Labels) > 0 {
+		b, err := json.Marshal(sb.Labels)
+		if err != nil {
+			return fmt.Errorf("create sandbox %q: labels: %w", sb.ID, err)
+		}
+		labels = string(b)
+	}
 	_, err := s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TenantID, sb.Runtime, sb.Image, sb.Status, jsonArg(sb.Spec), jsonArg(sb.State), sb.Error,
-		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), expires, int64(sb.IdleTimeout), toNanos(sb.LastActive))
+		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), expires, int64(sb.IdleTimeout), toNanos(sb.LastActive), labels)
 	if err != nil {
 		if isFK(err) {
 			return fmt.Errorf("create sandbox %q: tenant %q: %w", sb.ID, sb.TenantID, store.ErrNotFound)
@@ -261,13 +271,32 @@ func (s *Store) GetSandbox(ctx context.Context, tenantID, id string) (*store.San
 
 // ListSandboxes implements store.Store.
 func (s *Store) ListSandboxes(ctx context.Context, tenantID string) ([]*store.Sandbox, error) {
-	var rows *sql.Rows
-	var err error
-	if tenantID == "" {
-		rows, err = s.r.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY created_at, id`)
-	} else {
-		rows, err = s.r.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE tenant_id = ? ORDER BY created_at, id`, tenantID)
+	return s.ListSandboxesLabeled(ctx, tenantID, nil)
+}
+
+// ListSandboxesLabeled implements store.Store: one EXISTS over the row's
+// labels object per label asked for.
+func (s *Store) ListSandboxesLabeled(ctx context.Context, tenantID string, labels map[string]string) ([]*store.Sandbox, error) {
+	var where []string
+	var args []any
+	if tenantID != "" {
+		where = append(where, "tenant_id = ?")
+		args = append(args, tenantID)
 	}
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.labels) AS l WHERE l.key = ? AND l.type = 'text' AND l.value = ?)")
+		args = append(args, k, labels[k])
+	}
+	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
+	if len(where) > 0 {
+		q += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	rows, err := s.r.QueryContext(ctx, q+` ORDER BY created_at, id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes of tenant %q: %w", tenantID, err)
 	}
@@ -339,12 +368,20 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 
 func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var sb store.Sandbox
-	var spec, state sql.NullString
+	var spec, state, labels sql.NullString
 	var created, updated, idle, active int64
 	var expires sql.NullInt64
 	if err := r.Scan(&sb.ID, &sb.TenantID, &sb.Runtime, &sb.Image, &sb.Status, &spec, &state, &sb.Error,
-		&created, &updated, &expires, &idle, &active); err != nil {
+		&created, &updated, &expires, &idle, &active, &labels); err != nil {
 		return nil, err
+	}
+	if labels.Valid && labels.String != "" {
+		if err := json.Unmarshal([]byte(labels.String), &sb.Labels); err != nil {
+			return nil, fmt.Errorf("sandbox %q: labels: %w", sb.ID, err)
+		}
+		if len(sb.Labels) == 0 {
+			sb.Labels = nil
+		}
 	}
 	sb.Spec = jsonResult(spec)
 	sb.State = jsonResult(state)

@@ -41,6 +41,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"SandboxUpdate", testSandboxUpdate},
 		{"SandboxTouch", testSandboxTouch},
 		{"SandboxDelete", testSandboxDelete},
+		{"SandboxLabels", testSandboxLabels},
 		{"Events", testEvents},
 		{"EventPaging", testEventPaging},
 		{"EventBatch", testEventBatch},
@@ -169,6 +170,9 @@ func sandboxDiff(got, want *store.Sandbox) string {
 	}
 	if !got.LastActive.Equal(want.LastActive) {
 		add("LastActive", got.LastActive, want.LastActive)
+	}
+	if !reflect.DeepEqual(got.Labels, want.Labels) && (len(got.Labels) > 0 || len(want.Labels) > 0) {
+		add("Labels", got.Labels, want.Labels)
 	}
 	if len(d) == 0 {
 		return ""
@@ -1021,5 +1025,70 @@ func testDeleteEventsBefore(t *testing.T, s store.Store) {
 	}
 	if rest, _ := s.ListEvents(ctx(t), "", "", 0, 0); len(rest) != 0 {
 		t.Fatalf("%d events left after deleting all", len(rest))
+	}
+}
+
+// testSandboxLabels: labels round-trip, survive UpdateSandbox, and
+// ListSandboxesLabeled matches sandboxes carrying every label asked for,
+// within the tenant.
+func testSandboxLabels(t *testing.T, s store.Store) {
+	mustTenant(t, s, "t1")
+	mustTenant(t, s, "t2")
+	mk := func(id, tenant string, labels map[string]string) *store.Sandbox {
+		t.Helper()
+		sb := newSandbox(id, tenant)
+		sb.Labels = labels
+		if err := s.CreateSandbox(ctx(t), sb); err != nil {
+			t.Fatalf("CreateSandbox(%s): %v", id, err)
+		}
+		return sb
+	}
+	a := mk("a", "t1", map[string]string{"cagebox.dev/uid": "u-1", "app": "web", "empty": ""})
+	mk("b", "t1", map[string]string{"cagebox.dev/uid": "u-2", "app": "web"})
+	mk("c", "t1", nil)
+	mk("d", "t2", map[string]string{"cagebox.dev/uid": "u-1", "app": "web"})
+
+	got, err := s.GetSandbox(ctx(t), "t1", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := sandboxDiff(got, a); d != "" {
+		t.Errorf("GetSandbox(a): %s", d)
+	}
+	if got, _ := s.GetSandbox(ctx(t), "", "c"); got.Labels != nil {
+		t.Errorf("no labels read back as %v, want nil", got.Labels)
+	}
+	// UpdateSandbox leaves labels alone.
+	got.Status, got.Labels = "stopped", map[string]string{"app": "changed"}
+	if err := s.UpdateSandbox(ctx(t), got); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.GetSandbox(ctx(t), "", "a"); got.Labels["app"] != "web" || len(got.Labels) != 3 {
+		t.Errorf("labels after UpdateSandbox: %v, want the created ones", got.Labels)
+	}
+
+	for _, tc := range []struct {
+		tenant string
+		labels map[string]string
+		want   []string
+	}{
+		{"", nil, []string{"a", "b", "c", "d"}},
+		{"t1", nil, []string{"a", "b", "c"}},
+		{"", map[string]string{"app": "web"}, []string{"a", "b", "d"}},
+		{"t1", map[string]string{"app": "web"}, []string{"a", "b"}},
+		{"", map[string]string{"cagebox.dev/uid": "u-1"}, []string{"a", "d"}},
+		{"t2", map[string]string{"cagebox.dev/uid": "u-1", "app": "web"}, []string{"d"}},
+		{"", map[string]string{"cagebox.dev/uid": "u-1", "app": "db"}, []string{}},
+		{"", map[string]string{"empty": ""}, []string{"a"}},
+		{"", map[string]string{"app": ""}, []string{}},
+		{"", map[string]string{"missing": "x"}, []string{}},
+	} {
+		l, err := s.ListSandboxesLabeled(ctx(t), tc.tenant, tc.labels)
+		if err != nil {
+			t.Fatalf("ListSandboxesLabeled(%q, %v): %v", tc.tenant, tc.labels, err)
+		}
+		if g := sandboxIDs(l); !reflect.DeepEqual(g, tc.want) {
+			t.Errorf("ListSandboxesLabeled(%q, %v) = %v, want %v", tc.tenant, tc.labels, g, tc.want)
+		}
 	}
 }
