@@ -283,4 +283,3 @@ func (c *Controller) expireClaim(ctx context.Context, cl *extv1beta1.SandboxClai
 	}
 	return c.c.Status().Patch(ctx, cl, client.MergeFrom(orig))
 }
-
