@@ -76,9 +76,17 @@ func (c *Controller) reconcileSandbox(ctx context.Context, req reconcile.Request
 		}
 		if ok && n.Live(now) {
 			if sb.Annotations[fleet.AnnSandboxID] == "" {
-				// A crash between the status and the annotations: find
-				// the sandbox on its node again.
-				return reconcile.Result{Requeue: true}, c.recoverPlacement(ctx, &sb, n)
+				// The cache may lag behind our own annotation write; if
+				// the apiserver has no id either, a crash came between the
+				// status and the annotations: find the sandbox on its node.
+				fresh, err := c.fresh(ctx, &sb)
+				if err != nil || fresh == nil {
+					return reconcile.Result{}, err
+				}
+				if fresh.Annotations[fleet.AnnSandboxID] == "" && fresh.Status.NodeName == n.Name {
+					return reconcile.Result{Requeue: true}, c.recoverPlacement(ctx, fresh, n)
+				}
+				return reconcile.Result{Requeue: true}, nil
 			}
 			return reconcile.Result{RequeueAfter: min(next, time.Until(n.Expires)+100*time.Millisecond)}, nil
 		}
@@ -108,6 +116,16 @@ func (c *Controller) place(ctx context.Context, sb *sandboxv1beta1.Sandbox) (rec
 	}
 	unlock := c.lockUID(sb.UID)
 	defer unlock()
+	// The cache may not show a placement just written: decide on the
+	// apiserver's copy.
+	fresh, err := c.fresh(ctx, sb)
+	if err != nil || fresh == nil {
+		return reconcile.Result{}, err
+	}
+	if fresh.Status.NodeName != "" || !fresh.DeletionTimestamp.IsZero() {
+		return reconcile.Result{Requeue: true}, nil
+	}
+	sb = fresh
 
 	live, err := c.reg.Live(ctx, time.Now())
 	if err != nil {
@@ -178,6 +196,18 @@ func (c *Controller) place(ctx context.Context, sb *sandboxv1beta1.Sandbox) (rec
 	c.log.Info("sandbox placed", "object", sb.Namespace+"/"+sb.Name, "node", cand.node.Name, "sandbox", v.ID, "runtime", v.Runtime, "launch", launch)
 	c.rec.Eventf(sb, nil, corev1.EventTypeNormal, "Placed", "Create", "running on node %s as %s (%s, %s start)", cand.node.Name, v.ID, v.Runtime, launch)
 	return reconcile.Result{}, nil
+}
+
+// fresh is sb as the apiserver has it now (nil: deleted).
+func (c *Controller) fresh(ctx context.Context, sb *sandboxv1beta1.Sandbox) (*sandboxv1beta1.Sandbox, error) {
+	var f sandboxv1beta1.Sandbox
+	if err := c.apiReader.Get(ctx, client.ObjectKeyFromObject(sb), &f); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	if f.UID != sb.UID {
+		return nil, nil
+	}
+	return &f, nil
 }
 
 func (c *Controller) forget(sb *sandboxv1beta1.Sandbox) {
