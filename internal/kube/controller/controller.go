@@ -160,6 +160,13 @@ func NewManager(cfg *rest.Config, o ManagerOptions) (manager.Manager, error) {
 	if health == "" {
 		health = "0"
 	}
+	if cfg.QPS == 0 {
+		// client-go's default (5/s) would throttle a busy fleet; rely on
+		// the apiserver's priority and fairness, as controller-runtime's
+		// own GetConfig does.
+		cfg = rest.CopyConfig(cfg)
+		cfg.QPS, cfg.Burst = -1, 0
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  kubetypes.Scheme,
 		Metrics:                 metricsserver.Options{BindAddress: metrics},

@@ -8,12 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/cagebox/cagebox/internal/kube/fleet"
@@ -69,8 +71,12 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+var quietRuntime sync.Once
+
 func startEnv(t *testing.T, cfg Config) *env {
 	t.Helper()
+	// controller-runtime's own log (our controller logs to cfg.Log).
+	quietRuntime.Do(func() { ctrllog.SetLogger(logr.Discard()) })
 	rc, c := kubetest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	for _, ns := range []string{fleet.DefaultNamespace, testNS} {

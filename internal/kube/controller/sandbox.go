@@ -88,7 +88,12 @@ func (c *Controller) reconcileSandbox(ctx context.Context, req reconcile.Request
 				}
 				return reconcile.Result{Requeue: true}, nil
 			}
-			return reconcile.Result{RequeueAfter: min(next, time.Until(n.Expires)+100*time.Millisecond)}, nil
+			// The lease watcher reports the node's loss; this requeue is
+			// the safety net (and the shutdown timer).
+			if st := sb.Spec.ShutdownTime; st != nil {
+				return reconcile.Result{RequeueAfter: min(next, time.Until(n.Expires)+100*time.Millisecond)}, nil
+			}
+			return reconcile.Result{RequeueAfter: max(next, time.Until(n.Expires)+100*time.Millisecond)}, nil
 		}
 		return reconcile.Result{Requeue: true}, c.nodeLost(ctx, &sb)
 	}
