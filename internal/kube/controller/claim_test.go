@@ -300,3 +300,48 @@ func TestSecretValueOnlyReachesTheNode(t *testing.T) {
 		t.Fatal("the secret value is in the controller's log")
 	}
 }
+
+// A claim's shutdownTime: Retain keeps the claim Finished and deletes its
+// Sandbox (and the node sandbox); Delete deletes the claim.
+func TestClaimShutdownTime(t *testing.T) {
+	e := startEnv(t, Config{})
+	n := e.addNode("a", 8<<30, "container", rtContainer)
+	tpl := &extv1beta1.SandboxTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "t", Namespace: testNS},
+		Spec: extv1beta1.SandboxTemplateSpec{SandboxBlueprint: sandboxv1beta1.SandboxBlueprint{PodTemplate: sandboxv1beta1.PodTemplate{
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main"}}},
+		}}},
+	}
+	wp := &extv1beta1.SandboxWarmPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: testNS},
+		Spec:       extv1beta1.SandboxWarmPoolSpec{Replicas: ptr.To(int32(0)), TemplateRef: extv1beta1.SandboxTemplateRef{Name: "t"}},
+	}
+	at := metav1.NewTime(time.Now().Add(3 * time.Second))
+	claim := func(name string, p extv1beta1.ShutdownPolicy) *extv1beta1.SandboxClaim {
+		return &extv1beta1.SandboxClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
+			Spec: extv1beta1.SandboxClaimSpec{
+				WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: "p"},
+				Lifecycle:   &extv1beta1.Lifecycle{ShutdownTime: &at, ShutdownPolicy: p},
+			},
+		}
+	}
+	for _, o := range []client.Object{tpl, wp, claim("keep", extv1beta1.ShutdownPolicyRetain), claim("drop", extv1beta1.ShutdownPolicyDelete)} {
+		if err := e.c.Create(e.ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.eventually(8*time.Second, "both claims running", func() bool { return len(n.live()) == 2 })
+	if launch := e.getSandbox("keep").Annotations[fleet.AnnLaunch]; launch != LaunchCold {
+		t.Errorf("launch %q with an empty pool, want cold", launch)
+	}
+	e.eventually(10*time.Second, "keep finished, drop gone", func() bool {
+		k := e.getClaim("keep")
+		return e.getClaim("drop") == nil && k != nil && meta.IsStatusConditionTrue(k.Status.Conditions, string(sandboxv1beta1.SandboxConditionFinished)) &&
+			e.getSandbox("keep") == nil && e.getSandbox("drop") == nil
+	})
+	if r := meta.FindStatusCondition(e.getClaim("keep").Status.Conditions, condReady); r.Reason != extv1beta1.ClaimExpiredReason {
+		t.Errorf("Ready %+v", r)
+	}
+	e.eventually(5*time.Second, "node sandboxes removed", func() bool { return len(n.live()) == 0 })
+}

@@ -414,6 +414,15 @@ func (c *Controller) finalizeSandbox(ctx context.Context, sb *sandboxv1beta1.San
 	}
 	unlock := c.lockUID(sb.UID)
 	defer unlock()
+	// A placement that finished just before the delete may not be in
+	// the cache yet.
+	if f, err := c.fresh(ctx, sb); err != nil {
+		return err
+	} else if f == nil {
+		return nil
+	} else {
+		sb = f
+	}
 	nodeName := sb.Status.NodeName
 	c.mu.Lock()
 	if nodeName == "" {
