@@ -33,6 +33,9 @@ type fakeNode struct {
 	sets      int
 	nextID    int
 	failNext  error
+	// loseAnswer makes the next create succeed on the node but fail for
+	// the caller (a timeout after the node acted).
+	loseAnswer bool
 }
 
 func newFakeNode(name string) *fakeNode {
@@ -71,6 +74,10 @@ func (n *fakeNode) Create(ctx context.Context, req *api.CreateSandboxRequest) (*
 		v.Ports = append(v.Ports, api.Port{Port: p.Port, Public: p.Public, URL: fmt.Sprintf("https://%d-%s.%s.node.test/", p.Port, id, n.name)})
 	}
 	n.sandboxes[id] = v
+	if n.loseAnswer {
+		n.loseAnswer = false
+		return nil, context.DeadlineExceeded
+	}
 	cp := *v
 	return &cp, nil
 }

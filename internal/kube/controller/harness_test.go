@@ -130,7 +130,12 @@ func startEnv(t *testing.T, cfg Config) *env {
 // addNode announces a fake node with a 2 s lease renewed every 300 ms.
 func (e *env) addNode(name string, free int64, def string, runtimes ...fleet.RuntimeInfo) *fakeNode {
 	e.t.Helper()
-	n := newFakeNode(name)
+	return e.addFakeNode(newFakeNode(name), free, def, runtimes...)
+}
+
+func (e *env) addFakeNode(n *fakeNode, free int64, def string, runtimes ...fleet.RuntimeInfo) *fakeNode {
+	e.t.Helper()
+	name := n.name
 	endpoint := "https://" + name + ".test:7443"
 	e.fleet.mu.Lock()
 	e.fleet.nodes[endpoint] = n

@@ -161,10 +161,20 @@ func TestSandboxUnschedulableUntilANodeOffersIt(t *testing.T) {
 	if !strings.Contains(msg, "runtime gvisor") || !strings.Contains(msg, "a: container(namespaces)") {
 		t.Errorf("message %q should say what is wanted and what node a offers", msg)
 	}
-	b := e.addNode("b", 8<<30, "gvisor", rtContainer, rtGVisor)
-	e.eventually(10*time.Second, "placed on b", func() bool { return e.getSandbox("g").Status.NodeName == "b" })
+	// b's first create answer is lost after b made the sandbox: the retry
+	// finds it by its uid label instead of making a second one.
+	b := newFakeNode("b")
+	b.loseAnswer = true
+	e.addFakeNode(b, 8<<30, "gvisor", rtContainer, rtGVisor)
+	e.eventually(10*time.Second, "placed on b", func() bool {
+		s := e.getSandbox("g")
+		return s.Status.NodeName == "b" && s.Annotations[fleet.AnnSandboxID] != ""
+	})
 	if r := b.createRequests(); len(r) != 1 || r[0].Image != DefaultImage || r[0].Runtime != "gvisor" {
 		t.Errorf("creates on b %+v", r)
+	}
+	if ids := b.live(); len(ids) != 1 || ids[0] != e.getSandbox("g").Annotations[fleet.AnnSandboxID] {
+		t.Errorf("b runs %v for %s", ids, e.getSandbox("g").Annotations[fleet.AnnSandboxID])
 	}
 }
 
