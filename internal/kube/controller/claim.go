@@ -99,9 +99,10 @@ func (c *Controller) reconcileClaim(ctx context.Context, req reconcile.Request) 
 	}
 	sb = sandboxv1beta1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      cl.Name,
-			Namespace: cl.Namespace,
-			Labels:    map[string]string{extv1beta1.SandboxIDLabel: string(cl.UID)},
+			Name:       cl.Name,
+			Namespace:  cl.Namespace,
+			Finalizers: []string{fleet.Finalizer},
+			Labels:     map[string]string{extv1beta1.SandboxIDLabel: string(cl.UID)},
 			Annotations: map[string]string{
 				fleet.AnnPool: cl.Namespace + "/" + wp.Name,
 				sandboxv1beta1.SandboxTemplateRefAnnotation: tpl.Name,

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -345,3 +346,77 @@ func TestClaimShutdownTime(t *testing.T) {
 	}
 	e.eventually(5*time.Second, "node sandboxes removed", func() bool { return len(n.live()) == 0 })
 }
+
+// Many claims at once against pools spread over three nodes: every one
+// is served warm (the controller counts the warm sandboxes it took since
+// each node's last report) and the pools are drawn down evenly.
+func TestManyClaimsServedWarm(t *testing.T) {
+	const claims, replicas = 40, 48
+	e := startEnv(t, Config{BestOf: 2})
+	nodes := []*fakeNode{
+		e.addNode("a", 8<<30, "container", rtContainer),
+		e.addNode("b", 8<<30, "container", rtContainer),
+		e.addNode("c", 8<<30, "container", rtContainer),
+	}
+	tpl := &extv1beta1.SandboxTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "t", Namespace: testNS},
+		Spec: extv1beta1.SandboxTemplateSpec{SandboxBlueprint: sandboxv1beta1.SandboxBlueprint{PodTemplate: sandboxv1beta1.PodTemplate{
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+		}}},
+	}
+	wp := &extv1beta1.SandboxWarmPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: testNS},
+		Spec:       extv1beta1.SandboxWarmPoolSpec{Replicas: ptr.To(int32(replicas)), TemplateRef: extv1beta1.SandboxTemplateRef{Name: "t"}},
+	}
+	for _, o := range []client.Object{tpl, wp} {
+		if err := e.c.Create(e.ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.eventually(10*time.Second, "pools ready", func() bool { return e.getPool("p").Status.ReadyReplicas == replicas })
+	t0 := time.Now()
+	for i := 0; i < claims; i++ {
+		cl := &extv1beta1.SandboxClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "c" + fmt.Sprint(i), Namespace: testNS},
+			Spec:       extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: "p"}},
+		}
+		if err := e.c.Create(e.ctx, cl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.eventually(20*time.Second, "all claims ready", func() bool {
+		var list extv1beta1.SandboxClaimList
+		if err := e.c.List(e.ctx, &list, client.InNamespace(testNS)); err != nil {
+			return false
+		}
+		ready := 0
+		for _, cl := range list.Items {
+			if meta.IsStatusConditionTrue(cl.Status.Conditions, condReady) {
+				ready++
+			}
+		}
+		return ready == claims
+	})
+	d := time.Since(t0)
+	t.Logf("%d claims ready in %v (%.0f claims/s through the controller; fake nodes)", claims, d.Round(time.Millisecond), float64(claims)/d.Seconds())
+	var sbs sandboxv1beta1.SandboxList
+	if err := e.c.List(e.ctx, &sbs, client.InNamespace(testNS)); err != nil {
+		t.Fatal(err)
+	}
+	cold := 0
+	for _, sb := range sbs.Items {
+		if sb.Annotations[fleet.AnnLaunch] != LaunchWarm {
+			cold++
+		}
+	}
+	if cold != 0 {
+		t.Errorf("%d of %d claims started cold with %d warm sandboxes in the pools", cold, claims, replicas)
+	}
+	for _, n := range nodes {
+		if got := len(n.live()); got < claims/3-4 || got > claims/3+4 {
+			t.Errorf("node %s runs %d of %d", n.name, got, claims)
+		}
+	}
+}
+
+func strconvItoa(i int) string { return fmt.Sprint(i) }

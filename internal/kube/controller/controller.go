@@ -248,7 +248,7 @@ func (c *Controller) SetupWithManager(ctx context.Context, mgr manager.Manager) 
 	if err := ctrl.NewControllerManagedBy(mgr).Named("cagebox-sandboxclaim").
 		For(&extv1beta1.SandboxClaim{}).
 		Owns(&sandboxv1beta1.Sandbox{}).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 8}).
 		Complete(reconcile.Func(c.reconcileClaim)); err != nil {
 		return err
 	}
