@@ -225,7 +225,16 @@ func (c *Controller) SetupWithManager(ctx context.Context, mgr manager.Manager) 
 		return err
 	}
 	if err := idx.IndexField(ctx, &sandboxv1beta1.Sandbox{}, indexID, func(o client.Object) []string {
-		if id := o.GetAnnotations()[fleet.AnnSandboxID]; id != "" {
+		// With a fleet domain the id is taken from the status (which
+		// only the controller writes), else from the annotation.
+		sb := o.(*sandboxv1beta1.Sandbox)
+		if d := c.cfg.IngressDomain; d != "" {
+			if id, ok := strings.CutSuffix(sb.Status.ServiceFQDN, "."+d); ok && id != "" {
+				return []string{id}
+			}
+			return nil
+		}
+		if id := sb.Annotations[fleet.AnnSandboxID]; id != "" {
 			return []string{id}
 		}
 		return nil
@@ -359,10 +368,25 @@ func (c *Controller) LookupIngress(id string) (string, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var list sandboxv1beta1.SandboxList
-	if err := c.c.List(ctx, &list, client.MatchingFields{indexID: id}); err != nil || len(list.Items) != 1 {
+	if err := c.c.List(ctx, &list, client.MatchingFields{indexID: id}); err != nil {
 		return "", false
 	}
-	n, ok, err := c.reg.Node(ctx, list.Items[0].Status.NodeName)
+	// Anyone who may create a Sandbox may write any annotation, but not
+	// the status: only a placed object (status.nodeName, which the
+	// controller writes) counts, so a forged id cannot hide the real one.
+	node := ""
+	for i := range list.Items {
+		if nn := list.Items[i].Status.NodeName; nn != "" {
+			if node != "" {
+				return "", false
+			}
+			node = nn
+		}
+	}
+	if node == "" {
+		return "", false
+	}
+	n, ok, err := c.reg.Node(ctx, node)
 	if err != nil || !ok || !n.Live(time.Now()) || n.Ingress == "" {
 		return "", false
 	}

@@ -126,6 +126,24 @@ func TestSandboxPlacedThenDeleted(t *testing.T) {
 	if addr, ok := e.ctl.LookupIngress(id); !ok || addr != "vm.test:8443" {
 		t.Errorf("LookupIngress(%s) = %q, %v", id, addr, ok)
 	}
+	// Another tenant's object claiming the same id in its annotations
+	// (it may write those, not the status) changes nothing.
+	forger := newSandbox("forger", nil, corev1.Container{Name: "main"})
+	forger.Annotations = map[string]string{fleet.AnnSandboxID: id}
+	forger.Spec.PodTemplate.Spec.RuntimeClassName = ptr.To("firecracker")
+	if err := e.c.Create(e.ctx, forger); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually(5*time.Second, "the forger unschedulable", func() bool {
+		r := readyOf(e.getSandbox("forger"))
+		return r != nil && r.Reason == ReasonUnschedulable
+	})
+	if addr, ok := e.ctl.LookupIngress(id); !ok || addr != "vm.test:8443" {
+		t.Errorf("LookupIngress(%s) with a forged annotation = %q, %v", id, addr, ok)
+	}
+	if _, ok := e.ctl.LookupIngress("nope"); ok {
+		t.Error("LookupIngress of an unknown id")
+	}
 
 	// A second reconcile (resync) neither creates again nor moves it.
 	time.Sleep(1500 * time.Millisecond)
