@@ -337,6 +337,13 @@ func (c *Controller) recoverPlacement(ctx context.Context, sb *sandboxv1beta1.Sa
 // places it again (a new sandbox; the old one is removed by the garbage
 // collector if that node returns).
 func (c *Controller) nodeLost(ctx context.Context, sb *sandboxv1beta1.Sandbox) error {
+	// Act once, on the apiserver's copy (the cache may still show a
+	// placement this controller already cleared).
+	fresh, err := c.fresh(ctx, sb)
+	if err != nil || fresh == nil || fresh.Status.NodeName != sb.Status.NodeName {
+		return err
+	}
+	sb = fresh
 	node, id := sb.Status.NodeName, sb.Annotations[fleet.AnnSandboxID]
 	msg := fmt.Sprintf("node %s lost its lease; placing the sandbox again (sandbox %s there is removed if the node returns)", node, id)
 	c.log.Warn("sandbox's node lost", "object", sb.Namespace+"/"+sb.Name, "node", node, "sandbox", id)
