@@ -23,15 +23,16 @@ import (
 // connections forwarded to the node that runs sandbox ID. It is the
 // fleet router of internal/kube/router once that package is in the build.
 //
-// TODO(kube): set by the router's wiring when internal/kube/router is
-// merged, e.g. in cmd/cagebox/controller_router.go:
+// TODO(kube): internal/kube/router is on main but not on this branch; at
+// the merge add cmd/cagebox/controller_router.go:
 //
 //	func init() {
 //		fleetRouter = func(ctx context.Context, addr, domain string, lookup func(id string) (string, bool)) error {
-//			r, err := router.New(router.Config{Domain: domain, Lookup: lookup})
-//			if err != nil { return err }
 //			ln, err := net.Listen("tcp", addr)
-//			if err != nil { return err }
+//			if err != nil {
+//				return fmt.Errorf("--ingress: %w", err)
+//			}
+//			r := router.New(router.Config{Domain: domain, Lookup: lookup, Logger: slog.Default()})
 //			go func() { <-ctx.Done(); r.Close() }()
 //			return r.Serve(ln)
 //		}
