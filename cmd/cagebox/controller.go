@@ -27,17 +27,17 @@ import (
 // the merge add cmd/cagebox/controller_router.go:
 //
 //	func init() {
-//		fleetRouter = func(ctx context.Context, addr, domain string, lookup func(id string) (string, bool)) error {
+//		fleetRouter = func(ctx context.Context, addr, domain string, lookup func(id string) (string, bool), log *slog.Logger) error {
 //			ln, err := net.Listen("tcp", addr)
 //			if err != nil {
 //				return fmt.Errorf("--ingress: %w", err)
 //			}
-//			r := router.New(router.Config{Domain: domain, Lookup: lookup, Logger: slog.Default()})
+//			r := router.New(router.Config{Domain: domain, Lookup: lookup, Logger: log})
 //			go func() { <-ctx.Done(); r.Close() }()
 //			return r.Serve(ln)
 //		}
 //	}
-var fleetRouter func(ctx context.Context, addr, domain string, lookup func(id string) (nodeIngress string, ok bool)) error
+var fleetRouter func(ctx context.Context, addr, domain string, lookup func(id string) (nodeIngress string, ok bool), log *slog.Logger) error
 
 func controllerCmd(g *globals) *cobra.Command {
 	var kubeconfig, ns, keyFile, caFile, ingress, domain, health, metrics, logLevel string
@@ -105,7 +105,7 @@ each node's API with the fleet admin key.`,
 			errc := make(chan error, 2)
 			if ingress != "" {
 				go func() {
-					if err := fleetRouter(ctx, ingress, domain, ctl.LookupIngress); err != nil && ctx.Err() == nil {
+					if err := fleetRouter(ctx, ingress, domain, ctl.LookupIngress, log.With("component", "router")); err != nil && ctx.Err() == nil {
 						errc <- fmt.Errorf("fleet router: %w", err)
 					}
 				}()
