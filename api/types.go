@@ -235,6 +235,9 @@ type Sandbox struct {
 	Audit *SandboxAudit `json:"audit,omitempty"`
 	// Labels are as created.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Pooled is true in the answer of a create that a warm pool served
+	// (the fleet controller marks such a Sandbox object "warm").
+	Pooled bool `json:"pooled,omitempty"`
 }
 
 // Network describes a sandbox's routed link.

@@ -67,7 +67,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.caCert, "ca-cert", os.Getenv("CAGEBOX_CA_CERT"), "CA certificate (PEM) trusted besides the system roots to verify an https:// --host (env CAGEBOX_CA_CERT)")
 	g.apiKey = os.Getenv("CAGEBOX_API_KEY")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
-		if g.host == "" || cmd.Name() == "daemon" || cmd.Name() == "node" {
+		if g.host == "" || cmd.Name() == "daemon" || cmd.Name() == "node" || cmd.Name() == "controller" {
 			return nil
 		}
 		c, err := client.NewTCP(g.host, g.apiKey, client.Options{CACertFile: g.caCert})
@@ -109,6 +109,7 @@ func newRoot() *cobra.Command {
 		portCmd(g),
 		webhookCmd(g),
 		relayCmd(g),
+		controllerCmd(g),
 	)
 	return root
 }

@@ -446,7 +446,9 @@ func (m *Manager) claim(ctx context.Context, tenant *store.Tenant, p *createPara
 	m.log.Info("sandbox running", "sandbox", id, "tenant", tenant.ID, "runtime", p.rt.Name(), "image", p.img.Name, "pool", pd.class.String(), "claim", setup, "attached", tAttach, "agent", tAgent, "stored", tStore)
 	m.Emit(tenant.ID, id, api.SandboxCreated{Runtime: p.rt.Name(), Image: p.img.Name})
 	m.Emit(tenant.ID, id, api.PoolClaimed{Class: pd.class.String(), SetupMs: setup.Milliseconds()})
-	return m.view(rec), nil
+	v := m.view(rec)
+	v.Pooled = true
+	return v, nil
 }
 
 // claimInfo is how sb's agent must be claimed (zero: it was started as the

@@ -71,7 +71,7 @@ func TestPoolClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sb.ID != pooled.id || sb.Status != StatusRunning {
+	if sb.ID != pooled.id || sb.Status != StatusRunning || !sb.Pooled {
 		t.Fatalf("created %s (%s), want the pooled %s running", sb.ID, sb.Status, pooled.id)
 	}
 	if !pooled.srv.Claimed() {
@@ -106,7 +106,7 @@ func TestPoolClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := poolStatus(m); cold.ID == pooled.id || st.Claims != 1 || st.Misses != 0 {
+	if st := poolStatus(m); cold.ID == pooled.id || cold.Pooled || st.Claims != 1 || st.Misses != 0 {
 		t.Fatalf("a 256m create: %s, pool %+v", cold.ID, st)
 	}
 }
