@@ -19,26 +19,6 @@ import (
 	"github.com/cagebox/cagebox/internal/kube/fleet"
 )
 
-// fleetRouter serves the fleet's ingress (--ingress): PORT-ID.domain
-// connections forwarded to the node that runs sandbox ID. It is the
-// fleet router of internal/kube/router once that package is in the build.
-//
-// TODO(kube): internal/kube/router is on main but not on this branch; at
-// the merge add cmd/cagebox/controller_router.go:
-//
-//	func init() {
-//		fleetRouter = func(ctx context.Context, addr, domain string, lookup func(id string) (string, bool), log *slog.Logger) error {
-//			ln, err := net.Listen("tcp", addr)
-//			if err != nil {
-//				return fmt.Errorf("--ingress: %w", err)
-//			}
-//			r := router.New(router.Config{Domain: domain, Lookup: lookup, Logger: log})
-//			go func() { <-ctx.Done(); r.Close() }()
-//			return r.Serve(ln)
-//		}
-//	}
-var fleetRouter func(ctx context.Context, addr, domain string, lookup func(id string) (nodeIngress string, ok bool), log *slog.Logger) error
-
 func controllerCmd(g *globals) *cobra.Command {
 	var kubeconfig, ns, keyFile, caFile, ingress, domain, health, metrics, logLevel string
 	var bestOf int
@@ -81,9 +61,6 @@ each node's API with the fleet admin key.`,
 			}
 			if ingress != "" && domain == "" {
 				return errors.New("--ingress needs --ingress-domain (the fleet's wildcard domain, PORT-ID.DOMAIN)")
-			}
-			if ingress != "" && fleetRouter == nil {
-				return errors.New("--ingress: this build has no fleet router (internal/kube/router)")
 			}
 			rc, err := kubeConfig(kubeconfig)
 			if err != nil {
