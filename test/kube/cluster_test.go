@@ -31,15 +31,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -66,7 +72,18 @@ const (
 
 var binDir string
 
+// testScheme is the controller's scheme plus RBAC (the test applies
+// deploy/rbac.yaml).
+var testScheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(sandboxv1beta1.AddToScheme(s))
+	utilruntime.Must(extv1beta1.AddToScheme(s))
+	return s
+}()
+
 func TestMain(m *testing.M) {
+	ctrllog.SetLogger(logr.Discard())
 	if os.Geteuid() != 0 {
 		fmt.Println("kube: skipped, needs root (network namespaces, sandboxes)")
 		os.Exit(0)
@@ -232,7 +249,7 @@ func (c *cluster) controlPlane() {
 		}
 	})
 	c.cfg = cfg
-	k, err := ctrlclient.New(cfg, ctrlclient.Options{Scheme: kubetypes.Scheme})
+	k, err := ctrlclient.New(cfg, ctrlclient.Options{Scheme: testScheme})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -583,7 +600,9 @@ func (c *cluster) waitNodes(n int) {
 		live := 0
 		if err == nil {
 			for _, ls := range l.Items {
-				if _, err := fleet.ParseCapacity(ls.Annotations[fleet.AnnCapacity]); err == nil && ls.Spec.RenewTime != nil {
+				// Live, and past the first report (which may come before
+				// the runtimes are probed).
+				if capa, err := fleet.ParseCapacity(ls.Annotations[fleet.AnnCapacity]); err == nil && ls.Spec.RenewTime != nil && capa.Offers(kubeRuntime(), 0) {
 					live++
 				}
 			}

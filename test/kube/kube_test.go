@@ -243,7 +243,8 @@ func TestFleet(t *testing.T) {
 	tpl := podTemplate("busybox", tplAnn)
 	tpl.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 8080}}
 	c.create(&extv1beta1.SandboxTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: testNS, Name: "bb"},
-		Spec: extv1beta1.SandboxTemplateSpec{SandboxBlueprint: sandboxv1beta1.SandboxBlueprint{PodTemplate: tpl}}})
+		Spec: extv1beta1.SandboxTemplateSpec{SandboxBlueprint: sandboxv1beta1.SandboxBlueprint{PodTemplate: tpl},
+			EnvVarsInjectionPolicy: extv1beta1.EnvVarsInjectionPolicyAllowed}})
 	three := int32(3)
 	c.create(&extv1beta1.SandboxWarmPool{ObjectMeta: metav1.ObjectMeta{Namespace: testNS, Name: "warm"},
 		Spec: extv1beta1.SandboxWarmPoolSpec{Replicas: &three, TemplateRef: extv1beta1.SandboxTemplateRef{Name: "bb"}}})
