@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/cagebox/cagebox/internal/kube/fleet"
+	"github.com/cagebox/cagebox/internal/kube/kubetest"
 )
 
 // TestApplyToAPIServer creates everything kustomization.yaml lists, then
@@ -21,20 +22,9 @@ import (
 // validation (the CRDs' schemas, the pod specs, RBAC) takes more than
 // strict decoding checks.
 func TestApplyToAPIServer(t *testing.T) {
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
-		if os.Getenv("CAGEBOX_REQUIRE_KUBE") == "1" {
-			t.Fatal("KUBEBUILDER_ASSETS is unset and CAGEBOX_REQUIRE_KUBE=1: set it to the directory scripts/kube-testbin.sh prints")
-		}
-		t.Skip("KUBEBUILDER_ASSETS is unset: no kube-apiserver to apply the manifests to (scripts/kube-testbin.sh builds one)")
-	}
-	env := &envtest.Environment{BinaryAssetsDirectory: assets}
 	start := time.Now()
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("control plane: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	// No CRDs preinstalled: kustomization.yaml's own are applied below.
+	_, cfg := kubetest.Env(t, func(e *envtest.Environment) { e.CRDDirectoryPaths = nil })
 	t.Logf("control plane ready in %v", time.Since(start).Round(time.Millisecond))
 	k, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {

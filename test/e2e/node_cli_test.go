@@ -18,6 +18,7 @@ import (
 
 	"github.com/cagebox/cagebox/client"
 	"github.com/cagebox/cagebox/internal/kube/fleet"
+	"github.com/cagebox/cagebox/internal/kube/kubetest"
 )
 
 // TestNodeCLI: `cagebox node` against a real apiserver (envtest): it
@@ -27,20 +28,7 @@ import (
 // node — daemon included — with the reason. (The multi-node fleet e2e is
 // the lead's harness.)
 func TestNodeCLI(t *testing.T) {
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
-		msg := "no control plane: set KUBEBUILDER_ASSETS to the kube-apiserver and etcd binaries (scripts/kube-testbin.sh prints the directory)"
-		if os.Getenv("CAGEBOX_REQUIRE_KUBE") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	cp := &envtest.Environment{BinaryAssetsDirectory: assets}
-	cfg, err := cp.Start()
-	if err != nil {
-		t.Fatalf("start the control plane: %v", err)
-	}
-	t.Cleanup(func() { _ = cp.Stop() })
+	cp, cfg := kubetest.Env(t, nil)
 	u, err := cp.AddUser(envtest.User{Name: "cagebox-node", Groups: []string{"system:masters"}}, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -53,7 +53,7 @@ import (
 	"github.com/cagebox/cagebox/client"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/kube/fleet"
-	"github.com/cagebox/cagebox/internal/kube/kubetypes"
+	"github.com/cagebox/cagebox/internal/kube/kubetest"
 	"github.com/cagebox/cagebox/internal/testpki"
 	"github.com/cagebox/cagebox/internal/vmimage"
 )
@@ -88,12 +88,12 @@ func TestMain(m *testing.M) {
 		fmt.Println("kube: skipped, needs root (network namespaces, sandboxes)")
 		os.Exit(0)
 	}
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		if os.Getenv("CAGEBOX_REQUIRE_KUBE") != "" {
-			fmt.Println("kube: KUBEBUILDER_ASSETS is not set but CAGEBOX_REQUIRE_KUBE is: run scripts/kube-testbin.sh and export its output as KUBEBUILDER_ASSETS")
+	if _, why := kubetest.Assets(); why != "" {
+		if os.Getenv("CAGEBOX_REQUIRE_KUBE") == "1" {
+			fmt.Println("kube: CAGEBOX_REQUIRE_KUBE=1 but " + why)
 			os.Exit(1)
 		}
-		fmt.Println("kube: skipped, KUBEBUILDER_ASSETS is not set (scripts/kube-testbin.sh builds kube-apiserver and etcd and prints the directory)")
+		fmt.Println("kube: skipped, " + why)
 		os.Exit(0)
 	}
 	dir, err := os.MkdirTemp("", "cbx-kube-bin")
@@ -214,42 +214,19 @@ func freePortOn(t testing.TB, addr string) string {
 	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
 
-// crdDir is deploy/crds: the agent-sandbox CRDs we install.
-func crdDir(t testing.TB) string {
-	t.Helper()
-	d, err := filepath.Abs("../../deploy/crds")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
 func (c *cluster) controlPlane() {
 	t := c.t
-	c.env = &envtest.Environment{
-		BinaryAssetsDirectory: os.Getenv("KUBEBUILDER_ASSETS"),
-		CRDDirectoryPaths:     []string{crdDir(t)},
-		ErrorIfCRDPathMissing: true,
-		Scheme:                kubetypes.Scheme,
-	}
-	// The apiserver listens on the bridge, where the node agents reach it
-	// (its serving certificate names that address too).
-	api := c.env.ControlPlane.GetAPIServer()
-	api.SecureServing.ListenAddr.Address = bridgeIP
-	api.SecureServing.ListenAddr.Port = freePortOn(t, bridgeIP)
 	start := time.Now()
-	cfg, err := c.env.Start()
-	if err != nil {
-		t.Fatalf("control plane: %v", err)
-	}
-	t.Logf("control plane with the CRDs ready in %v", time.Since(start).Round(time.Millisecond))
-	t.Cleanup(func() {
-		if err := c.env.Stop(); err != nil {
-			t.Logf("control plane stop: %v", err)
-		}
+	c.env, c.cfg = kubetest.Env(t, func(e *envtest.Environment) {
+		e.Scheme = testScheme
+		// The apiserver listens on the bridge, where the node agents
+		// reach it (its serving certificate names that address too).
+		api := e.ControlPlane.GetAPIServer()
+		api.SecureServing.ListenAddr.Address = bridgeIP
+		api.SecureServing.ListenAddr.Port = freePortOn(t, bridgeIP)
 	})
-	c.cfg = cfg
-	k, err := ctrlclient.New(cfg, ctrlclient.Options{Scheme: testScheme})
+	t.Logf("control plane with the CRDs ready in %v", time.Since(start).Round(time.Millisecond))
+	k, err := ctrlclient.New(c.cfg, ctrlclient.Options{Scheme: testScheme})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func TestSandboxPlacedThenDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := time.Now()
-	e.eventually(10*time.Second, "the sandbox placed", func() bool {
+	e.eventually(30*time.Second, "the sandbox placed", func() bool {
 		s := e.getSandbox("web")
 		return s.Annotations[fleet.AnnSandboxID] != "" && s.Status.NodeName != ""
 	})
@@ -134,7 +134,7 @@ func TestSandboxPlacedThenDeleted(t *testing.T) {
 	if err := e.c.Create(e.ctx, forger); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(5*time.Second, "the forger unschedulable", func() bool {
+	e.eventually(30*time.Second, "the forger unschedulable", func() bool {
 		r := readyOf(e.getSandbox("forger"))
 		return r != nil && r.Reason == ReasonUnschedulable
 	})
@@ -154,7 +154,7 @@ func TestSandboxPlacedThenDeleted(t *testing.T) {
 	if err := e.c.Delete(e.ctx, got); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(10*time.Second, "the object gone", func() bool { return e.getSandbox("web") == nil })
+	e.eventually(30*time.Second, "the object gone", func() bool { return e.getSandbox("web") == nil })
 	if ids := vm.live(); len(ids) != 0 {
 		t.Fatalf("node sandboxes left after the delete: %v", ids)
 	}
@@ -171,7 +171,7 @@ func TestSandboxUnschedulableUntilANodeOffersIt(t *testing.T) {
 	if err := e.c.Create(e.ctx, sb); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(10*time.Second, "Ready=False Unschedulable", func() bool {
+	e.eventually(30*time.Second, "Ready=False Unschedulable", func() bool {
 		r := readyOf(e.getSandbox("g"))
 		return r != nil && r.Reason == ReasonUnschedulable
 	})
@@ -184,7 +184,7 @@ func TestSandboxUnschedulableUntilANodeOffersIt(t *testing.T) {
 	b := newFakeNode("b")
 	b.loseAnswer = true
 	e.addFakeNode(b, 8<<30, "gvisor", rtContainer, rtGVisor)
-	e.eventually(10*time.Second, "placed on b", func() bool {
+	e.eventually(30*time.Second, "placed on b", func() bool {
 		s := e.getSandbox("g")
 		return s.Status.NodeName == "b" && s.Annotations[fleet.AnnSandboxID] != ""
 	})
@@ -209,7 +209,7 @@ func TestNodeLossPlacesAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e.eventually(10*time.Second, "both placed", func() bool {
+	e.eventually(30*time.Second, "both placed", func() bool {
 		return e.getSandbox("one").Status.NodeName != "" && e.getSandbox("two").Status.NodeName != ""
 	})
 	// Best of 2 by free memory: both on a.
@@ -220,7 +220,7 @@ func TestNodeLossPlacesAgain(t *testing.T) {
 	// "two" is deleted while a is gone: the finalizer goes without a node call.
 	e.kill("a")
 	t0 := time.Now()
-	e.eventually(8*time.Second, "one placed on b", func() bool {
+	e.eventually(30*time.Second, "one placed on b", func() bool {
 		s := e.getSandbox("one")
 		return s.Status.NodeName == "b" && s.Annotations[fleet.AnnSandboxID] != ""
 	})
@@ -248,14 +248,14 @@ func TestNodeLossPlacesAgain(t *testing.T) {
 	if err := e.c.Delete(e.ctx, e.getSandbox("two")); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(8*time.Second, "two gone while its node is down", func() bool { return e.getSandbox("two") == nil })
+	e.eventually(30*time.Second, "two gone while its node is down", func() bool { return e.getSandbox("two") == nil })
 
 	// a returns: its two stale sandboxes are garbage collected.
 	if got := len(a.live()); got != 2 {
 		t.Fatalf("node a holds %d sandboxes while down, want 2", got)
 	}
 	e.resume("a")
-	e.eventually(8*time.Second, "stale sandboxes on a removed", func() bool { return len(a.live()) == 0 })
+	e.eventually(30*time.Second, "stale sandboxes on a removed", func() bool { return len(a.live()) == 0 })
 	if ids := b.live(); len(ids) != 1 || ids[0] != e.getSandbox("one").Annotations[fleet.AnnSandboxID] {
 		t.Errorf("b runs %v", ids)
 	}
@@ -276,8 +276,8 @@ func TestSandboxShutdownTime(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e.eventually(5*time.Second, "both running", func() bool { return len(n.live()) == 2 })
-	e.eventually(8*time.Second, "del gone and keep finished", func() bool {
+	e.eventually(30*time.Second, "both running", func() bool { return len(n.live()) == 2 })
+	e.eventually(30*time.Second, "del gone and keep finished", func() bool {
 		k := e.getSandbox("keep")
 		return e.getSandbox("del") == nil && k != nil && meta.IsStatusConditionTrue(k.Status.Conditions, string(sandboxv1beta1.SandboxConditionFinished))
 	})

@@ -21,20 +21,24 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/kube/fleet"
+	"github.com/cagebox/cagebox/internal/kube/kubetest"
 )
 
 // The control plane of these tests: a real kube-apiserver and etcd
 // started by envtest from $KUBEBUILDER_ASSETS (scripts/kube-testbin.sh
-// builds them). A small copy of internal/kube/kubetest's Start, which
-// lands with the controller's branch.
+// builds them), once for the package: kubetest.Env starts one per test,
+// and these tests need no CRDs.
 var (
 	restCfg *rest.Config
 	envErr  error
+	noEnv   string // why there is none
 )
 
 func TestMain(m *testing.M) {
 	var env *envtest.Environment
-	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
+	dir, why := kubetest.Assets()
+	noEnv = why
+	if dir != "" {
 		env = &envtest.Environment{BinaryAssetsDirectory: dir}
 		restCfg, envErr = env.Start()
 	}
@@ -51,11 +55,8 @@ func TestMain(m *testing.M) {
 func clientset(t *testing.T, wrap func(http.RoundTripper) http.RoundTripper) (kubernetes.Interface, string) {
 	t.Helper()
 	if restCfg == nil && envErr == nil {
-		msg := "no control plane: set KUBEBUILDER_ASSETS to the kube-apiserver and etcd binaries (scripts/kube-testbin.sh prints the directory)"
-		if os.Getenv("CAGEBOX_REQUIRE_KUBE") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		kubetest.Require(t) // skips, or fails under CAGEBOX_REQUIRE_KUBE=1
+		t.Fatal(noEnv)
 	}
 	if envErr != nil {
 		t.Fatalf("start the control plane: %v", envErr)
