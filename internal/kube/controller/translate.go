@@ -133,10 +133,14 @@ func Translate(ctx context.Context, secrets client.Reader, sb *sandboxv1beta1.Sa
 			return nil, specErr(ReasonInvalidTemplate, "env %s: only value and valueFrom.secretKeyRef are supported", e.Name)
 		case len(hosts) > 0 && strings.HasPrefix(e.Value, "vault:"):
 			key := strings.TrimPrefix(e.Value, "vault:")
-			if key == "" {
-				return nil, specErr(ReasonInvalidTemplate, "env %s: vault: names no secret; write vault:KEY with KEY a secret in the node's vault", e.Name)
+			if !validVaultKey(key) {
+				return nil, specErr(ReasonInvalidTemplate, "env %s: vault:%s: write vault:KEY with KEY letters, digits and single underscores, not starting with one (the node vault's secret ns_NAMESPACE__KEY)", e.Name, key)
 			}
-			req.Secrets = append(req.Secrets, api.SecretBinding{Name: e.Name, Secret: key, Hosts: hosts})
+			// A namespace reaches only its own share of the node vault:
+			// the nodes are one tenant (the fleet admin), so KEY alone
+			// would let any namespace that may create a Sandbox use every
+			// credential an operator stored there.
+			req.Secrets = append(req.Secrets, api.SecretBinding{Name: e.Name, Secret: VaultName(sb.Namespace, key), Hosts: hosts})
 		case len(hosts) > 0:
 			return nil, specErr(ReasonInvalidTemplate, "env %s has annotation %s%s but is neither valueFrom.secretKeyRef nor vault:KEY: a plain value is no credential (drop the annotation, or take the value from a Secret)", e.Name, fleet.AnnSecretHostsPrefix, e.Name)
 		default:
@@ -243,4 +247,30 @@ func labelValue(s string) string {
 		s = strings.TrimRight(s[:63], "-._")
 	}
 	return s
+}
+
+// VaultName is the node vault secret that "vault:KEY" in namespace ns
+// names: ns_NAMESPACE__KEY, the namespace's dashes as underscores (vault
+// names are like environment variables; a namespace has no underscore,
+// so two namespaces never share a name). The operator stores it on the
+// nodes with `cagebox secret add ns_NAMESPACE__KEY …`.
+//
+// KEY is checked by validVaultKey (no "__", not starting with "_"), so the
+// last "__" of a name always separates the namespace from the key: two
+// (namespace, key) pairs never give one name, even for namespaces with
+// "--" in them.
+func VaultName(ns, key string) string {
+	return "ns_" + strings.ReplaceAll(ns, "-", "_") + "__" + key
+}
+
+func validVaultKey(k string) bool {
+	if k == "" || k[0] == '_' || strings.Contains(k, "__") {
+		return false
+	}
+	for _, c := range k {
+		if !(c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return false
+		}
+	}
+	return true
 }

@@ -67,7 +67,8 @@ func TestTranslate(t *testing.T) {
 		{name: "vault reference", ann: hosts("GH", "api.github.com"),
 			ctr: corev1.Container{Name: "m", Env: []corev1.EnvVar{{Name: "GH", Value: "vault:github"}}},
 			check: func(t *testing.T, s *Spec) {
-				if len(s.Req.Secrets) != 1 || s.Req.Secrets[0].Secret != "github" || s.Req.Secrets[0].Value != "" {
+				// Scoped to the object's namespace: never another's key.
+				if len(s.Req.Secrets) != 1 || s.Req.Secrets[0].Secret != "ns_"+strings.ReplaceAll(testNS, "-", "_")+"__github" || s.Req.Secrets[0].Value != "" {
 					t.Errorf("%+v", s.Req.Secrets)
 				}
 			}},
@@ -284,4 +285,22 @@ type apiReq = api.CreateSandboxRequest
 
 func apiPool(class string, ready int) api.PoolStatus {
 	return api.PoolStatus{Class: class, Ready: ready, Target: ready}
+}
+
+// Node vault names are per namespace and never collide across them.
+func TestVaultName(t *testing.T) {
+	if got := VaultName("team-a", "GH"); got != "ns_team_a__GH" {
+		t.Fatalf("VaultName = %q", got)
+	}
+	// "a--b" with "c" would meet "a" with "b__c": such keys are refused.
+	for _, k := range []string{"b__c", "_c", "", "a-b", "a.b"} {
+		if validVaultKey(k) {
+			t.Errorf("vault key %q accepted", k)
+		}
+	}
+	for _, k := range []string{"GH", "gh_token", "K1"} {
+		if !validVaultKey(k) {
+			t.Errorf("vault key %q refused", k)
+		}
+	}
 }

@@ -71,7 +71,8 @@ const (
 	// Kubernetes Secret (valueFrom.secretKeyRef) needs one: the guest
 	// sees a placeholder, the node's gateway swaps the real value in for
 	// those hosts only. An env var set to "vault:KEY" with such an
-	// annotation binds the node vault's secret KEY instead.
+	// annotation binds the node vault's secret ns_NAMESPACE__KEY instead
+	// (controller.VaultName: each namespace its own share of the vault).
 	AnnSecretHostsPrefix = "secrets.cagebox.dev/"
 	// AnnIsolationFloor is the weakest isolation class the sandbox may get
 	// (namespaces, app-kernel, hypervisor).
