@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/util/retry"
+
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -317,13 +319,12 @@ func TestClaimShutdownTime(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: testNS},
 		Spec:       extv1beta1.SandboxWarmPoolSpec{Replicas: ptr.To(int32(0)), TemplateRef: extv1beta1.SandboxTemplateRef{Name: "t"}},
 	}
-	at := metav1.NewTime(time.Now().Add(3 * time.Second))
 	claim := func(name string, p extv1beta1.ShutdownPolicy) *extv1beta1.SandboxClaim {
 		return &extv1beta1.SandboxClaim{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
 			Spec: extv1beta1.SandboxClaimSpec{
 				WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: "p"},
-				Lifecycle:   &extv1beta1.Lifecycle{ShutdownTime: &at, ShutdownPolicy: p},
+				Lifecycle:   &extv1beta1.Lifecycle{ShutdownPolicy: p},
 			},
 		}
 	}
@@ -332,11 +333,27 @@ func TestClaimShutdownTime(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Both were made on the node (they may already be past their
-	// shutdown time when this looks: a loaded machine is slow).
-	e.eventually(30*time.Second, "both claims' sandboxes made", func() bool { return n.createCount() == 2 })
-	if sb := e.getSandbox("keep"); sb != nil && sb.Annotations[fleet.AnnLaunch] != "" && sb.Annotations[fleet.AnnLaunch] != LaunchCold {
-		t.Errorf("launch %q with an empty pool, want cold", sb.Annotations[fleet.AnnLaunch])
+	// Both run first (with a shutdown time set at create, a loaded
+	// machine could reconcile them only after it passed: correctly never
+	// made, and a flaky test); then their shutdown time comes.
+	e.eventually(30*time.Second, "both claims running", func() bool { return len(n.live()) == 2 })
+	e.eventually(30*time.Second, "keep's launch annotation", func() bool {
+		sb := e.getSandbox("keep")
+		return sb != nil && sb.Annotations[fleet.AnnLaunch] != ""
+	})
+	if launch := e.getSandbox("keep").Annotations[fleet.AnnLaunch]; launch != LaunchCold {
+		t.Errorf("launch %q with an empty pool, want cold", launch)
+	}
+	at := metav1.NewTime(time.Now().Add(time.Second))
+	for _, name := range []string{"keep", "drop"} {
+		// The controller writes the object too: retry on a conflict.
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			c := e.getClaim(name)
+			c.Spec.Lifecycle.ShutdownTime = &at
+			return e.c.Update(e.ctx, c)
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	e.eventually(30*time.Second, "keep finished, drop gone", func() bool {
 		k := e.getClaim("keep")

@@ -82,13 +82,6 @@ func (n *fakeNode) Create(ctx context.Context, req *api.CreateSandboxRequest) (*
 	return &cp, nil
 }
 
-// createCount is how many creates the node has taken.
-func (n *fakeNode) createCount() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return len(n.creates)
-}
-
 func (n *fakeNode) ListLabeled(ctx context.Context, labels map[string]string) ([]api.Sandbox, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

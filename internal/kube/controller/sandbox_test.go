@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/util/retry"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -267,16 +269,27 @@ func TestSandboxShutdownTime(t *testing.T) {
 	e := startEnv(t, Config{})
 	n := e.addNode("a", 8<<30, "container", rtContainer)
 	keep := newSandbox("keep", nil, corev1.Container{Name: "main"})
-	keep.Spec.ShutdownTime = &metav1.Time{Time: time.Now().Add(3 * time.Second)}
 	del := newSandbox("del", nil, corev1.Container{Name: "main"})
-	del.Spec.ShutdownTime = &metav1.Time{Time: time.Now().Add(3 * time.Second)}
 	del.Spec.ShutdownPolicy = ptr.To(sandboxv1beta1.ShutdownPolicyDelete)
 	for _, sb := range []*sandboxv1beta1.Sandbox{keep, del} {
 		if err := e.c.Create(e.ctx, sb); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// Running first, then the shutdown time comes (set at create, a
+	// loaded machine might reconcile them only after it passed).
 	e.eventually(30*time.Second, "both running", func() bool { return len(n.live()) == 2 })
+	at := metav1.NewTime(time.Now().Add(time.Second))
+	for _, name := range []string{"keep", "del"} {
+		// The controller writes the object too: retry on a conflict.
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			sb := e.getSandbox(name)
+			sb.Spec.ShutdownTime = &at
+			return e.c.Update(e.ctx, sb)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	e.eventually(30*time.Second, "del gone and keep finished", func() bool {
 		k := e.getSandbox("keep")
 		return e.getSandbox("del") == nil && k != nil && meta.IsStatusConditionTrue(k.Status.Conditions, string(sandboxv1beta1.SandboxConditionFinished))
