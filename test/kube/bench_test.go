@@ -54,7 +54,7 @@ func BenchmarkFleet(b *testing.B) {
 	}
 	// The pools are made once: b.Run calls each function more than once
 	// (b.N = 1 first).
-	const burst = 6
+	const burst = 12
 	pool("hot", "bb", 3)
 	pool("cold", "bbcold", 0)
 	pool("burst", "bb", burst)
