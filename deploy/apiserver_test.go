@@ -88,6 +88,8 @@ func TestApplyToAPIServer(t *testing.T) {
 		{"cagebox-controller", "get", "", "secrets", "agents", true},
 		{"cagebox-controller", "list", "", "secrets", "agents", false},
 		{"cagebox-controller", "watch", "", "secrets", "", false},
+		{"cagebox-controller", "get", "", "namespaces", "", true},
+		{"cagebox-controller", "patch", "", "namespaces", "", false},
 		{"cagebox-controller", "create", "agents.x-k8s.io", "sandboxes", "agents", true},
 		{"cagebox-controller", "watch", "coordination.k8s.io", "leases", fleet.DefaultNamespace, true},
 		{"cagebox-controller", "update", "coordination.k8s.io", "leases", fleet.DefaultNamespace, false},

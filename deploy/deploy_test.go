@@ -291,6 +291,8 @@ func TestRBAC(t *testing.T) {
 		{"", "secrets", "get", true},
 		{"", "secrets", "list", false},
 		{"", "secrets", "watch", false},
+		{"", "namespaces", "get", true},
+		{"", "namespaces", "update", false},
 		{"agents.x-k8s.io", "sandboxes", "create", true},
 		{"agents.x-k8s.io", "sandboxes", "delete", true},
 		{"agents.x-k8s.io", "sandboxes/finalizers", "update", true},

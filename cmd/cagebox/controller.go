@@ -17,10 +17,11 @@ import (
 
 	"github.com/cagebox/cagebox/internal/kube/controller"
 	"github.com/cagebox/cagebox/internal/kube/fleet"
+	"github.com/cagebox/cagebox/isolation"
 )
 
 func controllerCmd(g *globals) *cobra.Command {
-	var kubeconfig, ns, keyFile, caFile, ingress, domain, health, metrics, logLevel string
+	var kubeconfig, ns, keyFile, caFile, ingress, domain, health, metrics, logLevel, minIso string
 	var bestOf int
 	var resync time.Duration
 	var leaderElect bool
@@ -62,6 +63,14 @@ each node's API with the fleet admin key.`,
 			if ingress != "" && domain == "" {
 				return errors.New("--ingress needs --ingress-domain (the fleet's wildcard domain, PORT-ID.DOMAIN)")
 			}
+			var floor isolation.Class
+			if minIso != "" {
+				f, err := isolation.ParseClass(minIso)
+				if err != nil {
+					return fmt.Errorf("--min-isolation: %w", err)
+				}
+				floor = f
+			}
 			rc, err := kubeConfig(kubeconfig)
 			if err != nil {
 				return err
@@ -72,7 +81,7 @@ each node's API with the fleet admin key.`,
 			}
 			ctl := controller.New(controller.Config{
 				Namespace: ns, Dial: controller.TCPDialer(key, caFile), BestOf: bestOf,
-				IngressDomain: domain, Resync: resync, Log: log,
+				IngressDomain: domain, Resync: resync, Log: log, MinIsolation: floor,
 			})
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
@@ -99,6 +108,7 @@ each node's API with the fleet admin key.`,
 	f.StringVar(&ns, "namespace", fleet.DefaultNamespace, "namespace of the node Leases (and the leader election lease)")
 	f.StringVar(&keyFile, "node-key-file", "", "file holding the fleet admin key the node agents accept (required)")
 	f.StringVar(&caFile, "node-ca", "", "CA certificate (PEM) that issued the node agents' API certificates (besides the system roots)")
+	f.StringVar(&minIso, "min-isolation", "", "the fleet's isolation floor: namespaces, app-kernel or hypervisor (a Namespace's cagebox.dev/isolation-floor annotation raises it for that namespace; templates can only raise it further)")
 	f.IntVar(&bestOf, "best-of", 2, "how many eligible nodes a placement samples; the one with the most free memory wins (warm pools first for claims)")
 	f.StringVar(&ingress, "ingress", "", "serve the fleet ingress router on ADDR (needs --ingress-domain)")
 	f.StringVar(&domain, "ingress-domain", "", "the fleet's domain: Sandbox URLs are https://PORT-ID.DOMAIN/ and serviceFQDN ID.DOMAIN")

@@ -16,6 +16,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
@@ -23,6 +24,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,6 +49,7 @@ import (
 
 	"github.com/cagebox/cagebox/internal/kube/fleet"
 	"github.com/cagebox/cagebox/internal/kube/kubetypes"
+	"github.com/cagebox/cagebox/isolation"
 )
 
 // Config configures the controller.
@@ -65,6 +69,11 @@ type Config struct {
 	Resync time.Duration
 	// Log receives the controller's own log lines (default slog.Default).
 	Log *slog.Logger
+	// MinIsolation is the fleet's isolation floor: no sandbox is placed
+	// on a weaker runtime, whatever its template asks. A namespace's own
+	// floor (annotation fleet.AnnIsolationFloor on the Namespace object,
+	// which its users usually cannot edit) raises it for that namespace.
+	MinIsolation isolation.Class
 }
 
 // Controller reconciles the agent-sandbox objects onto cagebox nodes.
@@ -391,4 +400,38 @@ func (c *Controller) LookupIngress(id string) (string, bool) {
 		return "", false
 	}
 	return n.Ingress, true
+}
+
+// floor is the isolation floor an object of namespace ns gets at the
+// least: the fleet's, raised by the Namespace's annotation. A template's
+// own annotation can only raise it further. An unreadable Namespace or a
+// bad annotation is an error (never a lower floor).
+func (c *Controller) floor(ctx context.Context, ns string) (isolation.Class, error) {
+	floor := c.cfg.MinIsolation
+	var n corev1.Namespace
+	if err := c.apiReader.Get(ctx, client.ObjectKey{Name: ns}, &n); err != nil {
+		return 0, fmt.Errorf("namespace %s: %w", ns, err)
+	}
+	if v := strings.TrimSpace(n.Annotations[fleet.AnnIsolationFloor]); v != "" {
+		cl, err := isolation.ParseClass(v)
+		if err != nil {
+			return 0, specErr(ReasonInvalidTemplate, "namespace %s: annotation %s: %q: want namespaces, app-kernel or hypervisor (ask the operator to fix it)", ns, fleet.AnnIsolationFloor, v)
+		}
+		if cl > floor {
+			floor = cl
+		}
+	}
+	return floor, nil
+}
+
+// raiseFloor applies the namespace's floor to spec.
+func (c *Controller) raiseFloor(ctx context.Context, ns string, spec *Spec) error {
+	f, err := c.floor(ctx, ns)
+	if err != nil {
+		return err
+	}
+	if f > spec.Floor {
+		spec.Floor = f
+	}
+	return nil
 }

@@ -109,6 +109,9 @@ func (c *Controller) reconcileSandbox(ctx context.Context, req reconcile.Request
 // place puts an unplaced Sandbox on a node.
 func (c *Controller) place(ctx context.Context, sb *sandboxv1beta1.Sandbox) (reconcile.Result, error) {
 	spec, err := Translate(ctx, c.apiReader, sb)
+	if err == nil {
+		err = c.raiseFloor(ctx, sb.Namespace, spec)
+	}
 	if err != nil {
 		var se *SpecError
 		if !errors.As(err, &se) {

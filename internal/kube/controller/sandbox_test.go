@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/cagebox/cagebox/internal/kube/fleet"
+	"github.com/cagebox/cagebox/isolation"
 )
 
 func newSandbox(name string, ann map[string]string, ctr corev1.Container) *sandboxv1beta1.Sandbox {
@@ -299,5 +300,63 @@ func TestSandboxShutdownTime(t *testing.T) {
 	}
 	if k := e.getSandbox("keep"); k.Status.NodeName != "" || readyOf(k).Reason != sandboxv1beta1.SandboxReasonExpired {
 		t.Errorf("kept object %+v", k.Status)
+	}
+}
+
+// The operator's floors bound what a template may ask: the fleet's
+// (Config.MinIsolation) and a Namespace's annotation. A template asking
+// for a weaker class waits Unschedulable and then goes to a node that
+// meets the floor; one naming a runtime below the floor is never placed.
+func TestIsolationFloors(t *testing.T) {
+	e := startEnv(t, Config{MinIsolation: isolation.AppKernel})
+	e.addNode("a", 8<<30, "container", rtContainer)
+	// A namespace the operator marked hypervisor.
+	if err := e.c.Create(e.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "untrusted",
+		Annotations: map[string]string{fleet.AnnIsolationFloor: "hypervisor"}}}); err != nil {
+		t.Fatal(err)
+	}
+	rc := "container"
+	named := newSandbox("named", nil, corev1.Container{Name: "main"})
+	named.Spec.PodTemplate.Spec.RuntimeClassName = &rc
+	low := newSandbox("low", map[string]string{fleet.AnnIsolationFloor: "namespaces"}, corev1.Container{Name: "main"})
+	auto := newSandbox("auto", nil, corev1.Container{Name: "main"})
+	auto.Namespace = "untrusted"
+	for _, sb := range []*sandboxv1beta1.Sandbox{named, low, auto} {
+		if err := e.c.Create(e.ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(ns, name string) *sandboxv1beta1.Sandbox {
+		var sb sandboxv1beta1.Sandbox
+		if err := e.c.Get(e.ctx, client.ObjectKey{Namespace: ns, Name: name}, &sb); err != nil {
+			t.Fatal(err)
+		}
+		return &sb
+	}
+	unschedulable := func(ns, name string) func() bool {
+		return func() bool {
+			r := readyOf(get(ns, name))
+			return r != nil && r.Reason == ReasonUnschedulable
+		}
+	}
+	// Node a's container runtime is below every floor here.
+	e.eventually(30*time.Second, "named Unschedulable", unschedulable(testNS, "named"))
+	e.eventually(30*time.Second, "low Unschedulable (fleet floor app-kernel)", unschedulable(testNS, "low"))
+	e.eventually(30*time.Second, "auto Unschedulable (namespace floor hypervisor)", unschedulable("untrusted", "auto"))
+	// A gVisor node meets the fleet's floor, not the namespace's.
+	b := e.addNode("b", 8<<30, "gvisor", rtContainer, rtGVisor)
+	e.eventually(30*time.Second, "low placed on b", func() bool { return get(testNS, "low").Status.NodeName == "b" })
+	c := e.addNode("c", 8<<30, "qemu", rtQEMU)
+	e.eventually(30*time.Second, "auto placed on the hypervisor node", func() bool { return get("untrusted", "auto").Status.NodeName == "c" })
+	if r := b.createRequests(); len(r) != 1 || r[0].Runtime != "gvisor" {
+		t.Errorf("creates on b %+v: want low alone, as gvisor", r)
+	}
+	if r := c.createRequests(); len(r) != 1 || r[0].Runtime != "qemu" {
+		t.Errorf("creates on c %+v: want auto alone, as qemu", r)
+	}
+	// Runtime container is below the fleet's floor: never placed, with b
+	// and c offering it (b) or not.
+	if sb := get(testNS, "named"); sb.Status.NodeName != "" || readyOf(sb).Reason != ReasonUnschedulable {
+		t.Errorf("named: node %q ready %+v", sb.Status.NodeName, readyOf(sb))
 	}
 }

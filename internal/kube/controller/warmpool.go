@@ -113,6 +113,9 @@ func (c *Controller) spreadPool(ctx context.Context, wp *extv1beta1.SandboxWarmP
 		return 0, 0
 	}
 	spec, err := PoolSpec(ctx, &tpl)
+	if err == nil {
+		err = c.raiseFloor(ctx, wp.Namespace, spec)
+	}
 	if err != nil {
 		c.log.Warn("warm pool's template cannot be run", "pool", wp.Namespace+"/"+wp.Name, "template", tpl.Name, "err", err)
 		return 0, 0
