@@ -384,7 +384,7 @@ func (c *cluster) startNode(i int, extra ...string) {
 	n.start(t)
 	t.Cleanup(func() {
 		n.stop(syscall.SIGTERM)
-		if t.Failed() {
+		if t.Failed() || os.Getenv("CAGEBOX_KUBE_LOGS") != "" {
 			t.Logf("node %s log:\n%s", n.name, n.logText())
 		}
 		c.sweepNode(n)
@@ -559,7 +559,7 @@ func (c *cluster) startController(extra ...string) {
 			_ = cmd.Process.Kill()
 			<-done
 		}
-		if t.Failed() {
+		if t.Failed() || os.Getenv("CAGEBOX_KUBE_LOGS") != "" {
 			w.mu.Lock()
 			t.Logf("controller log:\n%s", c.ctrlLog.String())
 			w.mu.Unlock()
