@@ -20,6 +20,7 @@ import (
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/client"
 	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/testbin"
 	"github.com/cagebox/cagebox/internal/vmimage"
 )
 
@@ -37,19 +38,12 @@ func TestMain(m *testing.M) {
 	setDefaultEnv("CAGEBOX_NET_TABLE", "cagebox_e2e")
 	setDefaultEnv("CAGEBOX_NET_IFPREFIX", "cbe")
 	setDefaultEnv("CAGEBOX_LINK_POOL", "10.252.0.0/16")
-	dir, err := os.MkdirTemp("", "cbx-e2e-bin")
+	dir, err := testbin.Build()
 	if err != nil {
-		panic(err)
+		fmt.Println(err)
+		os.Exit(1)
 	}
 	binDir = dir
-	for _, p := range []string{"cagebox", "cagebox-agent"} {
-		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, p), "github.com/cagebox/cagebox/cmd/"+p)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Printf("build %s: %v\n%s", p, err, out)
-			os.Exit(1)
-		}
-	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

@@ -54,6 +54,7 @@ import (
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/kube/fleet"
 	"github.com/cagebox/cagebox/internal/kube/kubetest"
+	"github.com/cagebox/cagebox/internal/testbin"
 	"github.com/cagebox/cagebox/internal/testpki"
 	"github.com/cagebox/cagebox/internal/vmimage"
 )
@@ -96,19 +97,12 @@ func TestMain(m *testing.M) {
 		fmt.Println("kube: skipped, " + why)
 		os.Exit(0)
 	}
-	dir, err := os.MkdirTemp("", "cbx-kube-bin")
+	dir, err := testbin.Build()
 	if err != nil {
-		panic(err)
+		fmt.Println(err)
+		os.Exit(1)
 	}
 	binDir = dir
-	for _, p := range []string{"cagebox", "cagebox-agent"} {
-		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, p), "github.com/cagebox/cagebox/cmd/"+p)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Printf("build %s: %v\n%s", p, err, out)
-			os.Exit(1)
-		}
-	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
