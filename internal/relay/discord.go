@@ -95,9 +95,8 @@ type State struct {
 type Discord struct {
 	cfg DiscordConfig
 
-	mu  sync.Mutex
-	st  State
-	res string // resume_gateway_url
+	stateBox        // its mu also guards res
+	res      string // resume_gateway_url
 
 	lastIdentify time.Time
 	sends        []time.Time
@@ -117,37 +116,51 @@ func NewDiscord(cfg DiscordConfig) *Discord {
 	if cfg.IdentifyInterval <= 0 {
 		cfg.IdentifyInterval = DefaultIdentifyInterval
 	}
-	if cfg.MinBackoff <= 0 {
-		cfg.MinBackoff = time.Second
-	}
-	if cfg.MaxBackoff <= 0 {
-		cfg.MaxBackoff = time.Minute
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
-	if cfg.State == nil {
-		cfg.State = func(State) {}
-	}
-	if cfg.Event == nil {
-		cfg.Event = func(string, State, string, int) {}
-	}
-	return &Discord{cfg: cfg}
+	loopDefaults(&cfg.MinBackoff, &cfg.MaxBackoff, &cfg.Log, &cfg.State, &cfg.Event)
+	return &Discord{cfg: cfg, stateBox: stateBox{report: cfg.State}}
+}
+
+// stateBox holds a relay's State (Snapshot) and reports every change
+// (update) to the relay's State callback; both relays embed it.
+type stateBox struct {
+	mu     sync.Mutex
+	st     State
+	report func(State)
 }
 
 // Snapshot returns the relay's state.
-func (d *Discord) Snapshot() State {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.st
+func (b *stateBox) Snapshot() State {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.st
 }
 
-func (d *Discord) update(f func(*State)) {
-	d.mu.Lock()
-	f(&d.st)
-	st := d.st
-	d.mu.Unlock()
-	d.cfg.State(st)
+func (b *stateBox) update(f func(*State)) {
+	b.mu.Lock()
+	f(&b.st)
+	st := b.st
+	b.mu.Unlock()
+	b.report(st)
+}
+
+// loopDefaults fills the settings both relays' reconnect loops share:
+// backoff 1 s to 1 min, the default logger, no-op callbacks.
+func loopDefaults(minBackoff, maxBackoff *time.Duration, log **slog.Logger, state *func(State), event *func(string, State, string, int)) {
+	if *minBackoff <= 0 {
+		*minBackoff = time.Second
+	}
+	if *maxBackoff <= 0 {
+		*maxBackoff = time.Minute
+	}
+	if *log == nil {
+		*log = slog.Default()
+	}
+	if *state == nil {
+		*state = func(State) {}
+	}
+	if *event == nil {
+		*event = func(string, State, string, int) {}
+	}
 }
 
 // gatewayURL adds v=10&encoding=json to a resume_gateway_url (Discord

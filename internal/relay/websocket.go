@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -72,43 +71,13 @@ func ValidateWebSocketURL(u string) error {
 // WebSocket is a generic relay.
 type WebSocket struct {
 	cfg WebSocketConfig
-	mu  sync.Mutex
-	st  State
+	stateBox
 }
 
 // NewWebSocket returns a relay; call Run.
 func NewWebSocket(cfg WebSocketConfig) *WebSocket {
-	if cfg.MinBackoff <= 0 {
-		cfg.MinBackoff = time.Second
-	}
-	if cfg.MaxBackoff <= 0 {
-		cfg.MaxBackoff = time.Minute
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
-	if cfg.State == nil {
-		cfg.State = func(State) {}
-	}
-	if cfg.Event == nil {
-		cfg.Event = func(string, State, string, int) {}
-	}
-	return &WebSocket{cfg: cfg}
-}
-
-// Snapshot returns the relay's state.
-func (w *WebSocket) Snapshot() State {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.st
-}
-
-func (w *WebSocket) update(f func(*State)) {
-	w.mu.Lock()
-	f(&w.st)
-	st := w.st
-	w.mu.Unlock()
-	w.cfg.State(st)
+	loopDefaults(&cfg.MinBackoff, &cfg.MaxBackoff, &cfg.Log, &cfg.State, &cfg.Event)
+	return &WebSocket{cfg: cfg, stateBox: stateBox{report: cfg.State}}
 }
 
 // Run keeps the connection, reconnecting with backoff, until ctx ends.
