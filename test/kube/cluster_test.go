@@ -127,8 +127,8 @@ type node struct {
 	args                    []string
 	mu                      sync.Mutex
 	cmd                     *exec.Cmd
-	log                     *bytes.Buffer
-	done                    chan struct{}
+	log                     syncBuffer
+	done                    <-chan struct{}
 }
 
 // cluster is the whole fleet of one test.
@@ -143,8 +143,7 @@ type cluster struct {
 	pki       *testpki.PKI
 	caFile    string
 	nodes     []*node
-	ctrl      *exec.Cmd
-	ctrlLog   *bytes.Buffer
+	ctrlLog   syncBuffer
 	ingress   string // the controller's fleet ingress address
 	up        *upstream
 	nodeKubes map[string]string // kubeconfig file per identity
@@ -424,38 +423,54 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 func (n *node) start(t testing.TB) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.log == nil {
-		n.log = &bytes.Buffer{}
-	}
 	cmd := exec.Command("nsenter", n.args...)
 	cmd.Env = n.env
-	w := &lockedWriter{mu: &n.mu, w: n.log}
-	cmd.Stdout, cmd.Stderr = w, w
+	cmd.Stdout, cmd.Stderr = &n.log, &n.log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	n.cmd = cmd
+	n.done = waitDone(cmd)
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use (a process's
+// output, read by the test while it runs).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func (n *node) logText() string { return n.log.String() }
+
+// waitDone reaps cmd in the background; the channel closes when it ends.
+func waitDone(cmd *exec.Cmd) <-chan struct{} {
 	done := make(chan struct{})
-	n.done = done
 	go func() { _ = cmd.Wait(); close(done) }()
+	return done
 }
 
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	// start holds mu while it sets the writer up; Write runs after.
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
-func (n *node) logText() string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.log.String()
+// stopProcess signals a started process and waits for it (SIGKILL after
+// 15 s).
+func stopProcess(cmd *exec.Cmd, done <-chan struct{}, sig syscall.Signal) {
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
 }
 
 // stop signals the node agent and waits (SIGKILL after 15 s).
@@ -464,15 +479,8 @@ func (n *node) stop(sig syscall.Signal) {
 	cmd, done := n.cmd, n.done
 	n.cmd = nil
 	n.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
+	if cmd != nil {
+		stopProcess(cmd, done, sig)
 	}
 }
 
@@ -498,17 +506,8 @@ func (c *cluster) sweepNode(n *node) {
 	if err := cmd.Start(); err != nil {
 		return
 	}
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	}()
+	done := waitDone(cmd)
+	defer stopProcess(cmd, done, syscall.SIGTERM)
 	u := client.Unix(filepath.Join(n.home, "cagebox.sock"))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -536,27 +535,15 @@ func (c *cluster) startController(extra ...string) {
 		"--resync", "1s",
 	}, extra...)
 	cmd := exec.Command(filepath.Join(binDir, "cagebox"), args...)
-	c.ctrlLog = &bytes.Buffer{}
-	w := &lockedWriter{mu: &sync.Mutex{}, w: c.ctrlLog}
-	cmd.Stdout, cmd.Stderr = w, w
+	cmd.Stdout, cmd.Stderr = &c.ctrlLog, &c.ctrlLog
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c.ctrl = cmd
+	done := waitDone(cmd)
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		stopProcess(cmd, done, syscall.SIGTERM)
 		if t.Failed() || os.Getenv("CAGEBOX_KUBE_LOGS") != "" {
-			w.mu.Lock()
 			t.Logf("controller log:\n%s", c.ctrlLog.String())
-			w.mu.Unlock()
 		}
 	})
 }
