@@ -424,11 +424,19 @@ func (c *Controller) floor(ctx context.Context, ns string) (isolation.Class, err
 	return floor, nil
 }
 
-// raiseFloor applies the namespace's floor to spec.
-func (c *Controller) raiseFloor(ctx context.Context, ns string, spec *Spec) error {
-	f, err := c.floor(ctx, ns)
-	if err != nil {
-		return err
+// raiseFloor applies the namespace's floor to spec. memo, if not nil,
+// keeps each namespace's floor for the rest of one pass (the warm-pool
+// pass runs at every lease renewal: one read per namespace, not per pool).
+func (c *Controller) raiseFloor(ctx context.Context, ns string, spec *Spec, memo map[string]isolation.Class) error {
+	f, ok := memo[ns]
+	if !ok {
+		var err error
+		if f, err = c.floor(ctx, ns); err != nil {
+			return err
+		}
+		if memo != nil {
+			memo[ns] = f
+		}
 	}
 	if f > spec.Floor {
 		spec.Floor = f

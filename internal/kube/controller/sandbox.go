@@ -110,7 +110,7 @@ func (c *Controller) reconcileSandbox(ctx context.Context, req reconcile.Request
 func (c *Controller) place(ctx context.Context, sb *sandboxv1beta1.Sandbox) (reconcile.Result, error) {
 	spec, err := Translate(ctx, c.apiReader, sb)
 	if err == nil {
-		err = c.raiseFloor(ctx, sb.Namespace, spec)
+		err = c.raiseFloor(ctx, sb.Namespace, spec, nil)
 	}
 	if err != nil {
 		var se *SpecError

@@ -76,11 +76,12 @@ func (c *Controller) reconcilePools(ctx context.Context, _ reconcile.Request) (r
 		return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
 	})
 	desired := map[string]map[poolClassKey]int{}
+	floors := map[string]isolation.Class{}
 	for i := range pools.Items {
 		wp := &pools.Items[i]
 		replicas, ready := 0, 0
 		if wp.DeletionTimestamp.IsZero() {
-			replicas, ready = c.spreadPool(ctx, wp, live, desired)
+			replicas, ready = c.spreadPool(ctx, wp, live, desired, floors)
 		}
 		orig := wp.DeepCopy()
 		wp.Status.Replicas, wp.Status.ReadyReplicas = int32(replicas), int32(ready)
@@ -106,7 +107,7 @@ func (c *Controller) reconcilePools(ctx context.Context, _ reconcile.Request) (r
 
 // spreadPool adds wp's replicas to desired and returns how many it
 // assigned and how many of those the nodes report ready.
-func (c *Controller) spreadPool(ctx context.Context, wp *extv1beta1.SandboxWarmPool, live []Node, desired map[string]map[poolClassKey]int) (replicas, ready int) {
+func (c *Controller) spreadPool(ctx context.Context, wp *extv1beta1.SandboxWarmPool, live []Node, desired map[string]map[poolClassKey]int, floors map[string]isolation.Class) (replicas, ready int) {
 	var tpl extv1beta1.SandboxTemplate
 	if err := c.c.Get(ctx, client.ObjectKey{Namespace: wp.Namespace, Name: wp.Spec.TemplateRef.Name}, &tpl); err != nil {
 		c.log.Warn("warm pool's template", "pool", wp.Namespace+"/"+wp.Name, "template", wp.Spec.TemplateRef.Name, "err", err)
@@ -114,7 +115,7 @@ func (c *Controller) spreadPool(ctx context.Context, wp *extv1beta1.SandboxWarmP
 	}
 	spec, err := PoolSpec(ctx, &tpl)
 	if err == nil {
-		err = c.raiseFloor(ctx, wp.Namespace, spec)
+		err = c.raiseFloor(ctx, wp.Namespace, spec, floors)
 	}
 	if err != nil {
 		c.log.Warn("warm pool's template cannot be run", "pool", wp.Namespace+"/"+wp.Name, "template", tpl.Name, "err", err)
