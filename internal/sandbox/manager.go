@@ -121,6 +121,8 @@ type Manager struct {
 	volMu sync.Mutex
 	// audits holds the auditor of each audited sandbox (audit.go).
 	audits sync.Map
+	// ports caches published ports for ingress (ports.go).
+	ports portCache
 }
 
 // entry is a sandbox the daemon is attached to.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cagebox/cagebox/api"
@@ -95,11 +96,14 @@ func (m *Manager) AddPort(ctx context.Context, tenant, id string, spec api.PortS
 		exp := m.cfg.Now().Add(ttl)
 		p.ExpiresAt = &exp
 	}
-	if err := m.cfg.Store.PutPort(ctx, p); err != nil {
+	err = m.cfg.Store.PutPort(ctx, p)
+	m.forgetPorts(id) // also on failure: the store may have changed
+	if err != nil {
 		return nil, fmt.Errorf("publish port: %w", err)
 	}
 	if err := m.syncPublished(ctx, id); err != nil {
 		_ = m.cfg.Store.DeletePort(context.Background(), "", id, spec.Port)
+		m.forgetPorts(id)
 		return nil, err
 	}
 	m.log.Info("port published", "sandbox", id, "port", spec.Port, "public", spec.Public)
@@ -165,13 +169,15 @@ func (m *Manager) RemovePort(ctx context.Context, tenant, id string, port int) e
 	if _, err := m.cfg.Store.GetSandbox(ctx, tenant, id); err != nil {
 		return notFound(id, err)
 	}
-	if err := m.cfg.Store.DeletePort(ctx, tenant, id, port); err != nil {
+	err := m.cfg.Store.DeletePort(ctx, tenant, id, port)
+	m.forgetPorts(id)
+	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return fmt.Errorf("%w: port %d of %s is not published (cagebox port ls %s)", errdefs.ErrNotFound, port, id, id)
 		}
 		return err
 	}
-	err := m.syncPublished(ctx, id)
+	err = m.syncPublished(ctx, id)
 	if in := m.ingressCfg(); in != nil && in.OnRemove != nil {
 		in.OnRemove()
 	}
@@ -261,6 +267,7 @@ func (m *Manager) dropPorts(id string) {
 	if err := m.cfg.Store.DeletePorts(ctx, id); err != nil {
 		m.log.Warn("delete published ports", "sandbox", id, "err", err)
 	}
+	m.forgetPorts(id)
 	ws, err := m.cfg.Store.ListWebhooks(ctx, "", id)
 	if err != nil {
 		m.log.Warn("list webhooks", "sandbox", id, "err", err)
@@ -282,7 +289,9 @@ func (m *Manager) reapPorts(ctx context.Context) {
 	now := m.cfg.Now()
 	for _, p := range ps {
 		if p.ExpiresAt != nil && !now.Before(*p.ExpiresAt) {
-			if err := m.cfg.Store.DeletePort(ctx, "", p.SandboxID, p.Port); err == nil {
+			err := m.cfg.Store.DeletePort(ctx, "", p.SandboxID, p.Port)
+			m.forgetPorts(p.SandboxID)
+			if err == nil {
 				_ = m.syncPublished(ctx, p.SandboxID)
 				m.log.Info("published port expired", "sandbox", p.SandboxID, "port", p.Port)
 			}
@@ -291,27 +300,82 @@ func (m *Manager) reapPorts(ctx context.Context) {
 }
 
 // Resolve implements ingress.Backend: a published, unexpired port of a
-// sandbox that has a link.
+// sandbox that has a link. It runs for every ingress request, so it reads
+// the port cache, not the store.
 func (m *Manager) Resolve(ctx context.Context, id string, port uint16) (*ingress.Target, error) {
-	p, err := m.cfg.Store.GetPort(ctx, "", id, int(port))
-	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return nil, ingress.ErrNotFound
-		}
-		return nil, err
-	}
-	if p.ExpiresAt != nil && !m.cfg.Now().Before(*p.ExpiresAt) {
-		return nil, ingress.ErrNotFound
-	}
 	gw := m.cfg.Gateway
 	if gw == nil {
 		return nil, ingress.ErrNotFound
 	}
+	// The link first: it is in memory, and a sandbox without one (unknown,
+	// stopped, another daemon's) is never cached, so requests for made-up
+	// IDs cannot grow the cache.
 	a, ok := gw.Get(id)
 	if !ok {
 		return nil, ingress.ErrNotFound
 	}
+	ps, err := m.publishedPorts(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	p := ps[int(port)]
+	if p == nil || (p.ExpiresAt != nil && !m.cfg.Now().Before(*p.ExpiresAt)) {
+		return nil, ingress.ErrNotFound
+	}
 	return &ingress.Target{Tenant: p.TenantID, Addr: netip.AddrPortFrom(a.Link.GuestAddr, port), Public: p.Public, TokenHash: p.TokenHash}, nil
+}
+
+// portCache holds the published ports of sandboxes that have a link, as
+// the store has them. Every change to a sandbox's ports is made by the
+// manager, which drops that sandbox's entry once the store has changed
+// (forgetPorts); gen stops a lookup that read the store before a change
+// from caching what it read after the change dropped the entry. So a
+// removed port or a rotated token stops working at once, as it did when
+// every request read the store.
+type portCache struct {
+	mu  sync.Mutex
+	gen uint64
+	m   map[string]map[int]*store.Port // sandbox → port → row
+}
+
+// publishedPorts returns a sandbox's published ports (expired ones
+// included: the caller checks), from the cache or else the store.
+func (m *Manager) publishedPorts(ctx context.Context, id string) (map[int]*store.Port, error) {
+	c := &m.ports
+	c.mu.Lock()
+	ps, ok := c.m[id]
+	gen := c.gen
+	c.mu.Unlock()
+	if ok {
+		return ps, nil
+	}
+	rows, err := m.cfg.Store.ListPorts(ctx, "", id)
+	if err != nil {
+		return nil, fmt.Errorf("published ports of %s: %w", id, err)
+	}
+	ps = make(map[int]*store.Port, len(rows))
+	for _, p := range rows {
+		ps[p.Port] = p
+	}
+	c.mu.Lock()
+	if c.gen == gen {
+		if c.m == nil {
+			c.m = map[string]map[int]*store.Port{}
+		}
+		c.m[id] = ps
+	}
+	c.mu.Unlock()
+	return ps, nil
+}
+
+// forgetPorts drops a sandbox's cached ports; call it after every store
+// change to them.
+func (m *Manager) forgetPorts(id string) {
+	c := &m.ports
+	c.mu.Lock()
+	c.gen++
+	delete(c.m, id)
+	c.mu.Unlock()
 }
 
 // Begin implements ingress.Backend: wake an idle-paused sandbox and hold
