@@ -437,7 +437,15 @@ func (s *Service) Run(ctx context.Context) {
 			go func(d *store.Delivery) {
 				defer wg.Done()
 				defer func() { <-sem }()
-				s.deliver(ctx, d)
+				// due was read before this sandbox was marked busy: the
+				// delivery that was under way then may have finished
+				// since, and d be that one. Read the sandbox's next due
+				// delivery again now that no other can finish meanwhile.
+				if fresh, err := s.cfg.Store.DueDeliveries(ctx, d.SandboxID, s.cfg.Now(), 1); err == nil && len(fresh) == 1 {
+					s.deliver(ctx, fresh[0])
+				} else if err != nil && ctx.Err() == nil {
+					s.cfg.Log.Warn("webhook deliveries", "sandbox", d.SandboxID, "err", err)
+				}
 				s.mu.Lock()
 				delete(s.busy, d.SandboxID)
 				s.mu.Unlock()

@@ -324,3 +324,131 @@ func TestQueueFullAndRestart(t *testing.T) {
 		t.Errorf("replay after a restart: %d, want 401", code)
 	}
 }
+
+// heldDue holds the dispatcher's next read of due deliveries, once
+// armed, after it has read them: the list goes stale meanwhile.
+type heldDue struct {
+	store.Store
+	mu      sync.Mutex
+	armed   bool
+	held    chan struct{} // closed when a read is held
+	release chan struct{}
+}
+
+func (h *heldDue) DueDeliveries(ctx context.Context, sandboxID string, now time.Time, limit int) ([]*store.Delivery, error) {
+	ds, err := h.Store.DueDeliveries(ctx, sandboxID, now, limit)
+	h.mu.Lock()
+	hold := h.armed && sandboxID == ""
+	if hold {
+		h.armed = false
+	}
+	h.mu.Unlock()
+	if hold {
+		close(h.held)
+		<-h.release
+	}
+	return ds, err
+}
+
+// TestNoDeliveryTwice: the dispatcher read its due list while a delivery
+// was under way, and that delivery finished before the list was acted on:
+// it is not delivered again (at-least-once allows a retry after a failure,
+// not a second delivery of one the guest accepted).
+func TestNoDeliveryTwice(t *testing.T) {
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "store.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := db.CreateTenant(context.Background(), &store.Tenant{ID: "t1", Name: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	st := &heldDue{Store: db}
+	var mu sync.Mutex
+	got := map[string]int{} // X-Cagebox-Delivery → deliveries
+	entered := make(chan string, 8)
+	finish := make(chan struct{})
+	svc := New(Config{Store: st, BaseURL: "https://hooks.test",
+		Secret: func(context.Context, string, string) ([]byte, func(), error) {
+			return []byte(hookSecret), func() {}, nil
+		},
+		Deliver: func(_ context.Context, _ string, _ int, req *http.Request) (int, error) {
+			id := req.Header.Get("X-Cagebox-Delivery")
+			mu.Lock()
+			got[id]++
+			first := len(got) == 1 && got[id] == 1
+			mu.Unlock()
+			entered <- id
+			if first {
+				<-finish
+			}
+			return http.StatusNoContent, nil
+		}})
+	edge := httptest.NewServer(svc)
+	t.Cleanup(edge.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { svc.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	w, err := svc.Add(context.Background(), "t1", "sb-1", &api.WebhookRequest{Name: "gh", Port: 8080, Path: "/hook", Verify: "github", Secret: "GH_HOOK"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func(i int) {
+		b := fmt.Sprintf(`{"n":%d}`, i)
+		req, _ := http.NewRequest("POST", edge.URL+"/w/"+w.Token, strings.NewReader(b))
+		req.Header.Set("X-Hub-Signature-256", ghSign(b))
+		req.Header.Set("X-GitHub-Delivery", fmt.Sprint("d-", i))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("delivery %d: %s", i, resp.Status)
+		}
+	}
+	post(1)
+	first := <-entered // under way, held by the guest
+	post(2)
+	st.mu.Lock()
+	st.armed, st.held, st.release = true, make(chan struct{}), make(chan struct{})
+	held, release := st.held, st.release
+	st.mu.Unlock()
+	svc.Kick()
+	<-held // the dispatcher has read a due list naming the first delivery
+	close(finish)
+	// The first delivery finishes and frees its sandbox.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		svc.mu.Lock()
+		busy := svc.busy["sb-1"]
+		svc.mu.Unlock()
+		if !busy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first delivery never finished")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	select {
+	case id := <-entered:
+		if id == first {
+			t.Fatalf("delivery %s reached the guest twice", id)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second delivery never came")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 {
+		t.Errorf("deliveries: %v, want two, once each", got)
+	}
+	for id, n := range got {
+		if n != 1 {
+			t.Errorf("delivery %s reached the guest %d times", id, n)
+		}
+	}
+}
