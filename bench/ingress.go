@@ -16,7 +16,9 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,14 +161,7 @@ func ingressBench(agentPath string, latN int, dur time.Duration, conc int) {
 	// Direct: the host dials the guest with the ingress mark (nothing
 	// else may connect into a link).
 	directClient := func(conns int) *http.Client {
-		d := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-			var serr error
-			_ = rc.Control(func(fd uintptr) {
-				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(link.DefaultIngressMark))
-			})
-			return serr
-		}}
-		return &http.Client{Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: conns}}
+		return &http.Client{Transport: &http.Transport{DialContext: markDialer().DialContext, MaxIdleConnsPerHost: conns}}
 	}
 	ingURL := "https://8080-" + sb.ID + "." + benchDomain + "/"
 	directURL := "http://" + guest + "/"
@@ -244,6 +239,18 @@ func ingressBench(agentPath string, latN int, dur time.Duration, conc int) {
 		tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{} // HTTP/1.1, as ingress
 		return hc
 	}
+	// The yardstick for the plain path: the least an HTTP reverse proxy
+	// in Go does (httputil's, one fixed upstream, no routing, access
+	// checks, limits or events), on loopback like the plain listener.
+	bareL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fail(err)
+	}
+	bare := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: guest})
+	bare.Transport = &http.Transport{DialContext: markDialer().DialContext, MaxIdleConnsPerHost: conc}
+	bareSrv := &http.Server{Handler: bare}
+	go func() { _ = bareSrv.Serve(bareL) }()
+	defer bareSrv.Close()
 	kinds := []struct {
 		name string
 		hc   *http.Client
@@ -254,6 +261,7 @@ func ingressBench(agentPath string, latN int, dur time.Duration, conc int) {
 		{name: "direct to the guest (HTTPS, guest's TLS)", hc: directTLSClient(conc), url: "https://" + guestTLS + "/"},
 		{name: "through ingress (HTTPS)", hc: ingClient(conc), url: ingURL},
 		{name: "through ingress (plain, behind a proxy)", hc: plainClient(conc), url: plainURL},
+		{name: "bare Go reverse proxy (plain, yardstick)", hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc}}, url: "http://" + bareL.Addr().String() + "/"},
 	}
 	const rounds = 4
 	for i := range kinds {
@@ -279,7 +287,7 @@ func ingressBench(agentPath string, latN int, dur time.Duration, conc int) {
 		}
 		return fmt.Sprintf("[%.0f–%.0f]", lo, hi)
 	}
-	plainD, httpsD, ingT, ingP := med(kinds[0].got), med(kinds[1].got), med(kinds[2].got), med(kinds[3].got)
+	plainD, httpsD, ingT, ingP, bareP := med(kinds[0].got), med(kinds[1].got), med(kinds[2].got), med(kinds[3].got), med(kinds[4].got)
 	fmt.Printf("ingress: 1 MiB downloads, %d clients, %d rounds of %s per kind, medians (client, ingress and guest share this host's CPUs)\n", conc, rounds, dur/rounds)
 	for _, k := range kinds {
 		fmt.Printf("  %-42s %6.0f MiB/s %-13s\n", k.name, med(k.got), span(k.got))
@@ -287,6 +295,7 @@ func ingressBench(agentPath string, latN int, dur time.Duration, conc int) {
 	fmt.Printf("  %-42s ratio %.2f (goal ≥ 0.5)\n", "ingress HTTPS vs direct HTTPS", ingT/httpsD)
 	fmt.Printf("  %-42s ratio %.2f (goal ≥ 0.5)\n", "ingress plain vs direct plain", ingP/plainD)
 	fmt.Printf("  %-42s ratio %.2f\n", "ingress HTTPS vs direct plain", ingT/plainD)
+	fmt.Printf("  %-42s ratio %.2f (the yardstick itself: %.2f of direct plain)\n", "ingress plain vs bare Go reverse proxy", ingP/bareP, bareP/plainD)
 	// Upload: 50 MiB through ingress.
 	body := bytes.Repeat([]byte("x"), 50<<20)
 	t0 := time.Now()
@@ -358,6 +367,18 @@ func ingressBench(agentPath string, latN int, dur time.Duration, conc int) {
 	for _, id := range []string{sb.ID, sb2.ID} {
 		_ = c.Remove(context.Background(), id)
 	}
+}
+
+// markDialer dials with the ingress mark: nothing else may connect into
+// a link.
+func markDialer() *net.Dialer {
+	return &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		_ = rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(link.DefaultIngressMark))
+		})
+		return serr
+	}}
 }
 
 // startGuest creates a sandbox publishing 8080 (idle-pausing after idle,
