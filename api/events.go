@@ -87,6 +87,7 @@ const (
 	EventRelayConnected    EventKind = "relay.connected"
 	EventRelayDisconnected EventKind = "relay.disconnected"
 	EventRelayFailed       EventKind = "relay.failed"
+	EventRelayDropped      EventKind = "relay.dropped"
 	// Syscall audit (`--audit`; the runtimes, through the sandbox
 	// manager's per-sandbox rate limit).
 	EventSyscallExec    EventKind = "syscall.exec"
@@ -161,7 +162,7 @@ var eventCatalog = []EventPayload{
 	PoolClaimed{}, PoolMissed{}, PoolFilled{}, PoolFillFailed{},
 	WebhookReceived{}, WebhookRejected{}, WebhookDelivered{}, WebhookFailed{},
 	IngressRequest{},
-	RelayConnected{}, RelayDisconnected{}, RelayFailed{},
+	RelayConnected{}, RelayDisconnected{}, RelayFailed{}, RelayDropped{},
 	SyscallExec{}, SyscallConnect{}, SyscallOpen{}, SyscallPriv{}, SyscallDropped{},
 	EventsDropped{},
 }
@@ -572,6 +573,7 @@ func (IngressRequest) EventKind() EventKind { return EventIngressRequest }
 func (RelayConnected) EventKind() EventKind    { return EventRelayConnected }
 func (RelayDisconnected) EventKind() EventKind { return EventRelayDisconnected }
 func (RelayFailed) EventKind() EventKind       { return EventRelayFailed }
+func (RelayDropped) EventKind() EventKind      { return EventRelayDropped }
 
 // RelayConnected: a relay's connection is up (identified afresh or
 // resumed).
@@ -593,4 +595,13 @@ type RelayDisconnected struct {
 type RelayFailed struct {
 	Relay string `json:"relay"`
 	Error string `json:"error"`
+}
+
+// RelayDropped: events a relay received but could not queue for the
+// guest (its queue was full); at most one a second per relay, counting
+// the drops since the last.
+type RelayDropped struct {
+	Relay   string `json:"relay"`
+	Dropped int64  `json:"dropped"`
+	Reason  string `json:"reason"`
 }

@@ -162,10 +162,17 @@ func (rs *relays) startLocked(r *store.Relay) {
 		}
 		return sec.Bytes(), sec.Wipe, nil
 	}
+	drops := &relay.Drops{Report: func(n int64, reason string) {
+		rs.emit(tenant, sb, api.RelayDropped{Relay: name, Dropped: n, Reason: reason})
+	}}
 	enqueue := func(ctx context.Context, key, ctype string, h http.Header, body []byte) error {
 		h.Set("Content-Type", ctype)
 		h.Set("X-Cagebox-Relay", name)
-		return rs.hooks.Enqueue(ctx, &hook, key, h, body)
+		err := rs.hooks.Enqueue(ctx, &hook, key, h, body)
+		if err != nil && ctx.Err() == nil {
+			drops.Add(err.Error())
+		}
+		return err
 	}
 	var d relayRunner
 	switch r.Kind {
@@ -210,6 +217,7 @@ func (rs *relays) startLocked(r *store.Relay) {
 		if err := d.Run(ctx); err != nil {
 			rs.log.Warn("relay stopped", "relay", name, "sandbox", sb, "err", err)
 		}
+		drops.Flush()
 	}()
 }
 
