@@ -191,13 +191,29 @@ func ingressBench(agentPath string, latN int, dur time.Duration, conc int) {
 		sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 		return out
 	}
+	// The yardstick for the plain path: the least an HTTP reverse proxy
+	// in Go does (httputil's, one fixed upstream, no routing, access
+	// checks, limits or events), on loopback like the plain listener.
+	bareL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fail(err)
+	}
+	bare := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: guest})
+	bare.Transport = &http.Transport{DialContext: markDialer().DialContext, MaxIdleConnsPerHost: conc}
+	bareSrv := &http.Server{Handler: bare}
+	go func() { _ = bareSrv.Serve(bareL) }()
+	defer bareSrv.Close()
+	bareURL := "http://" + bareL.Addr().String() + "/"
 	dl, il, pll := lat(directClient(1), directURL), lat(ingClient(1), ingURL), lat(plainClient(1), plainURL)
+	bl := lat(&http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}, bareURL)
 	fmt.Printf("ingress: GET of a 2-byte body, keep-alive, HTTP/1.1, one client (n = %d)\n", latN)
 	fmt.Printf("  %-40s p50 %8s  p99 %8s\n", "direct to the guest (host, marked)", ms(pct(dl, 50)), ms(pct(dl, 99)))
 	fmt.Printf("  %-40s p50 %8s  p99 %8s\n", "through ingress (HTTPS)", ms(pct(il, 50)), ms(pct(il, 99)))
 	fmt.Printf("  %-40s p50 %7.3fms p99 %7.3fms   (goal p50 ≤ 0.3 ms)\n", "added by ingress", float64(pct(il, 50)-pct(dl, 50))/1e6, float64(pct(il, 99)-pct(dl, 99))/1e6)
 	fmt.Printf("  %-40s p50 %8s  p99 %8s\n", "through ingress (plain, behind a proxy)", ms(pct(pll, 50)), ms(pct(pll, 99)))
 	fmt.Printf("  %-40s p50 %7.3fms p99 %7.3fms\n", "added by ingress (plain)", float64(pct(pll, 50)-pct(dl, 50))/1e6, float64(pct(pll, 99)-pct(dl, 99))/1e6)
+	fmt.Printf("  %-40s p50 %7.3fms p99 %7.3fms   (ingress plain adds %.2f× of it)\n", "added by a bare Go reverse proxy", float64(pct(bl, 50)-pct(dl, 50))/1e6, float64(pct(bl, 99)-pct(dl, 99))/1e6,
+		float64(pct(pll, 50)-pct(dl, 50))/float64(max(pct(bl, 50)-pct(dl, 50), 1)))
 
 	// Throughput: each kind of client in turn, for several rounds, so a
 	// slow spell of this shared host falls on every kind alike; medians.
@@ -239,18 +255,6 @@ func ingressBench(agentPath string, latN int, dur time.Duration, conc int) {
 		tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{} // HTTP/1.1, as ingress
 		return hc
 	}
-	// The yardstick for the plain path: the least an HTTP reverse proxy
-	// in Go does (httputil's, one fixed upstream, no routing, access
-	// checks, limits or events), on loopback like the plain listener.
-	bareL, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fail(err)
-	}
-	bare := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: guest})
-	bare.Transport = &http.Transport{DialContext: markDialer().DialContext, MaxIdleConnsPerHost: conc}
-	bareSrv := &http.Server{Handler: bare}
-	go func() { _ = bareSrv.Serve(bareL) }()
-	defer bareSrv.Close()
 	kinds := []struct {
 		name string
 		hc   *http.Client
@@ -261,7 +265,7 @@ func ingressBench(agentPath string, latN int, dur time.Duration, conc int) {
 		{name: "direct to the guest (HTTPS, guest's TLS)", hc: directTLSClient(conc), url: "https://" + guestTLS + "/"},
 		{name: "through ingress (HTTPS)", hc: ingClient(conc), url: ingURL},
 		{name: "through ingress (plain, behind a proxy)", hc: plainClient(conc), url: plainURL},
-		{name: "bare Go reverse proxy (plain, yardstick)", hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc}}, url: "http://" + bareL.Addr().String() + "/"},
+		{name: "bare Go reverse proxy (plain, yardstick)", hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc}}, url: bareURL},
 	}
 	const rounds = 4
 	for i := range kinds {

@@ -107,6 +107,10 @@ type Server struct {
 	log   *slog.Logger
 	proxy *httputil.ReverseProxy
 	tr    *http.Transport
+	// inlineProxy serves the requests inline admits, through the guest
+	// client (guestclient.go).
+	inlineProxy *httputil.ReverseProxy
+	guests      *guestClient
 
 	// mu guards limiters.
 	mu       sync.Mutex
@@ -194,6 +198,10 @@ func New(cfg Config) *Server {
 		BufferPool:     bufPool{},
 		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
 	}
+	s.guests = newGuestClient(d.DialContext)
+	ip := *s.proxy
+	ip.Transport = s.guests
+	s.inlineProxy = &ip
 	return s
 }
 
@@ -211,7 +219,10 @@ func (s *Server) HTTPServer(tlsConf *tls.Config) *http.Server {
 }
 
 // CloseIdle drops idle connections to guests (after a port is removed).
-func (s *Server) CloseIdle() { s.tr.CloseIdleConnections() }
+func (s *Server) CloseIdle() {
+	s.tr.CloseIdleConnections()
+	s.guests.CloseIdleConnections()
+}
 
 // fail writes a JSON error.
 func fail(w http.ResponseWriter, code int, msg string) {
@@ -372,14 +383,18 @@ func (s *Server) Deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Ta
 		return
 	}
 	defer end()
+	info := &reqInfo{route: rt, target: t}
+	proxy := s.proxy
+	if inline(r) {
+		proxy = s.inlineProxy
+	}
 	in := &countReader{rc: http.MaxBytesReader(w, r.Body, s.cfg.MaxBody)}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = in
 	}
 	cw := &countWriter{ResponseWriter: w}
-	info := &reqInfo{route: rt, target: t}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
-	s.proxy.ServeHTTP(cw, r)
+	proxy.ServeHTTP(cw, r)
 	status := cw.status
 	if status == 0 {
 		status = info.status
