@@ -111,6 +111,9 @@ type Server struct {
 	// mu guards limiters.
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter
+
+	// live are the requests under way, for Revoke.
+	live deliveries
 }
 
 // ctx values passed from ServeHTTP to the proxy's hooks.
@@ -247,6 +250,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusNotFound, notFoundMsg)
 		return
 	}
+	// Tracked before Resolve: a Revoke after this cuts the request, and
+	// one before it is seen by Resolve.
+	ctx, done := s.live.track(r.Context(), rt.ID, rt.Port)
+	defer done()
+	r = r.WithContext(ctx)
 	t, err := s.cfg.Backend.Resolve(r.Context(), rt.ID, rt.Port)
 	if err != nil {
 		if !errors.Is(err, ErrNotFound) {
@@ -349,6 +357,9 @@ func (s *Server) allow(rt Route) bool {
 // the proxy; one ingress.request event. Webhooks and relays use it after
 // their own checks.
 func (s *Server) Deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Target) {
+	ctx, done := s.live.track(r.Context(), rt.ID, rt.Port) // Revoke cuts it
+	defer done()
+	r = r.WithContext(ctx)
 	start := s.cfg.Now()
 	if !s.allow(rt) {
 		w.Header().Set("Retry-After", "1")
@@ -487,6 +498,11 @@ func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.As(err, &mbe) {
 		fail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over the limit of %d bytes", mbe.Limit))
 		markStatus(w, http.StatusRequestEntityTooLarge)
+		return
+	}
+	if errors.Is(context.Cause(r.Context()), ErrRevoked) {
+		fail(w, http.StatusNotFound, revokedMsg)
+		markStatus(w, http.StatusNotFound)
 		return
 	}
 	if errors.Is(err, context.Canceled) {
