@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -398,7 +400,7 @@ func (s *Server) Deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Ta
 	if status == 0 {
 		status = http.StatusOK
 	}
-	s.record(r, rt, t, status, in.n, cw.n, s.cfg.Now().Sub(start))
+	s.record(r, rt, t, status, in.n+cw.hijackedIn.Load(), cw.n.Load(), s.cfg.Now().Sub(start))
 }
 
 func (s *Server) record(r *http.Request, rt Route, t *Target, status int, in, out int64, d time.Duration) {
@@ -532,12 +534,16 @@ func (c *countReader) Read(p []byte) (int, error) {
 
 func (c *countReader) Close() error { return c.rc.Close() }
 
-// countWriter counts response bytes; Unwrap lets the proxy flush and
-// hijack (WebSocket) through it.
+// countWriter counts response bytes, and after a hijack (WebSocket) the
+// bytes either way on the client's connection; Unwrap lets the proxy
+// flush through it.
 type countWriter struct {
 	http.ResponseWriter
 	status int
-	n      int64
+	// n counts bytes to the client, hijackedIn bytes from it after a
+	// hijack: the proxy copies each way in a goroutine of its own, which
+	// may still be running when Deliver records them.
+	n, hijackedIn atomic.Int64
 }
 
 func (c *countWriter) WriteHeader(code int) {
@@ -552,11 +558,53 @@ func (c *countWriter) Write(p []byte) (int, error) {
 		c.status = http.StatusOK
 	}
 	n, err := c.ResponseWriter.Write(p)
-	c.n += int64(n)
+	c.n.Add(int64(n))
 	return n, err
 }
 
 func (c *countWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// Hijack implements http.Hijacker: the client's connection, counted. An
+// HTTP/2 writer cannot be hijacked (http.ErrNotSupported).
+func (c *countWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(c.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	cc := &countConn{Conn: conn, in: &c.hijackedIn, out: &c.n}
+	// The proxy writes the 101 response through brw, then copies on
+	// conn; both are counted. The server hands over a fresh writer, so
+	// nothing buffered is lost by replacing it.
+	return cc, bufio.NewReadWriter(brw.Reader, bufio.NewWriter(cc)), nil
+}
+
+// countConn is a hijacked client connection that counts the bytes read
+// from it (in) and written to it (out).
+type countConn struct {
+	net.Conn
+	in, out *atomic.Int64
+}
+
+func (c *countConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.in.Add(int64(n))
+	return n, err
+}
+
+func (c *countConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.out.Add(int64(n))
+	return n, err
+}
+
+// CloseWrite passes the proxy's half-close on when the connection has
+// one (TCP, TLS).
+func (c *countConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.New("ingress: the client connection cannot be half-closed")
+}
 
 // bufPool lends the proxy 256 KiB copy buffers (its default is 32 KiB a
 // copy, allocated each time): fewer, larger TLS writes for big bodies.

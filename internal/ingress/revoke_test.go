@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/net/websocket"
+
+	"github.com/cagebox/cagebox/api"
 )
 
 const otherID = "sb-fedcba9876543210"
@@ -436,4 +438,53 @@ func (r *resolveHeld) Resolve(ctx context.Context, id string, port uint16) (*Tar
 		<-r.release
 	})
 	return t, err
+}
+
+// TestWebSocketBytes: the ingress.request event of a WebSocket counts
+// the bytes exchanged after the upgrade, both ways.
+func TestWebSocketBytes(t *testing.T) {
+	guest := newStreamGuest(t)
+	fb := &portsBackend{addr: netip.MustParseAddrPort(guest.Listener.Addr().String()),
+		ports: map[string][]uint16{testID: {8080}}}
+	events := make(chan api.IngressRequest, 16)
+	srv := New(Config{Domain: "sb.test", Backend: fb, Emit: func(_, _ string, ev api.EventPayload) {
+		events <- ev.(api.IngressRequest)
+	}})
+	for _, useTLS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", useTLS), func(t *testing.T) {
+			ts := httptest.NewUnstartedServer(srv)
+			if useTLS {
+				ts.StartTLS()
+			} else {
+				ts.Start()
+			}
+			defer ts.Close()
+			ws := openWS(t, ts.Listener.Addr().String(), testID, 8080, "bytes", useTLS)
+			const n = 1 << 20
+			payload := []byte(strings.Repeat("0123456789abcdef", n/16))
+			go func() {
+				for off := 0; off < n; off += 64 << 10 {
+					if _, err := ws.c.Write(payload[off : off+64<<10]); err != nil {
+						t.Errorf("send: %v", err)
+						return
+					}
+				}
+			}()
+			_ = ws.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			got := make([]byte, n)
+			if _, err := io.ReadFull(ws.c, got); err != nil || string(got) != string(payload) {
+				t.Fatalf("echo of %d bytes: %v", n, err)
+			}
+			ws.c.Close()
+			select {
+			case ev := <-events:
+				if ev.Status != http.StatusSwitchingProtocols || ev.BytesIn < n || ev.BytesOut < n {
+					t.Errorf("event: status %d, bytes in %d, out %d; want 101 and ≥ %d each way", ev.Status, ev.BytesIn, ev.BytesOut, n)
+				}
+				t.Logf("event: bytes in %d, out %d", ev.BytesIn, ev.BytesOut)
+			case <-time.After(5 * time.Second):
+				t.Fatal("no ingress.request event after the WebSocket closed")
+			}
+		})
+	}
 }

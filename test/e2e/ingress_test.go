@@ -480,7 +480,7 @@ func TestIngress(t *testing.T) {
 			t.Errorf("port rm twice: %+v", r)
 		}
 	})
-	t.Run("port rm closes open websockets", func(t *testing.T) {
+	t.Run("port rm closes open websockets, counted both ways", func(t *testing.T) {
 		// A WebSocket to B's public 8080, which goes; one to A's 8081,
 		// published now, which stays.
 		r := ie.cli("", "port", "add", a, "8081", "--print-token")
@@ -516,6 +516,29 @@ func TestIngress(t *testing.T) {
 			t.Errorf("a new request after port rm: %d %s", rep.code, rep.body)
 		}
 		wsEcho(t, stays, "still here")
+		// The WebSocket's ingress.request event counts what went through
+		// it after the upgrade (the 100-byte message each way).
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var ir *api.IngressRequest
+			for _, ev := range ie.eventsOf(b) {
+				var d api.IngressRequest
+				if ev.Kind == api.EventIngressRequest && json.Unmarshal(dataOf(ev), &d) == nil && d.Path == "/ws" && d.Status == 101 {
+					ir = &d
+				}
+			}
+			if ir != nil {
+				if ir.BytesIn < int64(len(msg)) || ir.BytesOut < int64(len(msg)) {
+					t.Errorf("the WebSocket's ingress.request counts %d bytes in, %d out; want ≥ %d each way", ir.BytesIn, ir.BytesOut, len(msg))
+				}
+				t.Logf("websocket event: %d bytes in, %d out", ir.BytesIn, ir.BytesOut)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no ingress.request event of the cut WebSocket")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
 	})
 }
 
