@@ -392,6 +392,7 @@ func (s *Server) Deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Ta
 	cw := &countWriter{ResponseWriter: w}
 	info := &reqInfo{route: rt, target: t}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
+	defer s.recordAborted(r, rt, t, info, in, cw, start)
 	s.proxy.ServeHTTP(cw, r)
 	status := cw.status
 	if status == 0 {
@@ -411,6 +412,24 @@ func (s *Server) record(r *http.Request, rt Route, t *Target, status int, in, ou
 		Method: r.Method, Host: r.Host, Path: r.URL.Path, Port: int(rt.Port), Status: status,
 		BytesIn: in, BytesOut: out, DurationMS: float64(d.Microseconds()) / 1000,
 	})
+}
+
+// recordAborted records a request whose streamed response the proxy cut
+// midway (the client or the guest went, or Revoke), which it does by
+// panicking with http.ErrAbortHandler; the panic goes on to the server.
+func (s *Server) recordAborted(r *http.Request, rt Route, t *Target, info *reqInfo, in *countReader, cw *countWriter, start time.Time) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	if v == http.ErrAbortHandler {
+		status := cw.status
+		if status == 0 {
+			status = info.status
+		}
+		s.record(r, rt, t, status, in.n+cw.hijackedIn.Load(), cw.n.Load(), s.cfg.Now().Sub(start))
+	}
+	panic(v)
 }
 
 // rewrite makes the outbound request: to the guest's address only, the

@@ -288,7 +288,10 @@ func TestRevoke(t *testing.T) {
 	ap := netip.MustParseAddrPort(guest.Listener.Addr().String())
 	p := ap.Port()
 	fb := &portsBackend{addr: ap, ports: map[string][]uint16{testID: {p, 8081}, otherID: {p}}}
-	srv := New(Config{Domain: "sb.test", Backend: fb})
+	events := make(chan api.IngressRequest, 64)
+	srv := New(Config{Domain: "sb.test", Backend: fb, Emit: func(_, _ string, ev api.EventPayload) {
+		events <- ev.(api.IngressRequest)
+	}})
 	ts := httptest.NewUnstartedServer(srv)
 	ts.EnableHTTP2 = true
 	ts.StartTLS()
@@ -361,6 +364,23 @@ func TestRevoke(t *testing.T) {
 	}
 	guest.waitEnded(t, "ap-sse-h1", "ap-sse-h2", "ap-ws", "ap-slow")
 	t.Logf("port %d of %s cut in %s", p, testID, time.Since(t0))
+	// Each cut request is recorded, with what went through it.
+	want := map[string]int{"/sse 200": 2, "/ws 101": 1, "/slow 404": 1}
+	for len(want) > 0 {
+		select {
+		case ev := <-events:
+			k := fmt.Sprintf("%s %d", ev.Path, ev.Status)
+			if want[k] == 0 || ev.Port != int(p) || (ev.Path != "/slow" && ev.BytesOut == 0) {
+				t.Errorf("event %+v; want %v", ev, want)
+				continue
+			}
+			if want[k]--; want[k] == 0 {
+				delete(want, k)
+			}
+		case <-time.After(cutWithin):
+			t.Fatalf("no ingress.request events of the cut requests %v", want)
+		}
+	}
 	if err := <-sent; err != nil {
 		t.Errorf("a host-side delivery to the revoked port: %v", err)
 	}
