@@ -111,7 +111,7 @@ func startIngress(cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit fu
 		PathURL: func(id string, p uint16) string {
 			return "https://" + strings.TrimSuffix(domain, ".") + suffix + "/s/" + id + "/" + strconv.Itoa(int(p)) + "/"
 		},
-		OnRemove: srv.CloseIdle,
+		OnRevoke: srv.Revoke,
 	})
 	var pl net.Listener
 	if ic.PlainAddr != "" {

@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -115,6 +117,9 @@ type Server struct {
 	// mu guards limiters.
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter
+
+	// live are the requests under way, for Revoke.
+	live deliveries
 }
 
 // ctx values passed from ServeHTTP to the proxy's hooks.
@@ -258,6 +263,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusNotFound, notFoundMsg)
 		return
 	}
+	// Tracked before Resolve: a Revoke after this cuts the request, and
+	// one before it is seen by Resolve.
+	ctx, done := s.live.track(r.Context(), rt.ID, rt.Port)
+	defer done()
+	r = r.WithContext(ctx)
 	t, err := s.cfg.Backend.Resolve(r.Context(), rt.ID, rt.Port)
 	if err != nil {
 		if !errors.Is(err, ErrNotFound) {
@@ -355,11 +365,14 @@ func (s *Server) allow(rt Route) bool {
 	return true
 }
 
-// Deliver forwards an admitted request to a sandbox's port: rate and size
-// limits, waking the sandbox first when the idle timeout paused it, then
-// the proxy; one ingress.request event. Webhooks and relays use it after
-// their own checks.
+// Deliver forwards a request ServeHTTP admitted to a sandbox's port: rate
+// and size limits, waking the sandbox first when the idle timeout paused
+// it, then the proxy; one ingress.request event. (Webhook deliveries and
+// relays take Send, which no revocation cuts.)
 func (s *Server) Deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Target) {
+	ctx, done := s.live.track(r.Context(), rt.ID, rt.Port) // Revoke cuts it
+	defer done()
+	r = r.WithContext(ctx)
 	start := s.cfg.Now()
 	if !s.allow(rt) {
 		w.Header().Set("Retry-After", "1")
@@ -394,6 +407,7 @@ func (s *Server) Deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Ta
 	}
 	cw := &countWriter{ResponseWriter: w}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
+	defer s.recordAborted(r, rt, t, info, in, cw, start)
 	proxy.ServeHTTP(cw, r)
 	status := cw.status
 	if status == 0 {
@@ -402,7 +416,7 @@ func (s *Server) Deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Ta
 	if status == 0 {
 		status = http.StatusOK
 	}
-	s.record(r, rt, t, status, in.n, cw.n, s.cfg.Now().Sub(start))
+	s.record(r, rt, t, status, in.n+cw.hijackedIn.Load(), cw.n.Load(), s.cfg.Now().Sub(start))
 }
 
 func (s *Server) record(r *http.Request, rt Route, t *Target, status int, in, out int64, d time.Duration) {
@@ -413,6 +427,24 @@ func (s *Server) record(r *http.Request, rt Route, t *Target, status int, in, ou
 		Method: r.Method, Host: r.Host, Path: r.URL.Path, Port: int(rt.Port), Status: status,
 		BytesIn: in, BytesOut: out, DurationMS: float64(d.Microseconds()) / 1000,
 	})
+}
+
+// recordAborted records a request whose streamed response the proxy cut
+// midway (the client or the guest went, or Revoke), which it does by
+// panicking with http.ErrAbortHandler; the panic goes on to the server.
+func (s *Server) recordAborted(r *http.Request, rt Route, t *Target, info *reqInfo, in *countReader, cw *countWriter, start time.Time) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	if v == http.ErrAbortHandler {
+		status := cw.status
+		if status == 0 {
+			status = info.status
+		}
+		s.record(r, rt, t, status, in.n+cw.hijackedIn.Load(), cw.n.Load(), s.cfg.Now().Sub(start))
+	}
+	panic(v)
 }
 
 // rewrite makes the outbound request: to the guest's address only, the
@@ -504,6 +536,11 @@ func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		markStatus(w, http.StatusRequestEntityTooLarge)
 		return
 	}
+	if errors.Is(context.Cause(r.Context()), ErrRevoked) {
+		fail(w, http.StatusNotFound, revokedMsg)
+		markStatus(w, http.StatusNotFound)
+		return
+	}
 	if errors.Is(err, context.Canceled) {
 		markStatus(w, 499)
 		return
@@ -531,12 +568,16 @@ func (c *countReader) Read(p []byte) (int, error) {
 
 func (c *countReader) Close() error { return c.rc.Close() }
 
-// countWriter counts response bytes; Unwrap lets the proxy flush and
-// hijack (WebSocket) through it.
+// countWriter counts response bytes, and after a hijack (WebSocket) the
+// bytes either way on the client's connection; Unwrap lets the proxy
+// flush through it.
 type countWriter struct {
 	http.ResponseWriter
 	status int
-	n      int64
+	// n counts bytes to the client, hijackedIn bytes from it after a
+	// hijack: the proxy copies each way in a goroutine of its own, which
+	// may still be running when Deliver records them.
+	n, hijackedIn atomic.Int64
 }
 
 func (c *countWriter) WriteHeader(code int) {
@@ -551,11 +592,53 @@ func (c *countWriter) Write(p []byte) (int, error) {
 		c.status = http.StatusOK
 	}
 	n, err := c.ResponseWriter.Write(p)
-	c.n += int64(n)
+	c.n.Add(int64(n))
 	return n, err
 }
 
 func (c *countWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// Hijack implements http.Hijacker: the client's connection, counted. An
+// HTTP/2 writer cannot be hijacked (http.ErrNotSupported).
+func (c *countWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(c.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	cc := &countConn{Conn: conn, in: &c.hijackedIn, out: &c.n}
+	// The proxy writes the 101 response through brw, then copies on
+	// conn; both are counted. The server hands over a fresh writer, so
+	// nothing buffered is lost by replacing it.
+	return cc, bufio.NewReadWriter(brw.Reader, bufio.NewWriter(cc)), nil
+}
+
+// countConn is a hijacked client connection that counts the bytes read
+// from it (in) and written to it (out).
+type countConn struct {
+	net.Conn
+	in, out *atomic.Int64
+}
+
+func (c *countConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.in.Add(int64(n))
+	return n, err
+}
+
+func (c *countConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.out.Add(int64(n))
+	return n, err
+}
+
+// CloseWrite passes the proxy's half-close on when the connection has
+// one (TCP, TLS).
+func (c *countConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.New("ingress: the client connection cannot be half-closed")
+}
 
 // bufPool lends the proxy 256 KiB copy buffers (its default is 32 KiB a
 // copy, allocated each time): fewer, larger TLS writes for big bodies.

@@ -29,8 +29,20 @@ type Ingress struct {
 	Signer *ingress.Signer
 	// URL and PathURL are a port's URLs (host and path form).
 	URL, PathURL func(id string, port uint16) string
-	// OnRemove runs after a port is unpublished (drop idle connections).
-	OnRemove func()
+	// OnRevoke runs once access to port of sandbox id has changed and
+	// the change is visible to Resolve: the port was unpublished, published
+	// again (a new token), expired, or (port 0: every port) its sandbox
+	// was destroyed. The listener cuts what is under way to it and drops
+	// idle connections (ingress.Server.Revoke).
+	OnRevoke func(id string, port uint16)
+}
+
+// revoke tells the ingress listener that access to port of sandbox id
+// (0: every port) has changed.
+func (m *Manager) revoke(id string, port uint16) {
+	if in := m.ingressCfg(); in != nil && in.OnRevoke != nil {
+		in.OnRevoke(id, port)
+	}
 }
 
 // SetIngress tells the manager about the daemon's ingress listener (nil:
@@ -98,18 +110,19 @@ func (m *Manager) AddPort(ctx context.Context, tenant, id string, spec api.PortS
 	}
 	err = m.cfg.Store.PutPort(ctx, p)
 	m.forgetPorts(id) // also on failure: the store may have changed
+	// A new token (or, on failure, maybe no port): what the old token
+	// opened goes.
+	m.revoke(id, uint16(spec.Port))
 	if err != nil {
 		return nil, fmt.Errorf("publish port: %w", err)
 	}
 	if err := m.syncPublished(ctx, id); err != nil {
 		_ = m.cfg.Store.DeletePort(context.Background(), "", id, spec.Port)
 		m.forgetPorts(id)
+		m.revoke(id, uint16(spec.Port))
 		return nil, err
 	}
 	m.log.Info("port published", "sandbox", id, "port", spec.Port, "public", spec.Public)
-	if in := m.ingressCfg(); in != nil && in.OnRemove != nil {
-		in.OnRemove() // a rotated token: connections made with the old one go
-	}
 	if spec.Public {
 		token = "" // not needed; its hash only keeps signatures unforgeable
 	}
@@ -178,9 +191,7 @@ func (m *Manager) RemovePort(ctx context.Context, tenant, id string, port int) e
 		return err
 	}
 	err = m.syncPublished(ctx, id)
-	if in := m.ingressCfg(); in != nil && in.OnRemove != nil {
-		in.OnRemove()
-	}
+	m.revoke(id, uint16(port))
 	return err
 }
 
@@ -268,6 +279,7 @@ func (m *Manager) dropPorts(id string) {
 		m.log.Warn("delete published ports", "sandbox", id, "err", err)
 	}
 	m.forgetPorts(id)
+	m.revoke(id, 0)
 	ws, err := m.cfg.Store.ListWebhooks(ctx, "", id)
 	if err != nil {
 		m.log.Warn("list webhooks", "sandbox", id, "err", err)
@@ -293,6 +305,7 @@ func (m *Manager) reapPorts(ctx context.Context) {
 			m.forgetPorts(p.SandboxID)
 			if err == nil {
 				_ = m.syncPublished(ctx, p.SandboxID)
+				m.revoke(p.SandboxID, uint16(p.Port))
 				m.log.Info("published port expired", "sandbox", p.SandboxID, "port", p.Port)
 			}
 		}

@@ -5,9 +5,13 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
+	"time"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/ingress"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
@@ -107,4 +111,65 @@ func TestPortCache(t *testing.T) {
 	if got := hash(); got != nil {
 		t.Fatalf("removed port still resolves: %x", got)
 	}
+}
+
+// TestPortRevoke: every change to a port's access tells the ingress
+// listener, which cuts what is under way to it: a publish (a new token),
+// an unpublish, an expiry, and (every port) the sandbox's destruction.
+func TestPortRevoke(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	now := time.Now()
+	m := New(Config{Store: db, StateDir: t.TempDir(), Now: func() time.Time { return now }})
+	t.Cleanup(m.Close)
+	if err := db.CreateSandbox(ctx, &store.Sandbox{ID: "sb1", TenantID: store.AdminTenantID, Runtime: "fake", Image: "busybox", Status: StatusRunning}); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	m.SetIngress(&Ingress{
+		URL:      func(string, uint16) string { return "" },
+		PathURL:  func(string, uint16) string { return "" },
+		OnRevoke: func(id string, port uint16) { got = append(got, fmt.Sprintf("%s:%d", id, port)) },
+	})
+	check := func(what string, want ...string) {
+		t.Helper()
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: revoked %v, want %v", what, got, want)
+		}
+		got = nil
+	}
+	if _, err := m.AddPort(ctx, "", "sb1", api.PortSpec{Port: 8080}); err != nil {
+		t.Fatal(err)
+	}
+	check("publish", "sb1:8080")
+	if _, err := m.AddPort(ctx, "", "sb1", api.PortSpec{Port: 8080}); err != nil {
+		t.Fatal(err)
+	}
+	check("publish again (a new token)", "sb1:8080")
+	if err := m.RemovePort(ctx, "", "sb1", 8080); err != nil {
+		t.Fatal(err)
+	}
+	check("unpublish", "sb1:8080")
+	if err := m.RemovePort(ctx, "", "sb1", 8080); err == nil {
+		t.Fatal("unpublished twice")
+	}
+	check("unpublish an unpublished port")
+	if _, err := m.AddPort(ctx, "", "sb1", api.PortSpec{Port: 9000, TTL: "1m"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.AddPort(ctx, "", "sb1", api.PortSpec{Port: 9001}); err != nil {
+		t.Fatal(err)
+	}
+	got = nil
+	m.reapPorts(ctx)
+	check("before expiry")
+	now = now.Add(time.Minute)
+	m.reapPorts(ctx)
+	check("expiry", "sb1:9000")
+	m.dropPorts("sb1")
+	check("destroy", "sb1:0")
 }

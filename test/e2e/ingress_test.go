@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -479,4 +480,104 @@ func TestIngress(t *testing.T) {
 			t.Errorf("port rm twice: %+v", r)
 		}
 	})
+	t.Run("port rm closes open websockets, counted both ways", func(t *testing.T) {
+		// A WebSocket to B's public 8080, which goes; one to A's 8081,
+		// published now, which stays.
+		r := ie.cli("", "port", "add", a, "8081", "--print-token")
+		tok81 := strings.TrimSpace(r.stdout)
+		if r.code != 0 || !strings.HasPrefix(tok81, "cbp_") {
+			t.Fatalf("port add %s 8081: %+v", a, r)
+		}
+		gone := ie.openWS(t, b, 8080, "")
+		defer gone.Close()
+		stays := ie.openWS(t, a, 8081, tok81)
+		defer stays.Close()
+		msg := strings.Repeat("x", 100) // the guest echoes frames under 126 bytes
+		for _, ws := range []*websocket.Conn{gone, stays} {
+			wsEcho(t, ws, msg)
+		}
+		t0 := time.Now()
+		if r := ie.cli("", "port", "rm", b, "8080"); r.code != 0 {
+			t.Fatalf("port rm: %+v", r)
+		}
+		rm := time.Since(t0)
+		_ = gone.SetReadDeadline(time.Now().Add(2 * time.Second))
+		var got string
+		err := websocket.Message.Receive(gone, &got)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("the WebSocket to the unpublished port is still open 2s after port rm returned (in %s)", rm)
+		}
+		if err == nil {
+			t.Fatalf("the WebSocket to the unpublished port sent %q after port rm", got)
+		}
+		t.Logf("port rm took %s; the client's WebSocket ended (%v) %s after port rm returned, %s after it started", rm, err, time.Since(t0)-rm, time.Since(t0))
+		if rep := ie.do(t, ie.hc, "GET", hostURL(b, 8080, "/"), nil, nil); rep.code != 404 {
+			t.Errorf("a new request after port rm: %d %s", rep.code, rep.body)
+		}
+		wsEcho(t, stays, "still here")
+		// The WebSocket's ingress.request event counts what went through
+		// it after the upgrade (the 100-byte message each way).
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var ir *api.IngressRequest
+			for _, ev := range ie.eventsOf(b) {
+				var d api.IngressRequest
+				if ev.Kind == api.EventIngressRequest && json.Unmarshal(dataOf(ev), &d) == nil && d.Path == "/ws" && d.Status == 101 {
+					ir = &d
+				}
+			}
+			if ir != nil {
+				if ir.BytesIn < int64(len(msg)) || ir.BytesOut < int64(len(msg)) {
+					t.Errorf("the WebSocket's ingress.request counts %d bytes in, %d out; want ≥ %d each way", ir.BytesIn, ir.BytesOut, len(msg))
+				}
+				t.Logf("websocket event: %d bytes in, %d out", ir.BytesIn, ir.BytesOut)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no ingress.request event of the cut WebSocket")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+}
+
+// openWS opens a WebSocket to /ws on port of sandbox id through the
+// listener (token "": a public port).
+func (ie *ingressEnv) openWS(t *testing.T, id string, port int, token string) *websocket.Conn {
+	t.Helper()
+	host := fmt.Sprintf("%d-%s.%s", port, id, ingressDomain)
+	conf, err := websocket.NewConfig("wss://"+host+"/ws", "https://"+ingressDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		conf.Header = http.Header{"X-Cagebox-Access": {token}}
+	}
+	tc := ie.tls.Clone()
+	tc.ServerName = host
+	tc.NextProtos = []string{"http/1.1"}
+	raw, err := tls.Dial("tcp", ie.addr, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := websocket.NewClient(conf, raw)
+	if err != nil {
+		raw.Close()
+		t.Fatalf("websocket handshake to %s: %v", host, err)
+	}
+	return ws
+}
+
+// wsEcho sends msg and expects the guest server's echo of it.
+func wsEcho(t *testing.T, ws *websocket.Conn, msg string) {
+	t.Helper()
+	if err := websocket.Message.Send(ws, msg); err != nil {
+		t.Fatalf("websocket send: %v", err)
+	}
+	var got string
+	_ = ws.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if err := websocket.Message.Receive(ws, &got); err != nil || got != "echo:"+msg {
+		t.Fatalf("websocket echo: %.40q %v", got, err)
+	}
 }
