@@ -39,6 +39,8 @@ type createPlan struct {
 	startErr  error  // Start fails
 	refused   string // the agent refuses to run processes
 	claimErr  error  // the agent's claim fails (pooled sandboxes)
+	// destroyHeld, when set, holds Destroy until it is closed.
+	destroyHeld chan struct{}
 }
 
 const createRuntimeName = "createtest"
@@ -63,7 +65,7 @@ func (r *createRuntime) Create(_ context.Context, spec *isolation.Spec) (isolati
 		return nil, r.plan.createErr
 	}
 	claimErr := r.plan.claimErr
-	sb := &createSandbox{id: spec.ID, token: spec.AgentToken, startErr: r.plan.startErr, srv: &agentproto.Server{Token: spec.AgentToken, Refused: r.plan.refused,
+	sb := &createSandbox{id: spec.ID, token: spec.AgentToken, startErr: r.plan.startErr, held: r.plan.destroyHeld, srv: &agentproto.Server{Token: spec.AgentToken, Refused: r.plan.refused,
 		AwaitClaim: spec.AwaitClaim, OnClaim: func(*agentproto.Claim) error { return claimErr }}}
 	r.made = append(r.made, sb)
 	return sb, nil
@@ -87,6 +89,7 @@ type createSandbox struct {
 	token    string // the spec's agent token
 	srv      *agentproto.Server
 	startErr error
+	held     chan struct{} // Destroy waits for it to close (nil: never)
 
 	// mu guards conns, destroyed, pauses and resumes.
 	mu              sync.Mutex
@@ -114,6 +117,9 @@ func (s *createSandbox) Resume(context.Context) error {
 }
 func (s *createSandbox) Stop(context.Context, time.Duration) error { return nil }
 func (s *createSandbox) Destroy(context.Context) error {
+	if s.held != nil {
+		<-s.held
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.destroyed = true
@@ -351,7 +357,11 @@ func TestCreateThenRemove(t *testing.T) {
 // connections closed, inline secret gone, record deleted), and one that a
 // stopped daemon left unfinished is finished by the next one's Recover.
 func TestRemoveAsync(t *testing.T) {
-	testRuntime.use(createPlan{})
+	// The background destroy is held until the second removal is in: a
+	// removal under way is accepted again (the first, finished, would
+	// leave nothing to find).
+	held := make(chan struct{})
+	testRuntime.use(createPlan{destroyHeld: held})
 	m, db, v := newCreateManager(t, "")
 	ctx := context.Background()
 	sb, err := m.Create(ctx, &store.Tenant{ID: "t1"}, createRequest())
@@ -368,6 +378,7 @@ func TestRemoveAsync(t *testing.T) {
 	if err := m.RemoveAsync(ctx, "t1", sb.ID); err != nil {
 		t.Fatalf("removing twice: %v", err)
 	}
+	close(held)
 	m.bg.Wait()
 	if destroyed, open, _ := made[len(made)-1].released(); !destroyed || open != 0 {
 		t.Errorf("after the background removal: destroyed %v, %d agent connections open", destroyed, open)
