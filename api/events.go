@@ -175,7 +175,8 @@ type WebhookReceived struct {
 }
 
 // WebhookRejected: a request to a webhook URL was refused (forged,
-// stale, replayed, too large, queue full, secret unavailable).
+// stale, replayed, the sandbox stopped or failed, too large, queue full,
+// secret unavailable).
 type WebhookRejected struct {
 	Webhook string `json:"webhook"`
 	Status  int    `json:"status"`
@@ -191,7 +192,8 @@ type WebhookDelivered struct {
 	DurationMs int64  `json:"duration_ms"`
 }
 
-// WebhookFailed: a delivery attempt failed; GaveUp when it will not be
+// WebhookFailed: a delivery attempt failed, or a delivery was given up
+// untried (its sandbox stopped or failed); GaveUp when it will not be
 // tried again.
 type WebhookFailed struct {
 	Webhook  string `json:"webhook"`
@@ -583,7 +585,9 @@ type RelayConnected struct {
 	Seq     int64  `json:"seq"`
 }
 
-// RelayDisconnected: a relay's connection ended; it reconnects.
+// RelayDisconnected: a relay's connection ended; it reconnects, unless
+// its sandbox stopped or failed (then the relay closed it and stays
+// stopped).
 type RelayDisconnected struct {
 	Relay  string `json:"relay"`
 	Code   int    `json:"code,omitempty"`

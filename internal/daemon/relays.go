@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/egress"
 	"github.com/cagebox/cagebox/internal/errdefs"
@@ -59,9 +61,9 @@ var publicClient = &http.Client{Transport: &http.Transport{
 }}
 
 // relays runs every relay in the store: each is a goroutine holding its
-// connection while its sandbox exists (running or asleep); its events
-// become deliveries of the relay's webhook row (package hooks queues,
-// orders, wakes and retries them).
+// connection while its sandbox is running or asleep (not once it is
+// stopped or failed); its events become deliveries of the relay's webhook
+// row (package hooks queues, orders, wakes and retries them).
 type relays struct {
 	st         store.Store
 	hooks      *hooks.Service
@@ -72,7 +74,12 @@ type relays struct {
 	// allowPrivate lets websocket relays dial any address
 	// (--relay-allow-private: tests, servers on the operator's network).
 	allowPrivate bool
+	// gone reports a sandbox whose relays do not run (sandboxGone).
+	gone func(ctx context.Context, sandboxID string) (string, error)
 
+	// mu guards ctx and running, and is held through each sync (its store
+	// reads and what it makes of them), so that a sync that read a
+	// sandbox as running cannot restart a relay a later sync stopped.
 	mu      sync.Mutex
 	ctx     context.Context
 	running map[string]*runningRelay // by webhook ID
@@ -80,20 +87,37 @@ type relays struct {
 }
 
 type runningRelay struct {
-	cancel context.CancelFunc
-	d      relayRunner
+	cancel  context.CancelCauseFunc
+	d       relayRunner
+	sandbox string
+}
+
+// sandboxStopped ends a relay whose sandbox stopped or failed (its
+// context's cause): the relay closes its connection, says so in a
+// relay.disconnected event, and is not started again.
+type sandboxStopped struct {
+	status string // "stopped", "failed"
+	code   int    // the close code sent, 0 when not connected
+}
+
+func (e *sandboxStopped) Error() string {
+	if e.code == 0 {
+		return "the sandbox " + e.status + ": the relay stopped and does not reconnect"
+	}
+	return "the sandbox " + e.status + ": the relay closed its connection and does not reconnect"
 }
 
 func newRelays(st store.Store, h *hooks.Service, v *vault.Vault, emit func(string, string, api.EventPayload), log *slog.Logger, discordURL string, allowPrivate bool) *relays {
 	if h == nil {
 		return nil
 	}
-	return &relays{st: st, hooks: h, v: v, emit: emit, log: log, discordURL: discordURL, allowPrivate: allowPrivate, running: map[string]*runningRelay{}}
+	return &relays{st: st, hooks: h, v: v, emit: emit, log: log, discordURL: discordURL, allowPrivate: allowPrivate, gone: sandboxGone(st),
+		running: map[string]*runningRelay{}}
 }
 
 // run starts the stored relays and keeps the running set equal to the
-// store's (a destroyed sandbox's relays go with its webhooks) until ctx
-// ends.
+// store's (a destroyed sandbox's relays go with its webhooks), less those
+// of stopped or failed sandboxes, until ctx ends.
 func (rs *relays) run(ctx context.Context) {
 	rs.mu.Lock()
 	rs.ctx = ctx
@@ -112,6 +136,11 @@ func (rs *relays) run(ctx context.Context) {
 }
 
 func (rs *relays) sync(ctx context.Context) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.ctx == nil || rs.ctx.Err() != nil {
+		return
+	}
 	l, err := rs.st.ListRelays(ctx, "", "")
 	if err != nil {
 		if ctx.Err() == nil {
@@ -119,25 +148,55 @@ func (rs *relays) sync(ctx context.Context) {
 		}
 		return
 	}
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	if rs.ctx == nil || rs.ctx.Err() != nil {
-		return
+	// Sandboxes that stopped or failed: their relays do not run. One whose
+	// status cannot be read keeps its relays as they are.
+	gone := map[string]string{}
+	keep := map[string]bool{}
+	for _, r := range l {
+		sb := r.Hook.SandboxID
+		if _, seen := gone[sb]; seen || keep[sb] {
+			continue
+		}
+		status, err := rs.gone(ctx, sb)
+		if err != nil {
+			if ctx.Err() == nil {
+				rs.log.Warn("relays: sandbox status", "sandbox", sb, "err", err)
+			}
+			keep[sb] = true
+			continue
+		}
+		gone[sb] = status
 	}
 	want := map[string]bool{}
 	for _, r := range l {
-		want[r.Hook.ID] = true
-		if rs.running[r.Hook.ID] == nil {
+		id, sb := r.Hook.ID, r.Hook.SandboxID
+		if gone[sb] != "" {
+			continue
+		}
+		want[id] = true
+		if rs.running[id] == nil && !keep[sb] {
 			rs.startLocked(r)
 		}
 	}
 	for id, r := range rs.running {
-		if !want[id] {
-			r.cancel()
-			delete(rs.running, id)
+		if want[id] {
+			continue
 		}
+		if status := gone[r.sandbox]; status != "" {
+			code := 0
+			if r.d.Snapshot().Connected {
+				code = int(websocket.StatusNormalClosure)
+			}
+			r.cancel(&sandboxStopped{status: status, code: code})
+		} else {
+			r.cancel(errRelayRemoved)
+		}
+		delete(rs.running, id)
 	}
 }
+
+// errRelayRemoved ends a relay that is no longer in the store.
+var errRelayRemoved = errors.New("relay removed")
 
 func (rs *relays) startLocked(r *store.Relay) {
 	var cfg relayConfig
@@ -209,8 +268,8 @@ func (rs *relays) startLocked(r *store.Relay) {
 			Log:   rs.log.With("relay", name, "sandbox", sb),
 		})
 	}
-	ctx, cancel := context.WithCancel(rs.ctx)
-	rs.running[hook.ID] = &runningRelay{cancel: cancel, d: d}
+	ctx, cancel := context.WithCancelCause(rs.ctx)
+	rs.running[hook.ID] = &runningRelay{cancel: cancel, d: d, sandbox: sb}
 	rs.wg.Add(1)
 	go func() {
 		defer rs.wg.Done()
@@ -218,6 +277,12 @@ func (rs *relays) startLocked(r *store.Relay) {
 			rs.log.Warn("relay stopped", "relay", name, "sandbox", sb, "err", err)
 		}
 		drops.Flush()
+		// Run returns once the connection is closed.
+		var stopped *sandboxStopped
+		if errors.As(context.Cause(ctx), &stopped) {
+			rs.log.Info("relay stopped with its sandbox", "relay", name, "sandbox", sb, "status", stopped.status)
+			rs.emit(tenant, sb, api.RelayDisconnected{Relay: name, Code: stopped.code, Reason: stopped.Error()})
+		}
 	}()
 }
 
@@ -237,8 +302,14 @@ func (rs *relays) view(ctx context.Context, r *store.Relay) *api.Relay {
 	var cfg relayConfig
 	_ = json.Unmarshal([]byte(r.Config), &cfg)
 	n, _ := rs.st.PendingDeliveries(ctx, r.Hook.ID)
+	st := rs.state(r.Hook.ID)
+	if st == (api.RelayState{}) {
+		if status, err := rs.gone(ctx, r.Hook.SandboxID); err == nil && status != "" {
+			st = api.RelayState{Failed: true, LastError: "the sandbox " + status + ": its relays do not run"}
+		}
+	}
 	return &api.Relay{Name: strings.TrimPrefix(r.Hook.Name, hooks.RelayPrefix), SandboxID: r.Hook.SandboxID, Kind: r.Kind, Port: r.Hook.Port, Path: r.Hook.Path,
-		TokenSecret: r.Hook.Secret, Intents: cfg.Intents, URL: cfg.URL, Headers: cfg.Headers, CreatedAt: r.Hook.CreatedAt, State: rs.state(r.Hook.ID), Pending: n}
+		TokenSecret: r.Hook.Secret, Intents: cfg.Intents, URL: cfg.URL, Headers: cfg.Headers, CreatedAt: r.Hook.CreatedAt, State: st, Pending: n}
 }
 
 // The relay routes: a sandbox's tenant owns its relays, and their
@@ -296,6 +367,11 @@ func (s *Server) addRelay(w http.ResponseWriter, r *http.Request, t *store.Tenan
 	}
 	if err := hooks.CheckTarget(req.Name, req.Port, &req.Path); err != nil {
 		return err
+	}
+	if status, err := s.relays.gone(r.Context(), sb.ID); err != nil {
+		return err
+	} else if status != "" {
+		return fmt.Errorf("%w: sandbox %s is %s and runs no relays: add the relay to a running sandbox", errdefs.ErrConflict, sb.ID, status)
 	}
 	// The secret must open now, not at the first connection.
 	if req.TokenSecret != "" {

@@ -137,3 +137,141 @@ func TestRelayDropsReported(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestRelayStopsWithItsSandbox: a relay whose sandbox stops closes its
+// connection (a close frame, 1000) within a bound of the next sync, says
+// so in a relay.disconnected event, and is not started again; a failed
+// sandbox's relay is not started at all; `relay ls` says why neither
+// runs.
+func TestRelayStopsWithItsSandbox(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var smu sync.Mutex
+	conns := map[string]int{}                   // path → connections
+	ends := map[string][]websocket.StatusCode{} // path → how each ended
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		smu.Lock()
+		conns[r.URL.Path]++
+		smu.Unlock()
+		if err := c.Write(r.Context(), websocket.MessageText, []byte("hello")); err != nil {
+			return
+		}
+		_, _, err = c.Read(context.Background())
+		smu.Lock()
+		ends[r.URL.Path] = append(ends[r.URL.Path], websocket.CloseStatus(err))
+		smu.Unlock()
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	seen := func(path string) (int, []websocket.StatusCode) {
+		smu.Lock()
+		defer smu.Unlock()
+		return conns[path], append([]websocket.StatusCode(nil), ends[path]...)
+	}
+
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "store.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := db.CreateTenant(ctx, &store.Tenant{ID: "t1", Name: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	sbs := map[string]*store.Sandbox{}
+	for id, status := range map[string]string{"sb-1": "running", "sb-2": "failed"} {
+		sbs[id] = &store.Sandbox{ID: id, TenantID: "t1", Runtime: "container", Image: "debian", Status: status}
+		if err := db.CreateSandbox(ctx, sbs[id]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hs := hooks.New(hooks.Config{Store: db})
+	var emu sync.Mutex
+	var disc []api.RelayDisconnected
+	emit := func(_, sb string, ev api.EventPayload) {
+		if d, ok := ev.(api.RelayDisconnected); ok {
+			emu.Lock()
+			disc = append(disc, d)
+			emu.Unlock()
+		}
+	}
+	disconnected := func() []api.RelayDisconnected {
+		emu.Lock()
+		defer emu.Unlock()
+		return append([]api.RelayDisconnected(nil), disc...)
+	}
+	rels := map[string]*store.Relay{}
+	for i, sb := range []string{"sb-1", "sb-2"} {
+		cfg, _ := json.Marshal(relayConfig{URL: "ws://" + ln.Addr().String() + "/" + sb})
+		rels[sb] = &store.Relay{Hook: store.Webhook{ID: fmt.Sprint("wh-", i+1), TenantID: "t1", SandboxID: sb, Name: hooks.RelayPrefix + "feed",
+			Port: 8080, Path: "/feed", Verify: hooks.RelayPrefix + "websocket", TokenHash: []byte{byte(i)}}, Kind: "websocket", Config: string(cfg)}
+		if err := db.CreateRelay(ctx, rels[sb]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rs := newRelays(db, hs, nil, emit, slog.New(slog.NewTextHandler(io.Discard, nil)), "", true)
+	done := make(chan struct{})
+	go func() { rs.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitUntil := func(what string, within time.Duration, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("not within %v: %s", within, what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitUntil("the running sandbox's relay to connect and relay a message", 10*time.Second, func() bool {
+		return rs.state("wh-1").Connected && rs.state("wh-1").Received == 1
+	})
+
+	// The sandbox stops (cagebox stop): its relay closes within a sync
+	// period (3 s) and its close (2 s at most).
+	sbs["sb-1"].Status = "stopped"
+	if err := db.UpdateSandbox(ctx, sbs["sb-1"]); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	waitUntil("the stopped sandbox's relay to close its connection", 8*time.Second, func() bool {
+		_, e := seen("/sb-1")
+		return len(e) == 1
+	})
+	if _, e := seen("/sb-1"); e[0] != websocket.StatusNormalClosure {
+		t.Errorf("the server saw the connection end with %d, want a close frame 1000", e[0])
+	}
+	waitUntil("relay.disconnected", 5*time.Second, func() bool { return len(disconnected()) == 1 })
+	t.Logf("closed %v after the stop", time.Since(stopped).Round(time.Millisecond))
+	if d := disconnected()[0]; d.Relay != "feed" || d.Code != int(websocket.StatusNormalClosure) || !strings.Contains(d.Reason, "sandbox stopped") {
+		t.Errorf("relay.disconnected: %+v, want code 1000 and a reason saying the sandbox stopped", d)
+	}
+	// Not started again, sync after sync.
+	for range 3 {
+		rs.sync(ctx)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n, _ := seen("/sb-1"); n != 1 {
+		t.Errorf("the stopped sandbox's relay connected %d times, want once", n)
+	}
+	// The failed sandbox's relay never ran.
+	if n, _ := seen("/sb-2"); n != 0 {
+		t.Errorf("the failed sandbox's relay connected %d times", n)
+	}
+	if got := disconnected(); len(got) != 1 {
+		t.Errorf("relay.disconnected events: %+v, want the one", got)
+	}
+	for sb, want := range map[string]string{"sb-1": "the sandbox stopped", "sb-2": "the sandbox failed"} {
+		if v := rs.view(ctx, rels[sb]); v.State.Connected || !v.State.Failed || !strings.Contains(v.State.LastError, want) {
+			t.Errorf("relay ls of %s: %+v, want failed: %s", sb, v.State, want)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 
@@ -44,6 +45,7 @@ func newHooks(cfg Config, st store.Store, v *vault.Vault, mgr *sandbox.Manager, 
 			_, err := mgr.Get(ctx, tenant, id)
 			return err
 		},
+		Gone: sandboxGone(st),
 	})
 	// A webhook's port is admitted on its sandbox's link like a published
 	// one (only the ingress listener's marked connections reach it).
@@ -59,6 +61,28 @@ func newHooks(cfg Config, st store.Store, v *vault.Vault, mgr *sandbox.Manager, 
 		return out
 	})
 	return svc
+}
+
+// sandboxGone reports a sandbox that takes no more deliveries and holds
+// no relays, ever, by its status: stopped or failed — neither runs again;
+// its record stays until `cagebox rm`. "" for any other (running or
+// asleep, being created), and for one with no record (a removed
+// sandbox's webhooks and relays are deleted with it).
+func sandboxGone(st store.Store) func(ctx context.Context, id string) (string, error) {
+	return func(ctx context.Context, id string) (string, error) {
+		r, err := st.GetSandbox(ctx, "", id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return "", nil
+		case err != nil:
+			return "", fmt.Errorf("read sandbox %s: %w", id, err)
+		}
+		switch r.Status {
+		case sandbox.StatusStopped, sandbox.StatusFailed:
+			return r.Status, nil
+		}
+		return "", nil
+	}
 }
 
 // The webhook routes: a sandbox's tenant owns its webhooks, and their

@@ -72,6 +72,13 @@ type Config struct {
 	MaxPending    int
 	Now           func() time.Time
 	Log           *slog.Logger
+
+	// Gone reports a sandbox that takes no more deliveries, ever — one
+	// that is stopped or failed, which cannot run again — by its status
+	// ("stopped", "failed"); "" for one that takes them (running or
+	// asleep). Its webhook URLs answer 410 and its queued deliveries give
+	// up at once. Nil: every sandbox takes them.
+	Gone func(ctx context.Context, sandboxID string) (status string, err error)
 }
 
 // Service is the webhook endpoint and dispatcher.
@@ -152,6 +159,11 @@ func (s *Service) Add(ctx context.Context, tenant, sandboxID string, req *api.We
 			return nil, err
 		}
 	}
+	if status, err := s.gone(ctx, sandboxID); err != nil {
+		return nil, err
+	} else if status != "" {
+		return nil, fmt.Errorf("%w: sandbox %s is %s and takes no deliveries: add the webhook to a running sandbox", errdefs.ErrConflict, sandboxID, status)
+	}
 	// The scheme must parse and the secret must open now, not at the first
 	// delivery.
 	val, wipe, err := s.cfg.Secret(ctx, tenant, req.Secret)
@@ -204,6 +216,33 @@ func (s *Service) List(ctx context.Context, tenant, sandboxID string) ([]*api.We
 		out = append(out, s.view(w, n))
 	}
 	return out, nil
+}
+
+// gone is Config.Gone, or "" when there is none.
+func (s *Service) gone(ctx context.Context, sandboxID string) (string, error) {
+	if s.cfg.Gone == nil {
+		return "", nil
+	}
+	status, err := s.cfg.Gone(ctx, sandboxID)
+	if err != nil {
+		return "", fmt.Errorf("status of sandbox %s: %w", sandboxID, err)
+	}
+	return status, nil
+}
+
+// goneWhat says a sandbox is status (Config.Gone): "the sandbox is
+// stopped", "the sandbox failed".
+func goneWhat(status string) string {
+	if status == "failed" {
+		return "the sandbox failed"
+	}
+	return "the sandbox is " + status
+}
+
+// goneReason is what the sender of a delivery for a sandbox that is
+// status is told (410, webhook.rejected).
+func goneReason(status string) string {
+	return goneWhat(status) + " and takes no more deliveries: remove the webhook, or point the sender at a new sandbox"
 }
 
 // RelayPrefix starts the name and Verify of a webhook row a relay owns
@@ -325,6 +364,15 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			reason = "stale"
 		}
 		s.reject(w, hook, http.StatusUnauthorized, reason+": "+err.Error())
+		return
+	}
+	// Only a verified sender learns that the sandbox is gone. Should its
+	// status not be readable, the delivery is queued as before: the
+	// dispatcher asks again.
+	if status, err := s.gone(ctx, hook.SandboxID); err != nil {
+		s.cfg.Log.Warn("webhook delivery", "webhook", hook.Name, "sandbox", hook.SandboxID, "err", err)
+	} else if status != "" {
+		s.reject(w, hook, http.StatusGone, goneReason(status))
 		return
 	}
 	d := &store.Delivery{WebhookID: hook.ID, SandboxID: hook.SandboxID, Key: key, Method: r.Method, Header: deliveryHeader(r.Header, hook.Verify), Body: body, ReceivedAt: now}
@@ -475,6 +523,16 @@ func (s *Service) deliver(ctx context.Context, d *store.Delivery) {
 	if err != nil || hook == nil {
 		return // deleted meanwhile: its deliveries went with it
 	}
+	// A sandbox that is gone for good gives up its deliveries at once,
+	// without waking anything or waiting out retries.
+	if status, err := s.gone(ctx, d.SandboxID); err != nil {
+		if ctx.Err() == nil {
+			s.cfg.Log.Warn("webhook delivery", "webhook", hook.Name, "sandbox", d.SandboxID, "err", err)
+		}
+	} else if status != "" {
+		s.giveUp(ctx, hook, d, d.Attempts, goneWhat(status)+": it takes no more deliveries")
+		return
+	}
 	dctx, cancel := context.WithTimeout(ctx, deliverTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(dctx, d.Method, "http://guest"+hook.Path, bytes.NewReader(d.Body))
@@ -502,13 +560,27 @@ func (s *Service) deliver(ctx context.Context, d *store.Delivery) {
 		return
 	}
 	if d.Attempts+1 >= maxAttempts {
-		_ = s.cfg.Store.FinishDelivery(ctx, d.ID, false, result, s.cfg.Now())
-		s.cfg.Emit(hook.TenantID, hook.SandboxID, api.WebhookFailed{Webhook: hook.Name, Delivery: d.ID, Attempts: d.Attempts + 1, Error: clip(result, 200), GaveUp: true})
+		s.giveUp(ctx, hook, d, d.Attempts+1, result)
+		return
+	}
+	// The sandbox stopped while this attempt was under way: there is no
+	// next one.
+	if status, err := s.gone(ctx, d.SandboxID); err == nil && status != "" {
+		s.giveUp(ctx, hook, d, d.Attempts+1, goneWhat(status)+": it takes no more deliveries (this attempt: "+clip(result, 100)+")")
 		return
 	}
 	next := s.cfg.Now().Add(Backoff(d.Attempts + 1))
 	_ = s.cfg.Store.RetryDelivery(ctx, d.ID, result, next)
 	s.cfg.Emit(hook.TenantID, hook.SandboxID, api.WebhookFailed{Webhook: hook.Name, Delivery: d.ID, Attempts: d.Attempts + 1, Error: clip(result, 200)})
+}
+
+// giveUp finishes a delivery as failed after attempts attempts, saying
+// why (webhook.failed, gave_up).
+func (s *Service) giveUp(ctx context.Context, hook *store.Webhook, d *store.Delivery, attempts int, why string) {
+	if err := s.cfg.Store.FinishDelivery(ctx, d.ID, false, why, s.cfg.Now()); err != nil {
+		s.cfg.Log.Warn("finish webhook delivery", "webhook", hook.Name, "sandbox", d.SandboxID, "delivery", d.ID, "err", err)
+	}
+	s.cfg.Emit(hook.TenantID, hook.SandboxID, api.WebhookFailed{Webhook: hook.Name, Delivery: d.ID, Attempts: attempts, Error: clip(why, 200), GaveUp: true})
 }
 
 func clip(s string, n int) string {

@@ -35,7 +35,8 @@ type harness struct {
 	events   []api.EventPayload
 	got      []*http.Request
 	bodies   []string
-	failNext int // the guest answers 500 this many times
+	failNext int               // the guest answers 500 this many times
+	gone     map[string]string // sandbox → status, for Config.Gone
 }
 
 func newHarness(t *testing.T, st store.Store) *harness {
@@ -89,6 +90,11 @@ func newHarness(t *testing.T, st store.Store) *harness {
 			h.mu.Lock()
 			h.events = append(h.events, ev)
 			h.mu.Unlock()
+		},
+		Gone: func(_ context.Context, sandboxID string) (string, error) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			return h.gone[sandboxID], nil
 		},
 		MaxBody:    1 << 10,
 		MaxPending: 3,

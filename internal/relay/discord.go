@@ -47,6 +47,10 @@ const (
 	maxMessage              = 16 << 20
 )
 
+// closeWait bounds the wait for the peer's answer to the close frame a
+// stopped relay sends.
+const closeWait = 2 * time.Second
+
 // ErrAuth is a gateway refusing the token (close 4004) or the bot's
 // settings (4010-4014): retrying cannot help.
 var ErrAuth = errors.New("discord refused the bot")
@@ -228,6 +232,33 @@ func (d *Discord) Run(ctx context.Context) error {
 	}
 }
 
+// closeOnStop ties a connection to its relay's life, ctx: when ctx ends
+// (relay rm, its sandbox stopped, the daemon shutting down) the relay
+// says goodbye with a close frame, 1000 — Discord then ends the session
+// and shows the bot offline at once; a connection merely dropped leaves
+// it online, its session resumable, until its heartbeats time out — and
+// only then ends cctx. The connection's reads and writes must run under
+// cctx, which ctx's end does not cancel: the WebSocket library drops the
+// connection without a close frame when the context of a read or write
+// in progress ends. stop drops the connection without one (and is to be
+// called when the connection is done with).
+func closeOnStop(ctx context.Context, c *websocket.Conn) (cctx context.Context, stop func()) {
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	bye := context.AfterFunc(ctx, func() {
+		// A peer that does not answer the close frame soon is not
+		// waited for (the library would wait 5 s): ending cctx ends the
+		// read that would take its answer, and so the connection.
+		t := time.AfterFunc(closeWait, cancel)
+		defer t.Stop()
+		_ = c.Close(websocket.StatusNormalClosure, "relay stopped")
+		cancel()
+	})
+	return cctx, func() {
+		bye()
+		cancel()
+	}
+}
+
 // backoff is the wait before reconnecting after fails failed attempts
 // (fails ≥ 1): lo doubling per failure up to hi, plus up to a quarter of
 // jitter so that relays dropped together do not come back together.
@@ -274,7 +305,10 @@ func (d *Discord) session(ctx context.Context) (ok bool, err error) {
 	}
 	c.SetReadLimit(maxMessage)
 	defer c.CloseNow()
-	sctx, stop := context.WithCancel(ctx)
+	// The connection's reads and writes run under sctx; the relay's end
+	// (ctx) closes it with a close frame first. stop drops it (a zombied
+	// connection).
+	sctx, stop := closeOnStop(ctx, c)
 	defer stop()
 
 	// HELLO first.
@@ -397,6 +431,9 @@ func (d *Discord) session(ctx context.Context) (ok bool, err error) {
 			d.mu.Unlock()
 			if !fresh {
 				continue // a replay we have
+			}
+			if ctx.Err() != nil {
+				continue // the relay is stopping: nothing more is queued
 			}
 			ev, _ := json.Marshal(struct {
 				T string          `json:"t"`

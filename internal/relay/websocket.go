@@ -162,6 +162,8 @@ func (w *WebSocket) conn(ctx context.Context) (worked bool, err error) {
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(maxMessage)
+	cctx, stop := closeOnStop(ctx, c)
+	defer stop()
 	idb := make([]byte, 6)
 	_, _ = rand.Read(idb)
 	id := hex.EncodeToString(idb)
@@ -169,9 +171,12 @@ func (w *WebSocket) conn(ctx context.Context) (worked bool, err error) {
 	w.cfg.Event("connected", w.Snapshot(), "connected", 0)
 	var n int64
 	for {
-		typ, msg, err := c.Read(ctx)
+		typ, msg, err := c.Read(cctx)
 		if err != nil {
 			return true, err
+		}
+		if ctx.Err() != nil {
+			continue // the relay is stopping: nothing more is queued
 		}
 		n++
 		t := "text"

@@ -8,6 +8,7 @@ package discordtest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -37,6 +38,15 @@ type event struct {
 	d json.RawMessage
 }
 
+// End is how a client's connection ended, as the gateway read it.
+type End struct {
+	// Code is the close frame's code; -1 when the connection ended
+	// without one (the client dropped it, or the gateway did: Drop).
+	// After CloseWith it is the client's answer to the gateway's close.
+	Code   int
+	Reason string
+}
+
 // Gateway is the stand-in.
 type Gateway struct {
 	// URL is ws://ADDR/ (the resume_gateway_url too).
@@ -62,6 +72,7 @@ type Gateway struct {
 	heartbeats int
 	sendTimes  []time.Time
 	conns      int
+	ends       []End
 	changed    chan struct{}
 }
 
@@ -126,6 +137,11 @@ func (g *Gateway) SendTimes() []time.Time {
 	defer g.mu.Unlock()
 	return append([]time.Time(nil), g.sendTimes...)
 }
+func (g *Gateway) Ends() []End {
+	g.lock()
+	defer g.mu.Unlock()
+	return append([]End(nil), g.ends...)
+}
 func (g *Gateway) Session() string { g.lock(); defer g.mu.Unlock(); return g.session }
 func (g *Gateway) Seq() int64      { g.lock(); defer g.mu.Unlock(); return g.seq }
 
@@ -136,6 +152,7 @@ func (g *Gateway) Connected() bool { g.lock(); defer g.mu.Unlock(); return g.con
 func (g *Gateway) NIdentifies() int { return len(g.identifies) }
 func (g *Gateway) NResumes() int    { return len(g.resumes) }
 func (g *Gateway) NHeartbeats() int { return g.heartbeats }
+func (g *Gateway) NEnds() int       { return len(g.ends) }
 func (g *Gateway) IsConnected() bool {
 	return g.conn != nil
 }
@@ -243,7 +260,14 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	for {
 		_, b, err := c.Read(ctx)
 		if err != nil {
+			end := End{Code: int(websocket.CloseStatus(err))}
+			var ce websocket.CloseError
+			if errors.As(err, &ce) {
+				end.Reason = ce.Reason
+			}
 			g.mu.Lock()
+			g.ends = append(g.ends, end)
+			g.notify()
 			if g.conn == c {
 				g.conn = nil
 				g.notify()
