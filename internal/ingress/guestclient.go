@@ -233,7 +233,7 @@ var errNoAnswer = errors.New("the guest closed the connection without an answer"
 // returns owns c from then on.
 func (g *guestClient) exchange(ctx context.Context, c *guestConn, req *http.Request) (*http.Response, error) {
 	// The request's context bounds the exchange and the body's reads: a
-	// client gone or the daemon stopping ends a read or a splice that
+	// client gone, a revocation or the daemon stopping ends a read that
 	// waits on a silent guest.
 	stop := context.AfterFunc(ctx, func() { _ = c.tc.SetDeadline(time.Unix(1, 0)) })
 	fail := func(err error) (*http.Response, error) {
@@ -243,8 +243,10 @@ func (g *guestClient) exchange(ctx context.Context, c *guestConn, req *http.Requ
 		}
 		return nil, err
 	}
+	// Nothing was read yet when a write fails: wrapped in errNoAnswer, the
+	// request may be sent again.
 	if err := req.Write(c.bw); err != nil {
-		return fail(err)
+		return fail(fmt.Errorf("%w: %w", errNoAnswer, err))
 	}
 	if err := c.bw.Flush(); err != nil {
 		return fail(fmt.Errorf("%w: %w", errNoAnswer, err))
@@ -313,19 +315,24 @@ func (b *guestBody) Read(p []byte) (int, error) {
 }
 
 // Close ends the body: the connection is kept when the answer was read to
-// its end and neither side asked to close, otherwise closed.
+// its end and neither side asked to close, otherwise closed — never
+// drained (the standard body's Close reads to the end, which for an
+// endless stream is forever).
 func (b *guestBody) Close() error {
 	if b.closed {
 		return nil
 	}
 	b.closed = true
-	b.body.Close()
+	if b.err != io.EOF {
+		b.stop()
+		return b.c.tc.Close()
+	}
+	b.body.Close() // at its end: reads nothing
 	// stop reports false when the context ended meanwhile: the
 	// connection's deadline is set, it cannot be kept.
-	if b.stop() && b.err == io.EOF && b.keep && b.c.br.Buffered() == 0 {
+	if b.stop() && b.keep && b.c.br.Buffered() == 0 {
 		b.g.put(b.c)
 		return nil
 	}
-	b.c.tc.Close()
-	return nil
+	return b.c.tc.Close()
 }

@@ -459,3 +459,54 @@ func TestGuestClientRetry(t *testing.T) {
 		t.Errorf("%d connections: a request whose answer began was sent again", n)
 	}
 }
+
+// TestGuestClientCloseEndless: closing the body of an endless answer part
+// read (the client went) returns at once and drops the connection; it
+// does not read the stream to an end that never comes.
+func TestGuestClientCloseEndless(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	closed := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer close(closed)
+		defer c.Close()
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+		chunk := "400\r\n" + strings.Repeat("x", 0x400) + "\r\n"
+		for {
+			if _, err := io.WriteString(c, chunk); err != nil {
+				return // the client closed
+			}
+		}
+	}()
+	g := newGuestClient((&net.Dialer{}).DialContext)
+	req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/", nil)
+	resp, err := g.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, 100)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { resp.Body.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Close of an endless body did not return: it drains")
+	}
+	select {
+	case <-closed:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the guest's connection stayed open")
+	}
+}
