@@ -388,6 +388,13 @@ func (s *Server) Deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Ta
 	wctx, cancel := context.WithTimeout(r.Context(), s.cfg.WakeTimeout)
 	end, err := s.cfg.Backend.Begin(wctx, rt.ID, "ingress "+strconv.Itoa(int(rt.Port)))
 	cancel()
+	if err != nil && errors.Is(context.Cause(r.Context()), ErrRevoked) {
+		// Revoked while the sandbox was being woken: the same answer as
+		// a revocation while the guest answered.
+		s.record(r, rt, t, http.StatusNotFound, 0, 0, 0)
+		fail(w, http.StatusNotFound, revokedMsg)
+		return
+	}
 	if err != nil {
 		s.log.Warn("ingress: sandbox not available", "sandbox", rt.ID, "port", rt.Port, "err", err)
 		w.Header().Set("Retry-After", retryAfter)

@@ -508,3 +508,49 @@ func TestWebSocketBytes(t *testing.T) {
 		})
 	}
 }
+
+// beginHeld is a sandbox asleep: Begin waits for the wake until released
+// or the request's context ends.
+type beginHeld struct {
+	portsBackend
+	waking, release chan struct{}
+}
+
+func (b *beginHeld) Begin(ctx context.Context, _, _ string) (func(), error) {
+	close(b.waking)
+	select {
+	case <-b.release:
+		return func() {}, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wake: %w", ctx.Err())
+	}
+}
+
+// TestRevokeDuringWake: a request waiting for its sleeping sandbox to
+// wake when the port is revoked gets the revoked 404 at once, not a 503
+// that asks it to try again.
+func TestRevokeDuringWake(t *testing.T) {
+	guest := newStreamGuest(t)
+	b := &beginHeld{portsBackend: portsBackend{addr: netip.MustParseAddrPort(guest.Listener.Addr().String()),
+		ports: map[string][]uint16{testID: {8080}}}, waking: make(chan struct{}), release: make(chan struct{})}
+	defer close(b.release)
+	srv := New(Config{Domain: "sb.test", Backend: b})
+	done := make(chan *httptest.ResponseRecorder)
+	go func() {
+		r := httptest.NewRequest("GET", "/?name=asleep", nil)
+		r.Host = HostFor(testID, 8080, "sb.test")
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, r)
+		done <- w
+	}()
+	<-b.waking
+	srv.Revoke(testID, 8080)
+	select {
+	case w := <-done:
+		if w.Code != http.StatusNotFound || !strings.Contains(w.Body.String(), "revoked") {
+			t.Errorf("revoked during the wake: %d %s, want the revoked 404", w.Code, w.Body)
+		}
+	case <-time.After(cutWithin):
+		t.Fatal("a request waiting for the wake went on after Revoke")
+	}
+}
