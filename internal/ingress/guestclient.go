@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -67,35 +68,17 @@ func inline(r *http.Request) bool {
 // guestConn is a connection to a guest kept by guestClient.
 type guestConn struct {
 	tc   *net.TCPConn
-	lr   *limitReader // under br: bounds a response's header
+	lr   *io.LimitedReader // under br: bounds a response's header
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	key  netip.AddrPort
 	used time.Time // when it went idle
 }
 
-// limitReader reads from a connection, at most n bytes while n ≥ 0.
-type limitReader struct {
-	r io.Reader
-	n int64 // -1: no limit
-}
-
 var errHeaderTooLarge = errors.New("ingress: the guest's response header is too large")
 
-func (l *limitReader) Read(p []byte) (int, error) {
-	if l.n < 0 {
-		return l.r.Read(p)
-	}
-	if l.n == 0 {
-		return 0, errHeaderTooLarge
-	}
-	if int64(len(p)) > l.n {
-		p = p[:l.n]
-	}
-	n, err := l.r.Read(p)
-	l.n -= int64(n)
-	return n, err
-}
+// unlimited is a guest connection's read limit outside a header.
+const unlimited = math.MaxInt64
 
 // guestClient is the http.RoundTripper of the inline requests.
 type guestClient struct {
@@ -186,7 +169,7 @@ func (g *guestClient) newConn(ctx context.Context, key netip.AddrPort) (*guestCo
 		nc.Close()
 		return nil, fmt.Errorf("ingress: guest connection is a %T, not TCP", nc)
 	}
-	lr := &limitReader{r: tc, n: -1}
+	lr := &io.LimitedReader{R: tc, N: unlimited}
 	return &guestConn{tc: tc, lr: lr, br: bufio.NewReaderSize(lr, guestBufSize), bw: bufio.NewWriterSize(tc, 4<<10), key: key}, nil
 }
 
@@ -252,12 +235,15 @@ func (g *guestClient) exchange(ctx context.Context, c *guestConn, req *http.Requ
 		return fail(fmt.Errorf("%w: %w", errNoAnswer, err))
 	}
 	trace := httptrace.ContextClientTrace(ctx)
-	c.lr.n = guestMaxHeader
+	c.lr.N = guestMaxHeader
 	var resp *http.Response
 	for n1xx := 0; resp == nil; {
 		r, err := http.ReadResponse(c.br, req)
 		if err != nil {
-			if c.lr.n == guestMaxHeader && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)) {
+			switch {
+			case c.lr.N == 0:
+				err = errHeaderTooLarge
+			case c.lr.N == guestMaxHeader && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)):
 				err = fmt.Errorf("%w: %w", errNoAnswer, err)
 			}
 			return fail(err)
@@ -280,7 +266,7 @@ func (g *guestClient) exchange(ctx context.Context, c *guestConn, req *http.Requ
 			resp = r
 		}
 	}
-	c.lr.n = -1
+	c.lr.N = unlimited
 	resp.Body = &guestBody{g: g, c: c, body: resp.Body, stop: stop, ctx: ctx, keep: !resp.Close}
 	return resp, nil
 }

@@ -281,7 +281,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(w, code, msg)
 		return
 	}
-	s.Deliver(w, r, rt, t)
+	s.deliver(w, r, rt, t)
 }
 
 // SetHooks sets the handler of webhook URLs (Config.Hooks) before the
@@ -365,14 +365,12 @@ func (s *Server) allow(rt Route) bool {
 	return true
 }
 
-// Deliver forwards a request ServeHTTP admitted to a sandbox's port: rate
-// and size limits, waking the sandbox first when the idle timeout paused
-// it, then the proxy; one ingress.request event. (Webhook deliveries and
-// relays take Send, which no revocation cuts.)
-func (s *Server) Deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Target) {
-	ctx, done := s.live.track(r.Context(), rt.ID, rt.Port) // Revoke cuts it
-	defer done()
-	r = r.WithContext(ctx)
+// deliver forwards a request ServeHTTP admitted (and tracked, so Revoke
+// cuts it) to a sandbox's port: rate and size limits, waking the sandbox
+// first when the idle timeout paused it, then the proxy; one
+// ingress.request event. (Webhook deliveries and relays take Send, which
+// no revocation cuts.)
+func (s *Server) deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Target) {
 	start := s.cfg.Now()
 	if !s.allow(rt) {
 		w.Header().Set("Retry-After", "1")
@@ -414,16 +412,19 @@ func (s *Server) Deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Ta
 	}
 	cw := &countWriter{ResponseWriter: w}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
-	defer s.recordAborted(r, rt, t, info, in, cw, start)
+	done := func() {
+		status := cw.status
+		if status == 0 {
+			status = info.status
+		}
+		if status == 0 {
+			status = http.StatusOK
+		}
+		s.record(r, rt, t, status, in.n+cw.hijackedIn.Load(), cw.n.Load(), s.cfg.Now().Sub(start))
+	}
+	defer recordAborted(done)
 	proxy.ServeHTTP(cw, r)
-	status := cw.status
-	if status == 0 {
-		status = info.status
-	}
-	if status == 0 {
-		status = http.StatusOK
-	}
-	s.record(r, rt, t, status, in.n+cw.hijackedIn.Load(), cw.n.Load(), s.cfg.Now().Sub(start))
+	done()
 }
 
 func (s *Server) record(r *http.Request, rt Route, t *Target, status int, in, out int64, d time.Duration) {
@@ -436,20 +437,17 @@ func (s *Server) record(r *http.Request, rt Route, t *Target, status int, in, ou
 	})
 }
 
-// recordAborted records a request whose streamed response the proxy cut
-// midway (the client or the guest went, or Revoke), which it does by
-// panicking with http.ErrAbortHandler; the panic goes on to the server.
-func (s *Server) recordAborted(r *http.Request, rt Route, t *Target, info *reqInfo, in *countReader, cw *countWriter, start time.Time) {
+// recordAborted records, with record, a request whose streamed response
+// the proxy cut midway (the client or the guest went, or Revoke), which it
+// does by panicking with http.ErrAbortHandler; the panic goes on to the
+// server.
+func recordAborted(record func()) {
 	v := recover()
 	if v == nil {
 		return
 	}
 	if v == http.ErrAbortHandler {
-		status := cw.status
-		if status == 0 {
-			status = info.status
-		}
-		s.record(r, rt, t, status, in.n+cw.hijackedIn.Load(), cw.n.Load(), s.cfg.Now().Sub(start))
+		record()
 	}
 	panic(v)
 }
@@ -583,7 +581,7 @@ type countWriter struct {
 	status int
 	// n counts bytes to the client, hijackedIn bytes from it after a
 	// hijack: the proxy copies each way in a goroutine of its own, which
-	// may still be running when Deliver records them.
+	// may still be running when deliver records them.
 	n, hijackedIn atomic.Int64
 }
 

@@ -22,28 +22,18 @@ type deliveries struct {
 	m  map[string]map[uint16]map[*delivery]struct{} // sandbox → port → set
 }
 
-// delivery is one tracked request; its context value marks the context
-// it was tracked with.
+// delivery is one tracked request.
 type delivery struct {
-	id     string
-	port   uint16
 	cancel context.CancelCauseFunc
 }
 
-type deliveryKey struct{}
-
 // track returns a context of parent that Revoke(id, port) or Revoke(id,
 // 0) cancels (cause ErrRevoked), and done, which forgets it; call done
-// when the request has ended. A parent already tracked for the same
-// sandbox and port is returned as it is (ServeHTTP tracks a request
-// before it resolves the port, Deliver again for its direct callers).
+// when the request has ended. ServeHTTP tracks a request before it
+// resolves the port.
 func (d *deliveries) track(parent context.Context, id string, port uint16) (context.Context, func()) {
-	if v, ok := parent.Value(deliveryKey{}).(*delivery); ok && v.id == id && v.port == port {
-		return parent, func() {}
-	}
 	ctx, cancel := context.WithCancelCause(parent)
-	dl := &delivery{id: id, port: port, cancel: cancel}
-	ctx = context.WithValue(ctx, deliveryKey{}, dl)
+	dl := &delivery{cancel: cancel}
 	d.mu.Lock()
 	if d.m == nil {
 		d.m = map[string]map[uint16]map[*delivery]struct{}{}

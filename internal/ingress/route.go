@@ -9,7 +9,8 @@
 // per-port token (header X-Cagebox-Access, stored only as its SHA-256),
 // a signed URL (HMAC under a daemon key, bound to the port's token hash so
 // rotating the token revokes every URL), or a public port. Webhooks and
-// relays reuse Deliver (the "to a guest port, waking it first" path).
+// relays take Send (the "to a guest port, waking it first" path, from the
+// host).
 package ingress
 
 import (
