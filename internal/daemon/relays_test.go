@@ -73,16 +73,7 @@ func TestRelayDropsReported(t *testing.T) {
 	go srv.Serve(ln)
 	defer srv.Close()
 
-	db, err := sqlite.Open(filepath.Join(t.TempDir(), "store.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := db.CreateTenant(ctx, &store.Tenant{ID: "t1", Name: "t1"}); err != nil {
-		t.Fatal(err)
-	}
+	db, ctx := relayStore(t)
 	// No dispatcher runs: the guest is asleep and its queue holds two.
 	hs := hooks.New(hooks.Config{Store: db, MaxPending: 2})
 	var mu sync.Mutex
@@ -99,9 +90,7 @@ func TestRelayDropsReported(t *testing.T) {
 		Port: 8080, Path: "/feed", Verify: hooks.RelayPrefix + "websocket", TokenHash: []byte("x")}, Kind: "websocket", Config: string(cfg)}); err != nil {
 		t.Fatal(err)
 	}
-	rs := newRelays(db, hs, nil, emit, slog.New(slog.NewTextHandler(io.Discard, nil)), "", true)
-	done := make(chan struct{})
-	go func() { rs.run(ctx); close(done) }()
+	rs := runRelays(t, ctx, db, hs, emit)
 	total := func() (n int64, events int) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -110,17 +99,7 @@ func TestRelayDropsReported(t *testing.T) {
 		}
 		return n, len(drops)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if n, _ := total(); n >= sent-2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			n, _ := total()
-			t.Fatalf("relay.dropped counted %d drops, want %d", n, sent-2)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitUntil(t, "relay.dropped to count every drop", 20*time.Second, func() bool { n, _ := total(); return n >= sent-2 })
 	time.Sleep(1500 * time.Millisecond) // nothing more comes
 	n, events := total()
 	if n != sent-2 || events < 1 || events > 3 {
@@ -134,8 +113,6 @@ func TestRelayDropsReported(t *testing.T) {
 	if st := rs.state("wh-1"); st.Dropped != sent-2 || st.Received != 2 {
 		t.Errorf("relay state: %+v, want %d dropped and 2 received", st, sent-2)
 	}
-	cancel()
-	<-done
 }
 
 // TestRelayStopsWithItsSandbox: a relay whose sandbox stops closes its
@@ -176,16 +153,7 @@ func TestRelayStopsWithItsSandbox(t *testing.T) {
 		return conns[path], append([]websocket.StatusCode(nil), ends[path]...)
 	}
 
-	db, err := sqlite.Open(filepath.Join(t.TempDir(), "store.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := db.CreateTenant(ctx, &store.Tenant{ID: "t1", Name: "t1"}); err != nil {
-		t.Fatal(err)
-	}
+	db, ctx := relayStore(t)
 	sbs := map[string]*store.Sandbox{}
 	for id, status := range map[string]string{"sb-1": "running", "sb-2": "failed"} {
 		sbs[id] = &store.Sandbox{ID: id, TenantID: "t1", Runtime: "container", Image: "debian", Status: status}
@@ -217,21 +185,8 @@ func TestRelayStopsWithItsSandbox(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rs := newRelays(db, hs, nil, emit, slog.New(slog.NewTextHandler(io.Discard, nil)), "", true)
-	done := make(chan struct{})
-	go func() { rs.run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	waitUntil := func(what string, within time.Duration, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(within)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("not within %v: %s", within, what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	waitUntil("the running sandbox's relay to connect and relay a message", 10*time.Second, func() bool {
+	rs := runRelays(t, ctx, db, hs, emit)
+	waitUntil(t, "the running sandbox's relay to connect and relay a message", 10*time.Second, func() bool {
 		return rs.state("wh-1").Connected && rs.state("wh-1").Received == 1
 	})
 
@@ -242,14 +197,14 @@ func TestRelayStopsWithItsSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
-	waitUntil("the stopped sandbox's relay to close its connection", 8*time.Second, func() bool {
+	waitUntil(t, "the stopped sandbox's relay to close its connection", 8*time.Second, func() bool {
 		_, e := seen("/sb-1")
 		return len(e) == 1
 	})
 	if _, e := seen("/sb-1"); e[0] != websocket.StatusNormalClosure {
 		t.Errorf("the server saw the connection end with %d, want a close frame 1000", e[0])
 	}
-	waitUntil("relay.disconnected", 5*time.Second, func() bool { return len(disconnected()) == 1 })
+	waitUntil(t, "relay.disconnected", 5*time.Second, func() bool { return len(disconnected()) == 1 })
 	t.Logf("closed %v after the stop", time.Since(stopped).Round(time.Millisecond))
 	if d := disconnected()[0]; d.Relay != "feed" || d.Code != int(websocket.StatusNormalClosure) || !strings.Contains(d.Reason, "sandbox stopped") {
 		t.Errorf("relay.disconnected: %+v, want code 1000 and a reason saying the sandbox stopped", d)
@@ -273,5 +228,43 @@ func TestRelayStopsWithItsSandbox(t *testing.T) {
 		if v := rs.view(ctx, rels[sb]); v.State.Connected || !v.State.Failed || !strings.Contains(v.State.LastError, want) {
 			t.Errorf("relay ls of %s: %+v, want failed: %s", sb, v.State, want)
 		}
+	}
+}
+
+// relayStore is a store on SQLite with tenant t1, and a context that ends
+// with the test.
+func relayStore(t *testing.T) (*sqlite.Store, context.Context) {
+	t.Helper()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "store.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ctx := t.Context()
+	if err := db.CreateTenant(ctx, &store.Tenant{ID: "t1", Name: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	return db, ctx
+}
+
+// runRelays runs the store's relays until the test ends.
+func runRelays(t *testing.T, ctx context.Context, db store.Store, hs *hooks.Service, emit func(string, string, api.EventPayload)) *relays {
+	rs := newRelays(db, hs, nil, emit, slog.New(slog.NewTextHandler(io.Discard, nil)), "", true)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { rs.run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return rs
+}
+
+// waitUntil fails the test unless ok holds within the time given.
+func waitUntil(t *testing.T, what string, within time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

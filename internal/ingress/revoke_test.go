@@ -420,14 +420,7 @@ func TestRevokeBeforeResolve(t *testing.T) {
 	rb := &resolveHeld{portsBackend: portsBackend{addr: netip.MustParseAddrPort(guest.Listener.Addr().String()),
 		ports: map[string][]uint16{testID: {8080}}}, held: make(chan struct{}), release: make(chan struct{})}
 	srv := New(Config{Domain: "sb.test", Backend: rb})
-	done := make(chan *httptest.ResponseRecorder)
-	go func() {
-		r := httptest.NewRequest("GET", "/slow?name=raced", nil)
-		r.Host = HostFor(testID, 8080, "sb.test")
-		w := httptest.NewRecorder()
-		srv.ServeHTTP(w, r)
-		done <- w
-	}()
+	done := serveAsync(srv, "/slow?name=raced")
 	<-rb.held // resolved with the old state, not yet proxied
 	srv.Revoke(testID, 8080)
 	close(rb.release)
@@ -535,14 +528,7 @@ func TestRevokeDuringWake(t *testing.T) {
 		ports: map[string][]uint16{testID: {8080}}}, waking: make(chan struct{}), release: make(chan struct{})}
 	defer close(b.release)
 	srv := New(Config{Domain: "sb.test", Backend: b})
-	done := make(chan *httptest.ResponseRecorder)
-	go func() {
-		r := httptest.NewRequest("GET", "/?name=asleep", nil)
-		r.Host = HostFor(testID, 8080, "sb.test")
-		w := httptest.NewRecorder()
-		srv.ServeHTTP(w, r)
-		done <- w
-	}()
+	done := serveAsync(srv, "/?name=asleep")
 	<-b.waking
 	srv.Revoke(testID, 8080)
 	select {
@@ -553,4 +539,18 @@ func TestRevokeDuringWake(t *testing.T) {
 	case <-time.After(cutWithin):
 		t.Fatal("a request waiting for the wake went on after Revoke")
 	}
+}
+
+// serveAsync serves a GET of target on port 8080 of testID in the
+// background; the recorder comes when ServeHTTP returns.
+func serveAsync(srv *Server, target string) <-chan *httptest.ResponseRecorder {
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		r := httptest.NewRequest("GET", target, nil)
+		r.Host = HostFor(testID, 8080, "sb.test")
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, r)
+		done <- w
+	}()
+	return done
 }

@@ -115,22 +115,8 @@ func TestWebSocketStopClosesCleanly(t *testing.T) {
 		},
 		MinBackoff: 20 * time.Millisecond,
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	select {
-	case <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no message relayed")
-	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil && !errors.Is(err, context.Canceled) {
-			t.Fatalf("Run = %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return within 10 s of its ctx's end")
+	if _, err := stopAfterFirst(t, w, got); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run = %v", err)
 	}
 	waitFor(t, "the server to see the end", func() bool {
 		mu.Lock()
@@ -170,7 +156,26 @@ func TestStopDoesNotWaitForDeafPeer(t *testing.T) {
 			return nil
 		},
 	})
+	if took, _ := stopAfterFirst(t, w, got); took > closeWait+time.Second {
+		t.Errorf("Run took %v to return, want at most about %v", took, closeWait)
+	}
+	select {
+	case code := <-end:
+		if code != websocket.StatusNormalClosure {
+			t.Errorf("the deaf server read %d at last, want the close frame 1000", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server never read the end")
+	}
+}
+
+// stopAfterFirst runs w until got says it relayed a message, then ends its
+// context and returns how long Run took to return after that, and what
+// it returned.
+func stopAfterFirst(t *testing.T, w *WebSocket, got <-chan struct{}) (time.Duration, error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	select {
@@ -181,19 +186,10 @@ func TestStopDoesNotWaitForDeafPeer(t *testing.T) {
 	cancel()
 	start := time.Now()
 	select {
-	case <-done:
+	case err := <-done:
+		return time.Since(start), err
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return within 10 s of its ctx's end")
-	}
-	if took := time.Since(start); took > closeWait+time.Second {
-		t.Errorf("Run took %v to return, want at most about %v", took, closeWait)
-	}
-	select {
-	case code := <-end:
-		if code != websocket.StatusNormalClosure {
-			t.Errorf("the deaf server read %d at last, want the close frame 1000", code)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the server never read the end")
+		return 0, nil
 	}
 }

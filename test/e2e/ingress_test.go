@@ -92,10 +92,12 @@ type ingressEnv struct {
 	hc   *http.Client
 }
 
-func newIngressEnv(t *testing.T) *ingressEnv {
+// newIngressEnv starts a daemon with an ingress listener (and the daemon
+// flags extra).
+func newIngressEnv(t *testing.T, extra ...string) *ingressEnv {
 	e := newDebianEnv(t)
 	addr := freePort(t)
-	e.startDaemon("--ingress", addr, "--ingress-domain", ingressDomain)
+	e.startDaemon(append([]string{"--ingress", addr, "--ingress-domain", ingressDomain}, extra...)...)
 	ie := &ingressEnv{env: e, addr: addr}
 	ie.reloadCA(t)
 	return ie
@@ -380,32 +382,10 @@ func TestIngress(t *testing.T) {
 		t.Logf("50 MiB upload through ingress in %s", time.Since(t0))
 	})
 	t.Run("websocket echo", func(t *testing.T) {
-		conf, err := websocket.NewConfig("wss://"+fmt.Sprintf("8080-%s.%s", a, ingressDomain)+"/ws", "https://"+ingressDomain)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conf.Header = http.Header{"X-Cagebox-Access": {token}}
-		tc := ie.tls.Clone()
-		tc.ServerName = fmt.Sprintf("8080-%s.%s", a, ingressDomain)
-		tc.NextProtos = []string{"http/1.1"}
-		raw, err := tls.Dial("tcp", ie.addr, tc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ws, err := websocket.NewClient(conf, raw)
-		if err != nil {
-			t.Fatalf("websocket handshake: %v", err)
-		}
+		ws := ie.openWS(t, a, 8080, token)
 		defer ws.Close()
 		for _, msg := range []string{"one", "two"} {
-			if err := websocket.Message.Send(ws, msg); err != nil {
-				t.Fatal(err)
-			}
-			var got string
-			_ = ws.SetReadDeadline(time.Now().Add(5 * time.Second))
-			if err := websocket.Message.Receive(ws, &got); err != nil || got != "echo:"+msg {
-				t.Fatalf("echo: %q %v", got, err)
-			}
+			wsEcho(t, ws, msg)
 		}
 	})
 	t.Run("host cannot reach guest ports directly", func(t *testing.T) {

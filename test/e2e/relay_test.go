@@ -61,11 +61,7 @@ func TestRelayDiscord(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	e := newDebianEnv(t)
-	addr := freePort(t)
-	e.startDaemon("--ingress", addr, "--ingress-domain", ingressDomain, "--relay-discord-url", g.URL)
-	ie := &ingressEnv{env: e, addr: addr}
-	ie.reloadCA(t)
+	ie := newIngressEnv(t, "--relay-discord-url", g.URL)
 	ctx := context.Background()
 	c := ie.client()
 	if _, err := c.PutSecret(ctx, &api.PutSecretRequest{Name: "DISCORD_BOT", Value: relayBotToken, Hosts: []string{"discord.com"}}); err != nil {
@@ -283,11 +279,7 @@ func TestRelayWebSocket(t *testing.T) {
 	go srv.Serve(ln)
 	defer srv.Close()
 
-	e := newDebianEnv(t)
-	addr := freePort(t)
-	e.startDaemon("--ingress", addr, "--ingress-domain", ingressDomain, "--relay-allow-private")
-	ie := &ingressEnv{env: e, addr: addr}
-	ie.reloadCA(t)
+	ie := newIngressEnv(t, "--relay-allow-private")
 	ctx := context.Background()
 	c := ie.client()
 	if _, err := c.PutSecret(ctx, &api.PutSecretRequest{Name: "WS_TOKEN", Value: wsSecret, Hosts: []string{"example.com"}}); err != nil {

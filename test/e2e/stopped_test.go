@@ -22,11 +22,7 @@ func TestRelayAndWebhookOfStoppedSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	e := newDebianEnv(t)
-	addr := freePort(t)
-	e.startDaemon("--ingress", addr, "--ingress-domain", ingressDomain, "--relay-discord-url", g.URL)
-	ie := &ingressEnv{env: e, addr: addr}
-	ie.reloadCA(t)
+	ie := newIngressEnv(t, "--relay-discord-url", g.URL)
 	ctx := context.Background()
 	c := ie.client()
 	for name, val := range map[string]string{"GH_HOOK": hookSecretValue, "DISCORD_BOT": relayBotToken} {
@@ -49,17 +45,7 @@ func TestRelayAndWebhookOfStoppedSandbox(t *testing.T) {
 	if r := ie.cli("", "relay", "add", id, "discord", "--token-secret", "DISCORD_BOT", "--port", "8080", "--path", "/discord"); r.code != 0 {
 		t.Fatalf("relay add: %+v", r)
 	}
-	waitFor := func(what string, within time.Duration, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(within)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("not within %v: %s", within, what)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
-	waitFor("the relay to identify", 60*time.Second, g.Connected)
+	waitFor(t, 60*time.Second, "the relay to identify", g.Connected)
 	post := func(body, sig, delivery string) ingressReply {
 		h := map[string]string{"X-GitHub-Event": "push", "X-GitHub-Delivery": delivery, "Content-Type": "application/json"}
 		if sig != "" {
@@ -93,7 +79,7 @@ func TestRelayAndWebhookOfStoppedSandbox(t *testing.T) {
 	if rep := post(body, signGitHub(body), "d-1"); rep.code != 202 {
 		t.Fatalf("a signed delivery to the running sandbox: %d %s", rep.code, rep.body)
 	}
-	waitFor("a first attempt to fail", 30*time.Second, func() bool { r, _ := failed(); return len(r) >= 1 })
+	waitFor(t, 30*time.Second, "a first attempt to fail", func() bool { r, _ := failed(); return len(r) >= 1 })
 
 	if r := ie.cli("", "stop", id); r.code != 0 {
 		t.Fatalf("stop: %+v", r)
@@ -110,7 +96,7 @@ func TestRelayAndWebhookOfStoppedSandbox(t *testing.T) {
 	}
 	// The queued deliveries give up at once (at the first's next attempt),
 	// naming the stop.
-	waitFor("the queued deliveries to give up", 30*time.Second, func() bool { _, g := failed(); return len(g) == 2 })
+	waitFor(t, 30*time.Second, "the queued deliveries to give up", func() bool { _, g := failed(); return len(g) == 2 })
 	retried, gaveUp := failed()
 	hooks := map[string]bool{}
 	for _, f := range gaveUp {
@@ -126,7 +112,7 @@ func TestRelayAndWebhookOfStoppedSandbox(t *testing.T) {
 
 	// The relay: its gateway connection closes with a close frame, and is
 	// not opened again.
-	waitFor("the stopped sandbox's relay to close its connection", 15*time.Second, func() bool { return !g.Connected() && len(g.Ends()) >= 1 })
+	waitFor(t, 15*time.Second, "the stopped sandbox's relay to close its connection", func() bool { return !g.Connected() && len(g.Ends()) >= 1 })
 	t.Logf("the relay's connection closed %v after the stop", time.Since(stopped).Round(time.Millisecond))
 	if ends := g.Ends(); ends[len(ends)-1].Code != 1000 {
 		t.Errorf("the gateway saw the relay's connection end with %+v, want a close frame 1000", ends[len(ends)-1])
