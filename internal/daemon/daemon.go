@@ -255,6 +255,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer st.Close()
 	RegisterRuntimes(cfg.Home)
+	// A KVM probe VMM whose daemon died mid-probe without taking it along
+	// (the parent-death signal normally does) is killed now.
+	kvm.SweepProbes(kvm.DefaultStateDir, log)
 	// microVM templates whose inputs changed (kernel, agent, image, QEMU)
 	// are never restored from again: remove them.
 	if rt, ok := isolation.Lookup(qemu.Name); ok {

@@ -10,9 +10,10 @@
 // It also gives the VMMs, which run as uids of their own, the use of the
 // device without widening access for anyone else (VMMAccess).
 //
-// The package is a leaf: the probes themselves belong to the runtimes, which
-// hand them to a Cache so each runs once per process and per key (the
-// kernel's digest, the binary).
+// The probes themselves belong to the runtimes, which hand them to a Cache
+// so each runs once per host boot and per key (the kernel's digest, the
+// binary), and start their VMMs with StartProbe so none outlives its
+// daemon (SweepProbes kills one that did). It imports only vmproc.
 package kvm
 
 import (
@@ -20,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -48,6 +50,11 @@ type Verdict struct {
 	Evidence string `json:"evidence,omitempty"`
 	// Took is how long the probe ran.
 	Took time.Duration `json:"took"`
+	// Probed is set by a probe that ran to a verdict (proof or failure),
+	// not one that could not run; only those are kept for the boot.
+	Probed bool `json:"probed,omitempty"`
+	// Cached: the verdict is an earlier probe's of this host boot.
+	Cached bool `json:"cached,omitempty"`
 }
 
 // String is Reason with the evidence quoted.
@@ -83,9 +90,18 @@ func Open(dev string) error {
 	return nil
 }
 
-// Cache runs each probe once per key for the life of the process (a daemon
-// start). Concurrent callers of the same key wait for the one probe.
+// Cache runs each probe once per key for the life of the process, and —
+// with a Dir — once per key and host boot: a probe's verdict (Probed) is
+// kept in Dir/verdicts.json under the boot's id, so a restarted daemon
+// does not probe again (a failing probe on a paravirtual KVM costs its
+// whole timeout). Concurrent callers of the same key wait for the one
+// probe. The key names what the verdict depends on besides the boot (the
+// device, the VMM binary's build: BinaryID, the guest kernel's digest).
 type Cache struct {
+	// Dir is where verdicts of this boot are kept and probe VMMs are
+	// recorded ("" = neither: verdicts last the process).
+	Dir string
+
 	// mu guards m.
 	mu sync.Mutex
 	m  map[string]*call
@@ -112,6 +128,16 @@ func (c *Cache) Do(key string, timeout time.Duration, probe func(ctx context.Con
 	c.m[key] = cl
 	c.mu.Unlock()
 
+	defer close(cl.done)
+	if c.Dir != "" {
+		SweepProbes(c.Dir, nil)
+		if v, ok := loadBoot(c.Dir, key); ok {
+			v.Cached = true
+			v.Reason += " (kept from this boot's probe)"
+			cl.v = v
+			return cl.v
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	start := time.Now()
 	cl.v = probe(ctx)
@@ -119,11 +145,16 @@ func (c *Cache) Do(key string, timeout time.Duration, probe func(ctx context.Con
 	if cl.v.Took == 0 {
 		cl.v.Took = time.Since(start)
 	}
-	close(cl.done)
+	if c.Dir != "" && cl.v.Probed {
+		if err := storeBoot(c.Dir, key, cl.v); err != nil {
+			slog.Warn("kvm: cannot keep the probe's verdict for this boot", "err", err)
+		}
+	}
 	return cl.v
 }
 
-// Forget drops every cached verdict (tests; a daemon re-probes on restart).
+// Forget drops every verdict held in memory (tests); those kept in Dir
+// for the boot stay.
 func (c *Cache) Forget() {
 	c.mu.Lock()
 	defer c.mu.Unlock()

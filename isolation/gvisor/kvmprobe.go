@@ -9,14 +9,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/cagebox/cagebox/internal/kvm"
 )
 
-// kvmProbes caches the kvm platform's verdict per process and runsc.
-var kvmProbes kvm.Cache
+// kvmProbes caches the kvm platform's verdict per host boot and runsc.
+var kvmProbes = kvm.Cache{Dir: kvm.DefaultStateDir}
 
 // kvmVerdict proves runsc's kvm platform by running a trivial sandbox on it
 // (`runsc do /bin/true` over a read-only view of the host, no network, no
@@ -27,7 +28,7 @@ func (rt *Runtime) kvmVerdict() kvm.Verdict {
 	if err := kvm.Open(rt.device); err != nil {
 		return kvm.Unusable("no usable " + rt.device + ": " + err.Error())
 	}
-	return kvmProbes.Do(rt.binary+"|"+rt.version+"|"+rt.device, rt.probeTimeout, rt.probeKVM)
+	return kvmProbes.Do("runsc|"+kvm.BinaryID(rt.binary)+"|"+rt.version+"|"+rt.device, rt.probeTimeout, rt.probeKVM)
 }
 
 func (rt *Runtime) probeKVM(ctx context.Context) kvm.Verdict {
@@ -50,29 +51,34 @@ func (rt *Runtime) probeKVM(ctx context.Context) kvm.Verdict {
 	args = append(args, "do", "--quiet", "--cwd=/", "/bin/true")
 	cmd := exec.Command(rt.binary, args...)
 	cmd.Dir = "/"
-	// Its own process group, and killed if the daemon dies first (its
-	// sandbox and gofer are swept by the next probe: sweepOrphans).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	var out bytes.Buffer
+	// Its own process group, and killed if the daemon dies first
+	// (kvm.StartProbe; its sandbox and gofer, which lose the parent-death
+	// signal when they change credentials, are swept by the next probe:
+	// sweepOrphans).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
+	p, err := kvm.StartProbe(cmd, kvmProbes.Dir)
+	if err != nil {
 		return fail("kvm platform not probed: "+err.Error(), "")
 	}
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
-	var werr error
+	defer p.Kill()
 	select {
-	case werr = <-waited:
+	case <-p.Done():
 	case <-ctx.Done():
-		killProbe(cmd.Process.Pid, dir)
-		<-waited
-		return fail(fmt.Sprintf("kvm platform probe failed: a trivial sandbox did not finish within %v", rt.probeTimeout), probeEvidence(out.String(), logDir))
+		killProbe(p.Proc.PID, dir)
+		p.Kill()
+		v := fail(fmt.Sprintf("kvm platform probe failed: a trivial sandbox did not finish within %v", rt.probeTimeout), probeEvidence(out.String(), logDir))
+		v.Probed = true
+		return v
 	}
-	killProbe(cmd.Process.Pid, dir)
-	if werr != nil {
-		return fail("kvm platform probe failed: a trivial sandbox did not run ("+werr.Error()+")", probeEvidence(out.String(), logDir))
+	killProbe(p.Proc.PID, dir)
+	if werr := p.Err(); werr != nil {
+		v := fail("kvm platform probe failed: a trivial sandbox did not run ("+werr.Error()+")", probeEvidence(out.String(), logDir))
+		v.Probed = true
+		return v
 	}
-	return kvm.Verdict{Usable: true, Reason: fmt.Sprintf("a trivial sandbox ran on the kvm platform in %v (probe)", time.Since(start).Round(time.Millisecond)), Took: time.Since(start)}
+	return kvm.Verdict{Usable: true, Reason: fmt.Sprintf("a trivial sandbox ran on the kvm platform in %v (probe)", time.Since(start).Round(time.Millisecond)), Took: time.Since(start), Probed: true}
 }
 
 // probeDirPrefix starts the probe's temporary directory, followed by the
@@ -184,4 +190,24 @@ func probeEvidence(out, logDir string) string {
 		}
 	}
 	return ev
+}
+
+// syncBuffer is a bytes.Buffer safe for the copy goroutines of a process's
+// output and a reader after the process was killed.
+type syncBuffer struct {
+	// mu guards b.
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -10,7 +10,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/cagebox/cagebox/internal/kvm"
@@ -21,9 +20,9 @@ import (
 // the point where it would start init, under the accelerator probed.
 const probeMarker = "VFS: Unable to mount root fs"
 
-// probes caches KVM verdicts per process, shared by every Runtime (a
+// probes caches KVM verdicts per host boot, shared by every Runtime (a
 // daemon has one; tests make many).
-var probes kvm.Cache
+var probes = kvm.Cache{Dir: kvm.DefaultStateDir}
 
 // kvmState is a verdict plus the group VMMs need for the device.
 type kvmState struct {
@@ -48,7 +47,7 @@ func (rt *Runtime) kvmState() kvmState {
 	if err != nil {
 		return kvmState{Verdict: kvm.Unusable("KVM not probed: " + err.Error()), gid: -1}
 	}
-	key := rt.binary + "|" + rt.device + "|" + k.VmlinuzSHA256
+	key := "qemu|" + kvm.BinaryID(rt.binary) + "|" + rt.device + "|" + k.VmlinuzSHA256
 	v := probes.Do(key, rt.probeTimeout, func(ctx context.Context) kvm.Verdict {
 		st := rt.probeKVM(ctx, k.Vmlinuz)
 		kvmStates.Store(key, st)
@@ -62,7 +61,18 @@ func (rt *Runtime) kvmState() kvmState {
 	if st, ok := kvmStates.Load(key); ok {
 		return st.(kvmState)
 	}
-	return kvmState{Verdict: v, gid: -1}
+	st := kvmState{Verdict: v, gid: -1}
+	if v.Usable {
+		// Kept from this boot's probe: the device's group again (nothing
+		// to change when the probe already did).
+		gid, _, err := kvm.VMMAccess(rt.device)
+		if err != nil {
+			return kvmState{Verdict: kvm.Unusable("KVM not used: " + err.Error()), gid: -1}
+		}
+		st.gid = gid
+	}
+	kvmStates.Store(key, st)
+	return st
 }
 
 func errText(err error) string {
@@ -93,7 +103,7 @@ func (rt *Runtime) probeKVM(ctx context.Context, kernel string) (st kvmState) {
 	start := time.Now()
 	st.gid = -1
 	fail := func(reason, evidence string) kvmState {
-		st.Verdict = kvm.Verdict{Reason: reason, Evidence: evidence, Took: time.Since(start)}
+		st.Verdict = kvm.Verdict{Reason: reason, Evidence: evidence, Took: time.Since(start), Probed: st.Probed}
 		return st
 	}
 	gid, note, err := kvm.VMMAccess(rt.device)
@@ -122,23 +132,18 @@ func (rt *Runtime) probeKVM(ctx context.Context, kernel string) (st kvmState) {
 	}
 	defer pr.Close()
 	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
+	// It dies with this process, whatever kills it, and is recorded while
+	// it runs (kvm.StartProbe): on a KVM that cannot run the guest, QEMU
+	// spins forever.
+	vmm, err := kvm.StartProbe(cmd, probes.Dir)
+	if err != nil {
 		pw.Close()
 		return fail("KVM not probed: start "+rt.binary+": "+err.Error(), "")
 	}
 	pw.Close()
-	pid := cmd.Process.Pid
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
-	defer func() {
-		// QEMU leaves on its own once the guest panics (-no-reboot,
-		// panic=-1); whatever is left of its session goes now.
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		select {
-		case <-waited:
-		case <-time.After(5 * time.Second):
-		}
-	}()
+	// QEMU leaves on its own once the guest panics (-no-reboot, panic=-1);
+	// whatever is left of its session goes now.
+	defer vmm.Kill()
 
 	// The console, read line by line: the marker proves the boot; the
 	// last lines are the evidence when there is none.
@@ -177,23 +182,24 @@ func (rt *Runtime) probeKVM(ctx context.Context, kernel string) (st kvmState) {
 	select {
 	case ok := <-found:
 		if ok {
-			st.Verdict = kvm.Verdict{Usable: true, Reason: fmt.Sprintf("the guest kernel booted under KVM in %v (probe)", time.Since(start).Round(time.Millisecond)), Took: time.Since(start)}
+			st.Verdict = kvm.Verdict{Usable: true, Reason: fmt.Sprintf("the guest kernel booted under KVM in %v (probe)", time.Since(start).Round(time.Millisecond)), Took: time.Since(start), Probed: true}
 			st.gid = gid
 			return st
 		}
-		// The console ended without the marker: QEMU exited.
-		var werr error
-		select {
-		case werr = <-waited:
-			waited <- werr
-		case <-time.After(2 * time.Second):
-		}
+		// The console ended without the marker: QEMU exited (or closed
+		// its console and goes on; the probe's bound still holds).
 		why := "QEMU could not boot the guest kernel under KVM"
-		if werr != nil {
-			why += " (" + werr.Error() + ")"
+		select {
+		case <-vmm.Done():
+			if werr := vmm.Err(); werr != nil {
+				why += " (" + werr.Error() + ")"
+			}
+		case <-ctx.Done():
 		}
+		st.Probed = true
 		return fail("KVM probe failed: "+why, evidence())
 	case <-ctx.Done():
+		st.Probed = true
 		return fail(fmt.Sprintf("KVM probe failed: the guest kernel did not finish booting under KVM within %v", rt.probeTimeout), evidence())
 	}
 }

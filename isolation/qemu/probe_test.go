@@ -1,14 +1,44 @@
 package qemu
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cagebox/cagebox/internal/kvm"
 )
+
+// stateDirEnv hands a helper process (a stand-in daemon) the test's KVM
+// state directory, so what it records is the test's to check and remove.
+const stateDirEnv = "CBX_TEST_KVM_STATE"
+
+// TestMain keeps the tests' probe verdicts and probe records out of the
+// host's (kvm.DefaultStateDir): a temporary state directory, removed after.
+func TestMain(m *testing.M) {
+	dir := os.Getenv(stateDirEnv)
+	own := dir == ""
+	if own {
+		var err error
+		if dir, err = os.MkdirTemp("", "cbx-kvm-state-"); err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+	}
+	probes.Dir = dir
+	code := m.Run()
+	if own {
+		os.RemoveAll(dir)
+	}
+	os.Exit(code)
+}
 
 // fakeQEMU writes a QEMU stand-in that behaves like the real one on a host
 // whose /dev/kvm cannot run a standard guest (a paravirtual nested KVM):
@@ -44,8 +74,7 @@ func fakeQEMU(t *testing.T, kvmScript string) string {
 func simulatedRuntime(t *testing.T, kvmScript string, timeout time.Duration) *Runtime {
 	t.Helper()
 	base := testRuntime(t)
-	probes.Forget()
-	t.Cleanup(probes.Forget)
+	forgetProbes(t)
 	return New(Options{Dir: base.cache.Dir, Binary: fakeQEMU(t, kvmScript), Device: "/dev/null", ProbeTimeout: timeout})
 }
 
@@ -127,5 +156,136 @@ func TestKVMProbeWithoutDevice(t *testing.T) {
 	}
 	if d := rt.Detail(); !strings.Contains(d, "tcg") || !strings.Contains(d, "/nonexistent/kvm") {
 		t.Fatalf("Detail %q", d)
+	}
+}
+
+// forgetProbes makes the next KVM() probe again: no verdict in memory or
+// kept for the boot.
+func forgetProbes(t *testing.T) {
+	t.Helper()
+	probes.Forget()
+	os.Remove(filepath.Join(probes.Dir, "verdicts.json"))
+	t.Cleanup(func() {
+		probes.Forget()
+		os.Remove(filepath.Join(probes.Dir, "verdicts.json"))
+	})
+}
+
+// daemonEnv makes the test binary, started with it, a stand-in daemon
+// that probes KVM with a stand-in QEMU (the script in the variable) and
+// never returns (TestKVMProbeDiesWithItsDaemon).
+const daemonEnv = "CBX_TEST_PROBE_DAEMON"
+
+// TestKVMProbeDiesWithItsDaemon: a daemon killed (SIGKILL) in the middle
+// of its KVM probe leaves no VMM. This host has no /dev/kvm, so the host
+// whose KVM cannot boot the guest (a paravirtual nested KVM: QEMU spins
+// forever under -accel kvm) is simulated: /dev/null stands in for the
+// device and a stand-in QEMU ignores SIGTERM and never ends (it sleeps
+// rather than spins, to spare a shared machine's CPU; nothing else
+// differs). The daemon is a child process of this test (the test binary
+// again) probing with a 10-minute bound; once its VMM runs, the daemon is
+// SIGKILLed, and the VMM must be gone with it — no sweep, no later
+// daemon. The record the probe left is then swept by the next start.
+func TestKVMProbeDiesWithItsDaemon(t *testing.T) {
+	if script := os.Getenv(daemonEnv); script != "" {
+		rt := simulatedRuntime(t, script, 10*time.Minute)
+		v := rt.KVM()
+		t.Fatalf("the probe returned (%s): it should have been killed first", v)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (VMM uids)")
+	}
+	testRuntime(t) // skips without QEMU or the guest kernel
+	dir := t.TempDir()
+	for d := dir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	pidFile := filepath.Join(dir, "vmm.pid")
+	if err := os.WriteFile(pidFile, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(pidFile, 0o666)
+	script := `trap '' TERM; echo $$ > ` + pidFile + `; exec sleep 100000`
+
+	daemon := exec.Command(os.Args[0], "-test.run=^TestKVMProbeDiesWithItsDaemon$", "-test.count=1")
+	// Whatever the killed daemon leaves in its temporary directories (the
+	// stand-in QEMU's) is under dir, which this test removes.
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	daemon.Env = append(os.Environ(), daemonEnv+"="+script, stateDirEnv+"="+probes.Dir, "TMPDIR="+tmp)
+	var out strings.Builder
+	daemon.Stdout, daemon.Stderr = &out, &out
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { daemon.Wait(); close(exited) }()
+	var vmm int
+	t.Cleanup(func() {
+		daemon.Process.Kill()
+		<-exited
+		if vmm > 0 {
+			syscall.Kill(vmm, syscall.SIGKILL)
+		}
+	})
+
+	// The VMM announces itself (or the daemon ends first: a failure).
+	pfd := waitVMM(t, pidFile, exited, &out, &vmm)
+	defer unix.Close(pfd)
+	if err := daemon.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	// A pidfd becomes readable when its process exits.
+	fds := []unix.PollFd{{Fd: int32(pfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, int(time.Minute/time.Millisecond))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			b, _ := os.ReadFile("/proc/" + strconv.Itoa(vmm) + "/status")
+			t.Fatalf("the probe's VMM (pid %d) outlived its daemon by a minute:\n%s", vmm, b)
+		}
+		break
+	}
+	// The record it left names a dead daemon and a dead VMM: the next
+	// daemon's sweep removes it (and would kill a VMM that escaped).
+	if n := kvm.SweepProbes(probes.Dir, nil); n != 0 {
+		t.Errorf("the sweep killed %d VMMs; the parent-death signal should have", n)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(probes.Dir, "probes")); len(ents) != 0 {
+		t.Errorf("probe records left after the sweep: %v", ents)
+	}
+}
+
+// waitVMM waits until the stand-in VMM has written its pid, opens a pidfd
+// on it and returns it; it fails if the daemon exits first.
+func waitVMM(t *testing.T, pidFile string, exited <-chan struct{}, out *strings.Builder, vmm *int) int {
+	t.Helper()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-exited:
+			t.Fatalf("the stand-in daemon ended before its probe's VMM ran:\n%s", out.String())
+		case <-tick.C:
+		}
+		b, _ := os.ReadFile(pidFile)
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		*vmm = pid
+		pfd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			t.Fatalf("pidfd of the VMM %d: %v", pid, err)
+		}
+		return pfd
 	}
 }
