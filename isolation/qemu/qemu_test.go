@@ -314,12 +314,11 @@ func TestNetworkPlumbing(t *testing.T) {
 	}
 	reconnectGap = oldGap
 
-	start := time.Now()
+	// Whether the guest powered off on the power button is read from its
+	// console below, not from how long Stop took (a loaded machine's TCG
+	// guest may take most of the grace period to shut down).
 	if err := s.Stop(ctx, 20*time.Second); err != nil {
 		t.Fatalf("stop: %v", err)
-	}
-	if d := time.Since(start); d > 15*time.Second {
-		t.Errorf("stop took %v: the guest did not power off on the power button", d)
 	}
 	console, _ := os.ReadFile(s.sd.path("console.log"))
 	if !strings.Contains(string(console), "power button") || !strings.Contains(string(console), "powering off") {

@@ -62,6 +62,29 @@ type env struct {
 	daemon *exec.Cmd
 	logBuf *bytes.Buffer
 	args   []string
+	// bin is the CLI cli runs ("" = the one TestMain built).
+	bin string
+}
+
+// reportGrace is what a test keeps of its deadline (go test -timeout) to
+// report a command that is still running: its output and the daemon's log.
+const reportGrace = time.Minute
+
+// testContext bounds a command a test waits for by the test's own
+// deadline, less reportGrace — not by a fixed budget: on a loaded machine
+// a command (a selftest over three runtimes, QEMU under TCG) takes as long
+// as it takes, and only a command that outlives the whole run is stuck.
+func testContext(t *testing.T) (context.Context, context.CancelFunc) {
+	d, ok := t.Deadline()
+	if !ok {
+		return context.WithCancel(context.Background())
+	}
+	if until := time.Until(d); until > 2*reportGrace {
+		d = d.Add(-reportGrace)
+	} else {
+		d = d.Add(-until / 2)
+	}
+	return context.WithDeadline(context.Background(), d)
 }
 
 func fileExists(p string) bool {
@@ -233,9 +256,13 @@ func (e *env) cli(stdin string, args ...string) result {
 // cliEnv runs the real CLI with extra environment variables.
 func (e *env) cliEnv(extra []string, stdin string, args ...string) result {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testContext(e.t)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "cagebox"), append([]string{"--home", e.home}, args...)...)
+	bin := e.bin
+	if bin == "" {
+		bin = filepath.Join(binDir, "cagebox")
+	}
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--home", e.home}, args...)...)
 	cmd.Env = append(append(os.Environ(), "CAGEBOX_AGENT="+filepath.Join(binDir, "cagebox-agent")), extra...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -604,4 +631,27 @@ func newDebianEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// TestCLIHasNoFixedBudget: a command the tests run through the CLI may
+// take longer than any fixed budget when the machine is busy (TestSelftest
+// over three runtimes once missed a 2-minute one); only the test's own
+// deadline bounds it. A stand-in CLI that answers after 125 s (sleeping,
+// no CPU) must be waited for. Skipped with -short (it takes that long).
+func TestCLIHasNoFixedBudget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits 125 s")
+	}
+	if d, ok := t.Deadline(); ok && time.Until(d) < 5*time.Minute {
+		t.Skipf("the test deadline (%v away) is too close to show it", time.Until(d).Round(time.Second))
+	}
+	dir := t.TempDir()
+	slow := filepath.Join(dir, "cagebox")
+	if err := os.WriteFile(slow, []byte("#!/bin/sh\nexec sh -c 'sleep 125; echo answered'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, home: dir, bin: slow}
+	if r := e.cli("", "selftest"); r.code != 0 || r.stdout != "answered\n" {
+		t.Fatalf("a slow command was cut short: %+v", r)
+	}
 }

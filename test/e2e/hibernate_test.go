@@ -32,13 +32,14 @@ func vmmAlive(e *env, id string) bool {
 
 func waitStatus(t *testing.T, e *env, id, want string) *api.Sandbox {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
+	ctx, cancel := testContext(t)
+	defer cancel()
 	for {
 		sb, err := e.client().Get(context.Background(), id)
 		if err == nil && sb.Status == want {
 			return sb
 		}
-		if time.Now().After(deadline) {
+		if ctx.Err() != nil {
 			t.Fatalf("%s: status %v (%v), want %s", id, sb, err, want)
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -30,14 +30,15 @@ func (e *env) pools() api.Pools {
 
 func (e *env) waitPoolReady(class string, n int) api.PoolStatus {
 	e.t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
+	ctx, cancel := testContext(e.t)
+	defer cancel()
 	for {
 		for _, s := range e.pools().Pools {
 			if s.Class == class && s.Ready >= n {
 				return s
 			}
 		}
-		if time.Now().After(deadline) {
+		if ctx.Err() != nil {
 			e.t.Fatalf("pool %s never had %d ready: %+v", class, n, e.pools())
 		}
 		time.Sleep(50 * time.Millisecond)
