@@ -24,6 +24,7 @@ import (
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
+	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/qemu"
@@ -849,6 +850,11 @@ func imageCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cache := &image.Cache{Dir: filepath.Join(g.home, "images")}
+			// IN USE counts live sandboxes only: references of homes or
+			// sandboxes that are gone are dropped first.
+			if _, err := cache.PruneOrphans(sandbox.ImageRefAlive); err != nil {
+				fmt.Fprintf(os.Stderr, "warning: pruning image references: %v\n", err)
+			}
 			l, err := cache.List()
 			if err != nil {
 				return err
@@ -903,6 +909,12 @@ tree until the last of them is removed; new sandboxes get the new one.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cache := &image.Cache{Dir: filepath.Join(g.home, "images")}
+			// Only sandboxes that exist hold an image: references of
+			// removed homes or of sandboxes a killed daemon never released
+			// are dropped first.
+			if _, err := cache.PruneOrphans(sandbox.ImageRefAlive); err != nil {
+				fmt.Fprintf(os.Stderr, "warning: pruning image references: %v\n", err)
+			}
 			if err := cache.Remove(args[0]); err != nil {
 				return err
 			}

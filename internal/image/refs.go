@@ -96,6 +96,17 @@ func (c *Cache) lockRefs() (unlock func(), err error) {
 // home), uses img's tree. It fails wrapping ErrBusy if the image was
 // replaced or removed since img was read: the caller should read it again.
 func (c *Cache) Acquire(img *Image, owner, id string) error {
+	return c.AcquireFor(img, owner, "", id)
+}
+
+// AcquireFor is Acquire recording where the holder lives: home (an
+// absolute path: the daemon's state directory of sandboxes) is written
+// into the reference, so any process can later tell a reference of a
+// sandbox that is gone from one of a sandbox that runs (PruneOrphans).
+func (c *Cache) AcquireFor(img *Image, owner, home, id string) error {
+	if home != "" && (!filepath.IsAbs(home) || strings.ContainsAny(home, "\n\x00")) {
+		return fmt.Errorf("image reference: home %q is not an absolute path: %w", home, ErrInvalid)
+	}
 	if err := c.check(); err != nil {
 		return err
 	}
@@ -119,11 +130,66 @@ func (c *Cache) Acquire(img *Image, owner, id string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("image %s: reference: %w", img.Name, err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, holder), os.O_WRONLY|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o644)
+	f, err := os.OpenFile(filepath.Join(dir, holder), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o644)
 	if err != nil {
 		return fmt.Errorf("image %s: reference: %w", img.Name, err)
 	}
+	if home != "" {
+		if _, err := f.WriteString(home + "\n"); err != nil {
+			f.Close()
+			return fmt.Errorf("image %s: reference: %w", img.Name, err)
+		}
+	}
 	return f.Close()
+}
+
+// RefAlive answers whether the sandbox id of the daemon whose state
+// directory is home still exists (PruneOrphans). It must say true when it
+// cannot tell.
+type RefAlive func(home, id string) bool
+
+// PruneOrphans drops, across every owner, the references whose holder is
+// gone: a reference that names its home (AcquireFor) is kept while alive
+// says its sandbox exists; one that names none (made before homes were
+// recorded) is kept. Retired trees left with no references are deleted.
+// It returns how many references it dropped. The cache is shared by many
+// homes (the tests' temporary ones among them): this is how references of
+// homes that were removed, or of sandboxes a killed daemon never
+// released, stop holding images that nothing uses.
+func (c *Cache) PruneOrphans(alive RefAlive) (int, error) {
+	if err := c.check(); err != nil {
+		return 0, err
+	}
+	dropped := 0
+	err := c.pruneRefsAt(func(dir, h string) bool {
+		home := readRefHome(filepath.Join(dir, refsDir, h))
+		if home == "" {
+			return true
+		}
+		id, _, _ := splitHolder(h)
+		if alive(home, id) {
+			return true
+		}
+		dropped++
+		return false
+	})
+	return dropped, err
+}
+
+// readRefHome is the home a reference file records ("" for none).
+func readRefHome(path string) string {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	b := make([]byte, 4097)
+	n, _ := f.Read(b)
+	home := strings.TrimSuffix(string(b[:n]), "\n")
+	if n > 4096 || !filepath.IsAbs(home) || strings.ContainsAny(home, "\n\x00") {
+		return ""
+	}
+	return home
 }
 
 // Release drops the references of owner's sandbox id (to a current or a
@@ -154,6 +220,12 @@ func (c *Cache) PruneRefs(owner string, alive func(id string) bool) error {
 }
 
 func (c *Cache) pruneRefs(keep func(holder string) bool) error {
+	return c.pruneRefsAt(func(_, h string) bool { return keep(h) })
+}
+
+// pruneRefsAt drops the references keep refuses; keep is given the image
+// (or retired tree) directory and the holder.
+func (c *Cache) pruneRefsAt(keep func(dir, holder string) bool) error {
 	unlock, err := c.lockRefs()
 	if err != nil {
 		return err
@@ -178,7 +250,7 @@ func (c *Cache) pruneRefs(keep func(holder string) bool) error {
 		}
 		left := 0
 		for _, h := range holders {
-			if keep(h) {
+			if keep(dir, h) {
 				left++
 				continue
 			}

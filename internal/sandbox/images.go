@@ -6,10 +6,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
+	"net"
+	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/store/sqlite"
 )
 
 // Image references: every sandbox (cold, pooled or claimed) holds a
@@ -22,17 +27,23 @@ import (
 // of its state directory, so daemons with other homes sharing the cache
 // leave each other's references alone.
 func (m *Manager) refOwner() string {
-	abs, err := filepath.Abs(m.cfg.StateDir)
-	if err != nil {
-		abs = m.cfg.StateDir
-	}
-	h := sha256.Sum256([]byte(abs))
+	h := sha256.Sum256([]byte(m.stateDirAbs()))
 	return hex.EncodeToString(h[:8])
 }
 
-// acquireImage takes sandbox id's reference to img.
+func (m *Manager) stateDirAbs() string {
+	abs, err := filepath.Abs(m.cfg.StateDir)
+	if err != nil {
+		return m.cfg.StateDir
+	}
+	return abs
+}
+
+// acquireImage takes sandbox id's reference to img, naming this manager's
+// state directory so that any process can tell whether its holder still
+// exists (ImageRefAlive).
 func (m *Manager) acquireImage(img *image.Image, id string) error {
-	if err := m.cfg.Images.Acquire(img, m.refOwner(), id); err != nil {
+	if err := m.cfg.Images.AcquireFor(img, m.refOwner(), m.stateDirAbs(), id); err != nil {
 		return imageError(img.Name, err)
 	}
 	return nil
@@ -63,7 +74,54 @@ func (m *Manager) PruneImageRefs(ctx context.Context) error {
 	for _, id := range PoolIDs(m.cfg.StateDir) {
 		alive[id] = true
 	}
-	return m.cfg.Images.PruneRefs(m.refOwner(), func(id string) bool { return alive[id] })
+	if err := m.cfg.Images.PruneRefs(m.refOwner(), func(id string) bool { return alive[id] }); err != nil {
+		return err
+	}
+	// Other homes' references whose sandbox or home is gone.
+	n, err := m.cfg.Images.PruneOrphans(ImageRefAlive)
+	if n > 0 {
+		m.log.Info("dropped image references of sandboxes that no longer exist", "count", n)
+	}
+	return err
+}
+
+// ImageRefAlive says whether the sandbox id of the daemon whose sandbox
+// state directory is stateDir (HOME/sandboxes) still exists, for
+// image.Cache.PruneOrphans. It says yes whenever it cannot tell:
+//
+//   - the home is gone: no;
+//   - a daemon answers on the home's socket: yes (that daemon owns its
+//     references, releases them and prunes its own at start; a sandbox it
+//     is making has a reference before it has a record);
+//   - the home has a store: whether the store (read-only) has the sandbox
+//     in a state other than destroyed or failed, or the home's pool files
+//     name it;
+//   - anything else (no store, an unreadable one): yes.
+func ImageRefAlive(stateDir, id string) bool {
+	home := filepath.Dir(stateDir)
+	if _, err := os.Lstat(home); errors.Is(err, fs.ErrNotExist) {
+		return false
+	}
+	if c, err := net.DialTimeout("unix", filepath.Join(home, "cagebox.sock"), time.Second); err == nil {
+		c.Close()
+		return true
+	}
+	for _, p := range PoolIDs(stateDir) {
+		if p == id {
+			return true
+		}
+	}
+	db := filepath.Join(home, "cagebox.db")
+	if _, err := os.Stat(db); err != nil {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	status, found, err := sqlite.SandboxStatus(ctx, db, id)
+	if err != nil {
+		return true
+	}
+	return found && status != StatusDestroyed && status != StatusFailed
 }
 
 // imageError maps the image cache's errors to the API's kinds.

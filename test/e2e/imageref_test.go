@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -124,5 +126,59 @@ func TestImageConfig(t *testing.T) {
 	// Images built here have no config: root in /, as before.
 	if r := e.cli("", "run", "--runtime", rt, "--image", "busybox", "--", "sh", "-c", "id -u; pwd"); r.code != 0 || r.stdout != "0\n/\n" {
 		t.Fatalf("run in a built image: %+v", r)
+	}
+}
+
+// TestImageRefsOfGoneHomes: an image cache is shared by homes (the tests'
+// temporary ones share setup's); a reference left by a home that was
+// removed, or by a sandbox its store no longer has, holds nothing — `image
+// ls` does not count it and `image rm` is not refused for it — while a
+// live sandbox's reference protects the image, also while its daemon is
+// stopped (its store, read-only, says it exists).
+func TestImageRefsOfGoneHomes(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	// A home that held the image and was removed without releasing it
+	// (as a killed daemon's temporary home is): its reference names its
+	// sandbox state directory.
+	gone := filepath.Join(t.TempDir(), "removed-home")
+	refs := filepath.Join(e.home, "images", "busybox", "refs")
+	if err := os.MkdirAll(refs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	leaked := filepath.Join(refs, "sb-gone.0123456789abcdef")
+	if err := os.WriteFile(leaked, []byte(filepath.Join(gone, "sandboxes")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	r := e.cli("", "create", "--runtime", e2eRuntime(), "--image", "busybox")
+	if r.code != 0 {
+		t.Fatalf("create: %+v", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	if r := e.cli("", "image", "ls"); r.code != 0 || !regexp.MustCompile(`(?m)^busybox .* 1\s*$`).MatchString(r.stdout) {
+		t.Fatalf("image ls: busybox should be IN USE 1 (the live sandbox, not the removed home's): %+v", r)
+	}
+	if _, err := os.Stat(leaked); err == nil {
+		t.Fatal("image ls kept the reference of a removed home")
+	}
+	if r := e.cli("", "image", "rm", "busybox"); r.code == 0 || !strings.Contains(r.stderr, id) {
+		t.Fatalf("image rm while a sandbox uses it: %+v", r)
+	}
+	// Its daemon stopped, the sandbox still exists (its store says so).
+	e.stopDaemon(syscall.SIGTERM)
+	if r := e.cli("", "image", "rm", "busybox"); r.code == 0 || !strings.Contains(r.stderr, id) {
+		t.Fatalf("image rm with the user's daemon stopped: %+v", r)
+	}
+	e.startDaemon()
+	if r := e.cli("", "rm", id); r.code != 0 {
+		t.Fatalf("rm: %+v", r)
+	}
+	// Another leak, found by `image rm` itself this time.
+	if err := os.WriteFile(leaked, []byte(filepath.Join(gone, "sandboxes")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.cli("", "image", "rm", "busybox"); r.code != 0 {
+		t.Fatalf("image rm refused for a removed home's reference: %+v", r)
 	}
 }
