@@ -32,7 +32,7 @@ func (s *Server) initConsole(mux *http.ServeMux) {
 			d := s.ingressDomain
 			return d != "" && (h == d || strings.HasSuffix(h, "."+d))
 		},
-		Log:         s.log.With("part", "console"),
+		Log: s.log.With("part", "console"),
 		Lookup: func(ctx context.Context, h []byte) (string, error) {
 			k, err := s.store.APIKeyByHash(ctx, h)
 			if err != nil {
