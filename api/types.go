@@ -515,7 +515,9 @@ type ApprovalDecision struct {
 }
 
 // FreezeRequest names what POST /v1/freeze and /v1/thaw apply to: one
-// sandbox, a tenant's sandboxes (admin), or all (admin).
+// sandbox, a tenant's sandboxes (a tenant its own; the admin any), or all
+// (admin). A freeze belongs to whoever made it: only they or the admin
+// thaw it (403 otherwise).
 type FreezeRequest struct {
 	Sandbox string `json:"sandbox,omitempty"`
 	Tenant  string `json:"tenant,omitempty"`
@@ -525,6 +527,10 @@ type FreezeRequest struct {
 // FreezeResult lists the sandboxes a freeze or thaw applied to.
 type FreezeResult struct {
 	Sandboxes []string `json:"sandboxes"`
+	// StillFrozen (thaw): sandboxes of the scope that stay frozen because
+	// another principal (the admin) froze them one by one; only it (or
+	// the admin) thaws them.
+	StillFrozen []string `json:"still_frozen,omitempty"`
 }
 
 // PoolStatus is one warm pool (GET /v1/pools).

@@ -387,7 +387,7 @@ func followApprovals(ctx context.Context, g *globals, state, sb string, asJSON b
 }
 
 func freezeCmd(g *globals, on bool) *cobra.Command {
-	verb, short := "thaw", "Restore sandboxes a freeze cut off"
+	verb, short := "thaw", "Restore sandboxes a freeze cut off (only whoever froze them, or the admin, can)"
 	if on {
 		verb, short = "freeze", "Cut sandboxes off the network at once (connections closed, DNS refused, every request denied)"
 	}
@@ -415,6 +415,9 @@ func freezeCmd(g *globals, on bool) *cobra.Command {
 				done = "frozen"
 			}
 			fmt.Printf("%s: %s\n", done, orNone(res.Sandboxes))
+			if len(res.StillFrozen) > 0 {
+				fmt.Printf("still frozen (frozen by the admin; only the admin can thaw them): %s\n", strings.Join(res.StillFrozen, ", "))
+			}
 			return nil
 		},
 	}

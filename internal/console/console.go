@@ -7,8 +7,15 @@
 // exchanging a one-time token that `cagebox console` got from the daemon
 // over its unix socket. It lives in memory only (a daemon restart ends every
 // session), expires when idle and at an absolute age, and is bound to the
-// API key it was made with: the key is looked up again on every request, so
-// revoking a key ends its sessions. Every state-changing request with a
+// API key it was made with (the key is looked up again on every request, so
+// revoking a key ends its sessions), to the origin it was made on and to
+// the client address it was made from: a cookie replayed under another
+// host name or from another address is refused. The console does not
+// answer on the ingress domain's names (a sandbox's PORT-ID.D), where a
+// guest's page would share its cookies. Each tenant holds at most
+// maxTenantSessions sessions (its new login ends its own oldest, never
+// another tenant's or the admin's), and logins are throttled per key and
+// per client address even when they succeed. Every state-changing request with a
 // session cookie must carry the session's CSRF token (X-CSRF-Token; a
 // WebSocket upgrade, which cannot set headers, passes it as ?csrf=) and an
 // Origin equal to the console's own.
@@ -30,6 +37,7 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/internal/errdefs"
+	"golang.org/x/time/rate"
 )
 
 // CookieName is the session cookie.
@@ -40,12 +48,20 @@ const (
 	DefaultIdle     = 30 * time.Minute
 	DefaultMaxAge   = 12 * time.Hour
 	DefaultTokenTTL = 60 * time.Second
-	// maxSessions bounds the memory sessions take; the oldest goes first.
+	// maxSessions bounds the memory sessions take. When it is reached,
+	// the oldest session of the tenant holding the most goes.
 	maxSessions = 4096
+	// maxTenantSessions bounds one tenant's sessions (the admin's too): a
+	// login beyond it ends that tenant's own oldest session.
+	maxTenantSessions = 16
 	// Login throttling: loginBurst failures per client address, then one
 	// more try per loginEvery.
 	loginBurst = 5
 	loginEvery = 12 * time.Second
+	// Successful logins: okBurst per API key and per client address,
+	// then one more per okEvery.
+	okBurst = 10
+	okEvery = 6 * time.Second
 )
 
 // Config configures a Console.
@@ -58,6 +74,9 @@ type Config struct {
 	HashKey func(key string) []byte
 	// AdminTenant is the tenant a one-time token's session acts as.
 	AdminTenant string
+	// Foreign reports a host name (no port) the console must not answer
+	// on: the ingress domain and its PORT-ID names (nil: none).
+	Foreign func(host string) bool
 	// Idle and MaxAge bound a session (0: DefaultIdle, DefaultMaxAge);
 	// TokenTTL bounds a one-time token (0: DefaultTokenTTL).
 	Idle, MaxAge, TokenTTL time.Duration
@@ -70,11 +89,14 @@ type Config struct {
 type Console struct {
 	cfg Config
 
-	// mu guards sessions, tokens and failures.
+	// mu guards the fields below.
 	mu       sync.Mutex
 	sessions map[[32]byte]*session // by sha256 of the cookie value
+	count    map[string]int        // sessions by tenant
 	tokens   map[[32]byte]token    // one-time tokens, by sha256
 	failures map[string]*throttle  // failed logins by client address
+	okByKey  map[[32]byte]*okThrottle
+	okByAddr map[string]*okThrottle
 }
 
 type session struct {
@@ -82,8 +104,15 @@ type session struct {
 	keyHash []byte // nil: an admin session made from a one-time token
 	csrf    string
 	origin  string // scheme://host:port the session was made on
+	addr    string // the client address it was made from
 	created time.Time
 	seen    time.Time
+}
+
+// okThrottle paces successful logins of one key or address.
+type okThrottle struct {
+	lim  *rate.Limiter
+	last time.Time
 }
 
 type token struct {
@@ -117,7 +146,8 @@ func New(cfg Config) *Console {
 	if cfg.HashKey == nil {
 		cfg.HashKey = func(k string) []byte { h := sha256.Sum256([]byte(k)); return h[:] }
 	}
-	return &Console{cfg: cfg, sessions: map[[32]byte]*session{}, tokens: map[[32]byte]token{}, failures: map[string]*throttle{}}
+	return &Console{cfg: cfg, sessions: map[[32]byte]*session{}, count: map[string]int{}, tokens: map[[32]byte]token{}, failures: map[string]*throttle{},
+		okByKey: map[[32]byte]*okThrottle{}, okByAddr: map[string]*okThrottle{}}
 }
 
 func randomString() string {
@@ -176,25 +206,57 @@ func (c *Console) redeem(t, origin string) error {
 	return nil
 }
 
-// newSession records a session and returns its cookie value.
-func (c *Console) newSession(tenant string, keyHash []byte, origin string) (string, *session) {
+// newSession records a session made from addr and returns its cookie
+// value. Beyond maxTenantSessions the tenant's own oldest session ends;
+// beyond maxSessions, the oldest of the tenant holding the most.
+func (c *Console) newSession(tenant string, keyHash []byte, origin, addr string) (string, *session) {
 	id := randomString()
 	now := c.cfg.Now()
-	s := &session{tenant: tenant, keyHash: keyHash, csrf: randomString(), origin: origin, created: now, seen: now}
+	s := &session{tenant: tenant, keyHash: keyHash, csrf: randomString(), origin: origin, addr: addr, created: now, seen: now}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.sessions) >= maxSessions {
-		var oldK [32]byte
-		var old *session
-		for k, v := range c.sessions {
-			if old == nil || v.created.Before(old.created) {
-				oldK, old = k, v
+	switch {
+	case c.count[tenant] >= maxTenantSessions:
+		c.evictOldestLocked(tenant)
+	case len(c.sessions) >= maxSessions:
+		most := ""
+		for t, n := range c.count {
+			if most == "" || n > c.count[most] || n == c.count[most] && t < most {
+				most = t
 			}
 		}
-		delete(c.sessions, oldK)
+		c.evictOldestLocked(most)
 	}
 	c.sessions[digest(id)] = s
+	c.count[tenant]++
 	return id, s
+}
+
+// removeLocked ends the session k names, if any (c.mu held).
+func (c *Console) removeLocked(k [32]byte) {
+	s := c.sessions[k]
+	if s == nil {
+		return
+	}
+	delete(c.sessions, k)
+	if c.count[s.tenant]--; c.count[s.tenant] <= 0 {
+		delete(c.count, s.tenant)
+	}
+}
+
+// evictOldestLocked ends tenant's oldest session (c.mu held).
+func (c *Console) evictOldestLocked(tenant string) {
+	var oldK [32]byte
+	var old *session
+	for k, v := range c.sessions {
+		if v.tenant == tenant && (old == nil || v.created.Before(old.created)) {
+			oldK, old = k, v
+		}
+	}
+	if old != nil {
+		c.removeLocked(oldK)
+		c.cfg.Log.Info("console: session ended to make room", "tenant", tenant)
+	}
 }
 
 // session returns the live session the request's cookie names (nil: none),
@@ -213,13 +275,18 @@ func (c *Console) session(r *http.Request) (*session, error) {
 		return nil, fmt.Errorf("%w: the console session ended: log in again at /ui/login", errdefs.ErrUnauthorized)
 	}
 	if now.Sub(s.seen) > c.cfg.Idle || now.Sub(s.created) > c.cfg.MaxAge {
-		delete(c.sessions, k)
+		c.removeLocked(k)
 		return nil, fmt.Errorf("%w: the console session expired: log in again at /ui/login", errdefs.ErrUnauthorized)
 	}
 	if s.origin != Origin(r) {
 		// A cookie for 127.0.0.1 is sent to every port: a session is good
 		// only where it was made.
 		return nil, fmt.Errorf("%w: this console session belongs to %s: log in here at /ui/login", errdefs.ErrUnauthorized, s.origin)
+	}
+	if s.addr != clientAddr(r) {
+		// The Host header is the client's to write: a cookie that leaked
+		// (to a guest, a log) is no good from anywhere else.
+		return nil, fmt.Errorf("%w: this console session was made from another client address: log in again at /ui/login", errdefs.ErrUnauthorized)
 	}
 	s.seen = now
 	cp := *s
@@ -232,7 +299,7 @@ func (c *Console) endSession(r *http.Request) {
 		return
 	}
 	c.mu.Lock()
-	delete(c.sessions, digest(ck.Value))
+	c.removeLocked(digest(ck.Value))
 	c.mu.Unlock()
 }
 
@@ -253,6 +320,9 @@ func HasSession(r *http.Request) bool {
 func (c *Console) Authenticate(r *http.Request) (tenant string, ok bool, err error) {
 	if !HasSession(r) {
 		return "", false, nil
+	}
+	if c.foreign(r) {
+		return "", true, fmt.Errorf("%w: console sessions are not accepted on the sandboxes' ingress names: use the console at the daemon's API address", errdefs.ErrUnauthorized)
 	}
 	s, err := c.session(r)
 	if err != nil {
@@ -344,4 +414,56 @@ func (c *Console) loginSucceeded(addr string) {
 	c.mu.Lock()
 	delete(c.failures, addr)
 	c.mu.Unlock()
+}
+
+// okAllowed takes one successful login of keyHash from addr out of their
+// allowance (okBurst each, then one per okEvery). When either is spent it
+// takes nothing and says how long to wait.
+func (c *Console) okAllowed(keyHash []byte, addr string) (bool, time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.cfg.Now()
+	idle := okEvery * okBurst // a throttle idle this long is full again
+	if len(c.okByKey)+len(c.okByAddr) > 1024 {
+		for k, v := range c.okByKey {
+			if now.Sub(v.last) > idle {
+				delete(c.okByKey, k)
+			}
+		}
+		for k, v := range c.okByAddr {
+			if now.Sub(v.last) > idle {
+				delete(c.okByAddr, k)
+			}
+		}
+	}
+	get := func(t *okThrottle) *okThrottle {
+		if t == nil {
+			t = &okThrottle{lim: rate.NewLimiter(rate.Every(okEvery), okBurst)}
+		}
+		return t
+	}
+	kk := digest(string(keyHash))
+	byKey, byAddr := get(c.okByKey[kk]), get(c.okByAddr[addr])
+	c.okByKey[kk], c.okByAddr[addr] = byKey, byAddr
+	rk, ra := byKey.lim.ReserveN(now, 1), byAddr.lim.ReserveN(now, 1)
+	if wait := max(rk.DelayFrom(now), ra.DelayFrom(now)); wait > 0 {
+		rk.CancelAt(now)
+		ra.CancelAt(now)
+		return false, wait
+	}
+	byKey.last, byAddr.last = now, now
+	return true, 0
+}
+
+// foreign reports whether r is addressed to a name the console does not
+// answer on (Config.Foreign).
+func (c *Console) foreign(r *http.Request) bool {
+	if c.cfg.Foreign == nil {
+		return false
+	}
+	h := r.Host
+	if hh, _, err := net.SplitHostPort(h); err == nil {
+		h = hh
+	}
+	return c.cfg.Foreign(strings.TrimSuffix(strings.ToLower(h), "."))
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -545,14 +546,25 @@ func TestNoKeyInResponses(t *testing.T) {
 	}
 }
 
+// TestSessionsBounded: all sessions together stay under maxSessions; at
+// the bound the tenant holding the most loses its oldest, and a tenant
+// holding few keeps its session.
 func TestSessionsBounded(t *testing.T) {
 	f := newFixture(t)
-	first := f.login(t, goodKey)
+	few := f.login(t, goodKey)
 	// Later than the first (the fixture's clock stands still otherwise:
 	// a tie would leave which one goes to map order).
 	f.clock.add(time.Millisecond)
+	big, _ := f.c.newSession("big", nil, origin, "192.0.2.10")
+	f.clock.add(time.Millisecond)
+	for i := 1; i < maxTenantSessions; i++ {
+		f.c.newSession("big", nil, origin, "192.0.2.10")
+		f.clock.add(time.Millisecond)
+	}
+	// 300 tenants, round robin: the bound is reached while each holds
+	// fewer than big's maxTenantSessions.
 	for i := 0; i < maxSessions; i++ {
-		f.c.newSession(tenantID, nil, origin)
+		f.c.newSession(fmt.Sprintf("t%d", i%300), nil, origin, "192.0.2.10")
 		f.clock.add(time.Millisecond)
 	}
 	f.c.mu.Lock()
@@ -561,7 +573,135 @@ func TestSessionsBounded(t *testing.T) {
 	if n > maxSessions {
 		t.Errorf("%d sessions kept, limit %d", n, maxSessions)
 	}
-	if _, _, err := f.c.Authenticate(apiReq("GET", first, "", "")); err == nil {
-		t.Error("the oldest session survived the limit")
+	if _, _, err := f.c.Authenticate(apiReq("GET", few, "", "")); err != nil {
+		t.Errorf("a tenant with one session lost it: %v", err)
+	}
+	if _, _, err := f.c.Authenticate(apiReq("GET", &http.Cookie{Name: CookieName, Value: big}, "", "")); err == nil {
+		t.Error("the oldest session of the tenant holding the most survived the limit")
+	}
+}
+
+// adminSession logs in with a one-time token and returns the cookie.
+func (f *fixture) adminSession(t *testing.T) *http.Cookie {
+	t.Helper()
+	tok, _ := f.c.NewToken(origin)
+	w := f.do(req("GET", LoginURL(origin, tok), nil))
+	for _, c := range w.Result().Cookies() {
+		if c.Name == CookieName && c.Value != "" {
+			return c
+		}
+	}
+	t.Fatalf("one-time login: %d %s", w.Code, w.Body.String())
+	return nil
+}
+
+// TestTenantLoginsEvictOnlyTheirOwn: however many times a tenant logs in
+// (paced as the throttle lets it), the admin's session and another
+// tenant's stay; the tenant's own oldest sessions go.
+func TestTenantLoginsEvictOnlyTheirOwn(t *testing.T) {
+	f := newFixture(t)
+	f.c.cfg.MaxAge = 24 * time.Hour
+	admin := f.adminSession(t)
+	other := f.login(t, otherKey)
+	f.clock.add(time.Millisecond)
+	firstOwn := f.login(t, goodKey)
+	for i := 0; i < 4200; i++ {
+		f.clock.add(6 * time.Second)
+		f.login(t, goodKey)
+		// Stay within the idle timeout of the sessions kept.
+		if i%50 == 0 {
+			for _, ck := range []*http.Cookie{admin, other} {
+				if _, _, err := f.c.Authenticate(apiReq("GET", ck, "", "")); err != nil {
+					t.Fatalf("after %d tenant logins: %v", i+1, err)
+				}
+			}
+		}
+	}
+	for name, ck := range map[string]*http.Cookie{"admin": admin, "other tenant": other} {
+		if _, _, err := f.c.Authenticate(apiReq("GET", ck, "", "")); err != nil {
+			t.Errorf("the %s's session was evicted by another tenant's logins: %v", name, err)
+		}
+	}
+	if _, _, err := f.c.Authenticate(apiReq("GET", firstOwn, "", "")); err == nil {
+		t.Error("the tenant's own oldest session survived its cap")
+	}
+}
+
+// TestSuccessfulLoginsThrottled: right keys too are throttled, per key
+// (from any address) and per client address (with any key).
+func TestSuccessfulLoginsThrottled(t *testing.T) {
+	f := newFixture(t)
+	post := func(key, addr string) *httptest.ResponseRecorder {
+		r := req("POST", origin+"/ui/login", strings.NewReader(url.Values{"key": {key}}.Encode()))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		r.RemoteAddr = addr + ":1000"
+		return f.do(r)
+	}
+	n := 0
+	for ; n < 100; n++ {
+		if w := post(goodKey, "192.0.2.1"); w.Code != http.StatusSeeOther {
+			if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" || len(w.Result().Cookies()) != 0 {
+				t.Fatalf("login %d: %d %s", n+1, w.Code, w.Body.String())
+			}
+			break
+		}
+	}
+	if n == 100 {
+		t.Fatal("100 successful logins in a row with one key were not throttled")
+	}
+	if w := post(goodKey, "192.0.2.2"); w.Code != http.StatusTooManyRequests {
+		t.Errorf("the same key from another address: %d, want 429", w.Code)
+	}
+	if w := post(otherKey, "192.0.2.1"); w.Code != http.StatusTooManyRequests {
+		t.Errorf("another key from the same address: %d, want 429", w.Code)
+	}
+	if w := post(otherKey, "192.0.2.3"); w.Code != http.StatusSeeOther {
+		t.Errorf("another key from another address: %d", w.Code)
+	}
+	f.clock.add(time.Minute)
+	if w := post(goodKey, "192.0.2.1"); w.Code != http.StatusSeeOther {
+		t.Errorf("after a wait: %d", w.Code)
+	}
+}
+
+// TestSessionBoundToClient: a session cookie is good only from the client
+// address it was made from, and only on the host it was made on.
+func TestSessionBoundToClient(t *testing.T) {
+	f := newFixture(t)
+	ck := f.login(t, goodKey)
+	r := apiReq("GET", ck, "", "")
+	r.RemoteAddr = "198.51.100.7:5555"
+	if _, _, err := f.c.Authenticate(r); !errors.Is(err, errdefs.ErrUnauthorized) {
+		t.Errorf("the cookie replayed from another address: %v, want unauthorized", err)
+	}
+	r = apiReq("GET", ck, "", "")
+	r.Host = "8080-sb123.sandboxes.test:7070"
+	if _, _, err := f.c.Authenticate(r); !errors.Is(err, errdefs.ErrUnauthorized) {
+		t.Errorf("the cookie replayed on another host name: %v, want unauthorized", err)
+	}
+	if tn, _, err := f.c.Authenticate(apiReq("GET", ck, "", "")); err != nil || tn != tenantID {
+		t.Errorf("the session where it was made: %q %v", tn, err)
+	}
+}
+
+// TestNotOnIngressNames: the console neither serves pages nor accepts
+// sessions on the ingress domain's names.
+func TestNotOnIngressNames(t *testing.T) {
+	f := newFixture(t)
+	f.c.cfg.Foreign = func(h string) bool { return h == "sandboxes.test" || strings.HasSuffix(h, ".sandboxes.test") }
+	ck := f.login(t, goodKey)
+	for _, host := range []string{"8080-sb123.sandboxes.test", "sandboxes.test:443", "8080-SB123.Sandboxes.Test.:7070"} {
+		for _, p := range []string{"/ui/login", "/ui/", "/ui/session"} {
+			r := req("GET", "http://"+host+p, nil)
+			r.Host = host
+			if w := f.do(r); w.Code != http.StatusMisdirectedRequest {
+				t.Errorf("GET %s%s: %d, want 421", host, p, w.Code)
+			}
+		}
+		r := apiReq("GET", ck, "", "")
+		r.Host = host
+		if _, ok, err := f.c.Authenticate(r); !ok || !errors.Is(err, errdefs.ErrUnauthorized) {
+			t.Errorf("a session on %s: %v %v", host, ok, err)
+		}
 	}
 }

@@ -70,7 +70,15 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no such console page: the console is at /ui/", http.StatusNotFound)
 	})
-	return SecureHeaders(mux)
+	return SecureHeaders(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Not on a sandbox's name: its guest's pages would share the
+		// console's cookies (cookies ignore ports).
+		if c.foreign(r) {
+			http.Error(w, "the console is not served on the sandboxes' ingress names: open it at the daemon's API address", http.StatusMisdirectedRequest)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	}))
 }
 
 func (c *Console) index(w http.ResponseWriter, r *http.Request) {
@@ -123,7 +131,7 @@ func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.loginSucceeded(addr)
-	id, _ := c.newSession(c.cfg.AdminTenant, nil, Origin(r))
+	id, _ := c.newSession(c.cfg.AdminTenant, nil, Origin(r), addr)
 	setCookie(w, id)
 	c.cfg.Log.Info("console: admin session from a one-time link", "client", addr)
 	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
@@ -173,7 +181,13 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.loginSucceeded(addr)
-	id, _ := c.newSession(tenant, h, Origin(r))
+	if ok, wait := c.okAllowed(h, addr); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
+		c.cfg.Log.Warn("console: login throttled", "tenant", tenant, "client", addr)
+		c.renderLogin(w, http.StatusTooManyRequests, fmt.Sprintf("Too many logins with this key or from your address: try again in %s (or keep using the session you have).", wait.Round(time.Second)))
+		return
+	}
+	id, _ := c.newSession(tenant, h, Origin(r), addr)
 	setCookie(w, id)
 	c.cfg.Log.Info("console: login", "tenant", tenant, "client", addr)
 	http.Redirect(w, r, "/ui/", http.StatusSeeOther)

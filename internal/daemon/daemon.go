@@ -431,6 +431,9 @@ func Run(ctx context.Context, cfg Config) error {
 	defer stopIngress()
 	srv := NewServer(st, mgr, images, v, log)
 	srv.SetAdminKey(adminKey)
+	if cfg.Ingress.Addr != "" {
+		srv.ingressDomain = strings.TrimSuffix(strings.ToLower(cfg.Ingress.Domain), ".")
+	}
 	srv.metrics = met.Handler()
 	srv.hooks = hooksSvc
 	srv.relays = newRelays(st, hooksSvc, v, emit, log, cfg.RelayDiscordURL, cfg.RelayAllowPrivate)

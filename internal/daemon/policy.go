@@ -89,6 +89,15 @@ func readDocument(r *http.Request) (*policy.Document, error) {
 
 func actor(t *store.Tenant) string { return "api:" + t.ID }
 
+// principal is who owns what t does (a freeze): livepolicy.Admin for the
+// admin, else the tenant's id.
+func principal(t *store.Tenant) string {
+	if t.ID == adminTenantID {
+		return livepolicy.Admin
+	}
+	return t.ID
+}
+
 func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
 	lp, err := s.livePolicy(r, t)
 	if err != nil {
@@ -469,15 +478,20 @@ func (s *Server) setFreeze(w http.ResponseWriter, r *http.Request, t *store.Tena
 		}
 		sc.All = true
 	}
-	var ids []string
+	who := livepolicy.Actor{Principal: principal(t), By: actor(t)}
+	var res api.FreezeResult
+	var err error
 	if on {
-		ids = reg.Freeze(sc, actor(t))
+		res.Sandboxes, err = reg.Freeze(sc, who)
 	} else {
-		ids = reg.Thaw(sc, actor(t))
+		res.Sandboxes, res.StillFrozen, err = reg.Thaw(sc, who)
 	}
-	if ids == nil {
-		ids = []string{}
+	if err != nil {
+		return err
 	}
-	writeJSON(w, 200, api.FreezeResult{Sandboxes: ids})
+	if res.Sandboxes == nil {
+		res.Sandboxes = []string{}
+	}
+	writeJSON(w, 200, &res)
 	return nil
 }

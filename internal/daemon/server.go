@@ -149,6 +149,9 @@ type Server struct {
 	// adminKey is the SHA-256 digest of the fleet admin key
 	// (--admin-key-file; nil: none): over TCP it is the admin.
 	adminKey []byte
+	// ingressDomain is --ingress-domain, lower case ("" none): the
+	// console answers on none of its names. Set before serving.
+	ingressDomain string
 }
 
 type ctxKey int

@@ -272,44 +272,38 @@ func (g *Registry) callWebhook(ctx context.Context, url string, wr WebhookReques
 	return verdict{by: "webhook", reason: fmt.Sprintf("webhook answered decision %q; want allow or deny", ans.Decision)}
 }
 
+// Admin is the operator's principal (the admin tenant's id). A freeze is
+// owned by the principal that made it; only that principal or the admin
+// lifts it, and a tenant's freeze of a scope the admin froze leaves the
+// admin its owner: a tenant never undoes the operator.
+const Admin = "admin"
+
+// Actor is who freezes or thaws: Principal is Admin or a tenant's id (the
+// freeze's owner), By is what events name (e.g. "api:alpha", "trigger:x").
+type Actor struct {
+	Principal, By string
+}
+
 // Freeze cuts sandboxes off the network at once: by id, every sandbox of
-// a tenant, or all. Their open connections are closed, DNS refuses and
-// every request is denied (placeholders never reach a swap) until Thaw.
-// It returns the sandboxes affected.
-func (g *Registry) Freeze(scope Scope, by string) []string {
-	return g.setFreeze(scope, true, by)
-}
-
-// Thaw undoes Freeze for the same scope.
-func (g *Registry) Thaw(scope Scope, by string) []string {
-	return g.setFreeze(scope, false, by)
-}
-
-// Scope names what Freeze and Thaw apply to: one sandbox, one tenant's
-// sandboxes, or All.
-type Scope struct {
-	Sandbox, Tenant string
-	All             bool
-}
-
-func (g *Registry) setFreeze(sc Scope, on bool, by string) []string {
+// a tenant, or all (the admin's only). Their open connections are closed,
+// DNS refuses and every request is denied (placeholders never reach a
+// swap) until Thaw. The freeze records who made it; a freeze by a tenant
+// of a scope the admin already froze stays the admin's. It returns the
+// sandboxes affected.
+func (g *Registry) Freeze(sc Scope, who Actor) ([]string, error) {
+	if sc.All && who.Principal != Admin {
+		return nil, fmt.Errorf("%w: freezing all sandboxes is for the admin; freeze your tenant instead", errdefs.ErrDenied)
+	}
 	g.mu.Lock()
 	var hit []*Sandbox
 	switch {
 	case sc.All:
-		g.frozenAll = on
-		if !on {
-			clear(g.frozenTenants)
-		}
+		g.frozenAll = true
 		for _, s := range g.sbs {
 			hit = append(hit, s)
 		}
 	case sc.Tenant != "":
-		if on {
-			g.frozenTenants[sc.Tenant] = true
-		} else {
-			delete(g.frozenTenants, sc.Tenant)
-		}
+		g.frozenTenants[sc.Tenant] = owner(g.frozenTenants[sc.Tenant], who.Principal)
 		for _, s := range g.sbs {
 			if s.Tenant == sc.Tenant {
 				hit = append(hit, s)
@@ -317,33 +311,145 @@ func (g *Registry) setFreeze(sc Scope, on bool, by string) []string {
 		}
 	default:
 		if s := g.sbs[sc.Sandbox]; s != nil {
+			s.mu.Lock()
+			s.frozenBy = owner(s.frozenBy, who.Principal)
+			s.mu.Unlock()
 			hit = append(hit, s)
 		}
 	}
 	g.mu.Unlock()
-	ids := make([]string, 0, len(hit))
-	for _, s := range hit {
-		if sc.Sandbox != "" || !on {
-			// Thawing a tenant or all also lifts individual freezes.
-			s.mu.Lock()
-			s.frozen = on
-			s.mu.Unlock()
-		}
-		ids = append(ids, s.ID)
-	}
-	if on && g.cfg.CloseConns != nil {
+	if g.cfg.CloseConns != nil {
 		for _, s := range hit {
 			g.cfg.CloseConns(s.ID)
 		}
 	}
+	return g.emitFreeze(sc, hit, true, who.By), nil
+}
+
+// owner is who owns a freeze after p freezes a scope cur froze ("" none):
+// the admin's stays the admin's.
+func owner(cur, p string) string {
+	if cur == Admin {
+		return Admin
+	}
+	return p
+}
+
+// Thaw lifts freezes of the scope that who owns; the admin lifts any.
+// Thawing a tenant or all also lifts the sandbox-level freezes under it
+// that who owns (the admin's stay when a tenant thaws: they are listed in
+// stillFrozen). A freeze of the scope, or above it, that another
+// principal owns refuses the whole thaw with an error wrapping
+// errdefs.ErrDenied that names its owner.
+func (g *Registry) Thaw(sc Scope, who Actor) (thawed, stillFrozen []string, err error) {
+	admin := who.Principal == Admin
+	g.mu.Lock()
+	var hit []*Sandbox
+	switch {
+	case sc.All:
+		if !admin {
+			g.mu.Unlock()
+			return nil, nil, refuseThaw("every sandbox", Admin)
+		}
+		g.frozenAll = false
+		clear(g.frozenTenants)
+		for _, s := range g.sbs {
+			hit = append(hit, s)
+		}
+	case sc.Tenant != "":
+		if err := g.mayThawLocked(sc.Tenant, "", who.Principal); err != nil {
+			g.mu.Unlock()
+			return nil, nil, err
+		}
+		delete(g.frozenTenants, sc.Tenant)
+		for _, s := range g.sbs {
+			if s.Tenant == sc.Tenant {
+				hit = append(hit, s)
+			}
+		}
+	default:
+		s := g.sbs[sc.Sandbox]
+		if s == nil {
+			break
+		}
+		s.mu.Lock()
+		by := s.frozenBy
+		s.mu.Unlock()
+		if err := g.mayThawLocked(s.Tenant, sc.Sandbox, who.Principal); err != nil {
+			g.mu.Unlock()
+			return nil, nil, err
+		}
+		if by != "" && !admin && by != who.Principal {
+			g.mu.Unlock()
+			return nil, nil, refuseThaw("sandbox "+sc.Sandbox, by)
+		}
+		hit = append(hit, s)
+	}
+	// Lift the sandbox-level freezes who owns (g.mu held: a freeze made
+	// meanwhile is not lost).
+	var done []*Sandbox
+	for _, s := range hit {
+		s.mu.Lock()
+		if s.frozenBy == "" || admin || s.frozenBy == who.Principal {
+			s.frozenBy = ""
+			done = append(done, s)
+		} else {
+			stillFrozen = append(stillFrozen, s.ID)
+		}
+		s.mu.Unlock()
+	}
+	g.mu.Unlock()
+	return g.emitFreeze(sc, done, false, who.By), stillFrozen, nil
+}
+
+// mayThawLocked refuses p a thaw under a freeze of everything or of
+// tenant's sandboxes that another principal owns (g.mu held). sandbox
+// names the target in the message when the thaw is of one sandbox.
+func (g *Registry) mayThawLocked(tenant, sandbox, p string) error {
+	if p == Admin {
+		return nil
+	}
+	among := ""
+	if sandbox != "" {
+		among = " (sandbox " + sandbox + " among them)"
+	}
+	if g.frozenAll {
+		return refuseThaw("every sandbox"+among, Admin)
+	}
+	if o := g.frozenTenants[tenant]; o != "" && o != p {
+		return refuseThaw("tenant "+tenant+"'s sandboxes"+among, o)
+	}
+	return nil
+}
+
+// refuseThaw is the 403 of a thaw of what, which by froze.
+func refuseThaw(what, by string) error {
+	if by == Admin {
+		return fmt.Errorf("%w: %s: frozen by the admin; only the admin can thaw it (ask your operator)", errdefs.ErrDenied, what)
+	}
+	return fmt.Errorf("%w: %s: frozen by tenant %s; only tenant %s or the admin can thaw it", errdefs.ErrDenied, what, by, by)
+}
+
+// emitFreeze sends each sandbox's frozen or thawed event and returns
+// their ids.
+func (g *Registry) emitFreeze(sc Scope, hit []*Sandbox, on bool, by string) []string {
+	ids := make([]string, 0, len(hit))
 	for _, s := range hit {
 		var ev api.EventPayload = api.PolicyThawed{By: by, Scope: scopeName(sc)}
 		if on {
 			ev = api.PolicyFrozen{By: by, Scope: scopeName(sc)}
 		}
 		g.cfg.Emit(s.Tenant, s.ID, ev)
+		ids = append(ids, s.ID)
 	}
 	return ids
+}
+
+// Scope names what Freeze and Thaw apply to: one sandbox, one tenant's
+// sandboxes, or All.
+type Scope struct {
+	Sandbox, Tenant string
+	All             bool
 }
 
 func scopeName(sc Scope) string {
@@ -356,6 +462,9 @@ func scopeName(sc Scope) string {
 	return "sandbox"
 }
 
-func (s *Sandbox) setFrozen(on bool, by string) {
-	s.g.setFreeze(Scope{Sandbox: s.ID}, on, by)
+// freezeSelf freezes the sandbox on behalf of its own policy (a trigger
+// that could not be applied fails closed): the tenant owns that freeze,
+// as it owns the policy.
+func (s *Sandbox) freezeSelf(by string) {
+	_, _ = s.g.Freeze(Scope{Sandbox: s.ID}, Actor{Principal: s.Tenant, By: by})
 }

@@ -78,8 +78,8 @@ type Registry struct {
 	mu            sync.Mutex
 	sbs           map[string]*Sandbox
 	waiters       map[string]chan verdict // approval id → its held request
-	frozenAll     bool
-	frozenTenants map[string]bool
+	frozenAll     bool                    // always the admin's
+	frozenTenants map[string]string       // tenant → the principal that froze it
 }
 
 // New returns a Registry.
@@ -96,7 +96,7 @@ func New(cfg Config) *Registry {
 	if cfg.WebhookClient == nil {
 		cfg.WebhookClient = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
-	return &Registry{cfg: cfg, log: cfg.Logger, sbs: map[string]*Sandbox{}, waiters: map[string]chan verdict{}, frozenTenants: map[string]bool{}}
+	return &Registry{cfg: cfg, log: cfg.Logger, sbs: map[string]*Sandbox{}, waiters: map[string]chan verdict{}, frozenTenants: map[string]string{}}
 }
 
 // Start expires approvals a previous daemon left pending: their waiters
@@ -125,7 +125,7 @@ type Sandbox struct {
 	mu        sync.Mutex
 	gen       int64
 	ref       string // the named policy it follows ("" none)
-	frozen    bool
+	frozenBy  string // the principal that froze this sandbox ("" not frozen)
 	requests  int64
 	fired     map[string]int64
 	triggered map[string]bool
@@ -323,14 +323,14 @@ func (s *Sandbox) NamesHost(name string) bool {
 // everything).
 func (s *Sandbox) Frozen() bool {
 	s.mu.Lock()
-	f := s.frozen
+	f := s.frozenBy != ""
 	s.mu.Unlock()
 	if f {
 		return true
 	}
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
-	return s.g.frozenAll || s.g.frozenTenants[s.Tenant]
+	return s.g.frozenAll || s.g.frozenTenants[s.Tenant] != ""
 }
 
 // Decide decides one request: freeze first, then the policy, then the
@@ -555,7 +555,7 @@ func (s *Sandbox) applyTrigger(ctx context.Context, t policy.Trigger, r *policy.
 		if err != nil {
 			s.g.log.Error("apply trigger", "sandbox", s.ID, "trigger", t.Name, "err", err)
 			// Fail closed: a narrowing that cannot be recorded freezes.
-			s.setFrozen(true, "trigger:"+t.Name+" (could not apply: "+err.Error()+")")
+			s.freezeSelf("trigger:" + t.Name + " (could not apply: " + err.Error() + ")")
 		}
 	}
 	if a.Policy != "" || len(a.Revoke) > 0 || len(a.Unbind) > 0 || a.Pause {
@@ -563,7 +563,7 @@ func (s *Sandbox) applyTrigger(ctx context.Context, t policy.Trigger, r *policy.
 		rest.Deny, rest.Only = nil, nil
 		if s.g.cfg.Act == nil {
 			s.g.log.Error("trigger action not supported here", "sandbox", s.ID, "trigger", t.Name)
-			s.setFrozen(true, "trigger:"+t.Name+" (no actor)")
+			s.freezeSelf("trigger:" + t.Name + " (no actor)")
 			return
 		}
 		// Act may pause the sandbox, which waits for nothing of ours;
@@ -571,7 +571,7 @@ func (s *Sandbox) applyTrigger(ctx context.Context, t policy.Trigger, r *policy.
 		go func() {
 			if err := s.g.cfg.Act(context.WithoutCancel(ctx), s.ID, t.Name, rest); err != nil {
 				s.g.log.Error("apply trigger", "sandbox", s.ID, "trigger", t.Name, "err", err)
-				s.setFrozen(true, "trigger:"+t.Name+" (could not apply: "+err.Error()+")")
+				s.freezeSelf("trigger:" + t.Name + " (could not apply: " + err.Error() + ")")
 			}
 		}()
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -155,6 +156,8 @@ func TestConcurrentUpdatesSerialise(t *testing.T) {
 	}
 }
 
+var op = Actor{Principal: Admin, By: "api:admin"}
+
 func TestFreezeAndThaw(t *testing.T) {
 	st := openStore(t, "")
 	var closed []string
@@ -163,7 +166,7 @@ func TestFreezeAndThaw(t *testing.T) {
 	doc := parse(t, "version: 1\nrules: [{host: a.example.com, action: allow}]")
 	a, _ := g.Attach(context.Background(), "sb-a", "t1", doc, "", false)
 	b, _ := g.Attach(context.Background(), "sb-b", "t2", doc, "", false)
-	if ids := g.Freeze(Scope{Tenant: "t1"}, "op"); len(ids) != 1 || ids[0] != "sb-a" {
+	if ids, _ := g.Freeze(Scope{Tenant: "t1"}, op); len(ids) != 1 || ids[0] != "sb-a" {
 		t.Fatalf("freeze tenant: %v", ids)
 	}
 	if d := decide(t, a, get("a.example.com", "GET", "/")); d.Allow || d.Rule != RuleFreeze {
@@ -175,7 +178,7 @@ func TestFreezeAndThaw(t *testing.T) {
 	if d := decide(t, b, get("a.example.com", "GET", "/")); !d.Allow {
 		t.Fatal("another tenant was frozen")
 	}
-	g.Freeze(Scope{All: true}, "op")
+	g.Freeze(Scope{All: true}, op)
 	if d := decide(t, b, get("a.example.com", "GET", "/")); d.Allow {
 		t.Fatal("freeze all")
 	}
@@ -184,11 +187,11 @@ func TestFreezeAndThaw(t *testing.T) {
 	if !c.Frozen() {
 		t.Fatal("new sandbox not frozen under freeze all")
 	}
-	g.Thaw(Scope{All: true}, "op")
+	g.Thaw(Scope{All: true}, op)
 	if d := decide(t, a, get("a.example.com", "GET", "/")); !d.Allow {
 		t.Fatalf("after thaw: %+v", d)
 	}
-	g.Freeze(Scope{Sandbox: "sb-b"}, "op")
+	g.Freeze(Scope{Sandbox: "sb-b"}, op)
 	if !b.Frozen() || a.Frozen() {
 		t.Fatal("freeze one")
 	}
@@ -530,5 +533,91 @@ func TestRefSurvivesRestart(t *testing.T) {
 	}
 	if r := recovered(); r != "" {
 		t.Fatalf("after an explicit replace and a restart: %q", r)
+	}
+}
+
+// TestFreezeOwner: a freeze belongs to whoever made it. A tenant cannot
+// thaw (at any scope) what the admin froze, its tenant thaw leaves the
+// admin's sandbox-level freezes in place, its own freeze of an
+// admin-frozen sandbox does not make the freeze its own, and the refusal
+// names who froze it.
+func TestFreezeOwner(t *testing.T) {
+	st := openStore(t, "")
+	g := New(Config{Store: st})
+	doc := parse(t, "version: 1\nrules: [{host: a.example.com, action: allow}]")
+	a, _ := g.Attach(context.Background(), "sb-a", "t1", doc, "", false)
+	b, _ := g.Attach(context.Background(), "sb-b", "t1", doc, "", false)
+	t1 := Actor{Principal: "t1", By: "api:t1"}
+	t2 := Actor{Principal: "t2", By: "api:t2"}
+	refused := func(err error, who string) {
+		t.Helper()
+		if !errors.Is(err, errdefs.ErrDenied) || !strings.Contains(err.Error(), who) || !strings.Contains(err.Error(), "only") {
+			t.Fatalf("thaw: %v; want ErrDenied naming %s", err, who)
+		}
+	}
+
+	// The admin freezes sandbox a: the tenant can neither thaw it, nor
+	// take the freeze over by freezing it again, nor lift it by thawing
+	// its tenant.
+	if _, err := g.Freeze(Scope{Sandbox: "sb-a"}, op); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := g.Thaw(Scope{Sandbox: "sb-a"}, t1)
+	refused(err, "frozen by the admin")
+	if _, err := g.Freeze(Scope{Sandbox: "sb-a"}, t1); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = g.Thaw(Scope{Sandbox: "sb-a"}, t1)
+	refused(err, "frozen by the admin")
+	if _, err := g.Freeze(Scope{Tenant: "t1"}, t1); err != nil {
+		t.Fatal(err)
+	}
+	ids, still, err := g.Thaw(Scope{Tenant: "t1"}, t1)
+	if err != nil || !slices.Equal(ids, []string{"sb-b"}) || !slices.Equal(still, []string{"sb-a"}) {
+		t.Fatalf("tenant thaw of its own tenant: thawed %v, still %v, %v; want [sb-b], [sb-a]", ids, still, err)
+	}
+	if !a.Frozen() || b.Frozen() {
+		t.Fatalf("after the tenant's thaw: a frozen %v (want true), b frozen %v (want false)", a.Frozen(), b.Frozen())
+	}
+	if _, _, err := g.Thaw(Scope{Sandbox: "sb-a"}, op); err != nil || a.Frozen() {
+		t.Fatalf("the admin thaws its own freeze: %v, frozen %v", err, a.Frozen())
+	}
+
+	// The admin freezes the tenant: the tenant thaws neither it nor one
+	// of its sandboxes out of it.
+	g.Freeze(Scope{Tenant: "t1"}, op)
+	_, _, err = g.Thaw(Scope{Tenant: "t1"}, t1)
+	refused(err, "frozen by the admin")
+	_, _, err = g.Thaw(Scope{Sandbox: "sb-b"}, t1)
+	refused(err, "frozen by the admin")
+	if !a.Frozen() || !b.Frozen() {
+		t.Fatal("a refused thaw changed something")
+	}
+	if _, _, err := g.Thaw(Scope{Tenant: "t1"}, op); err != nil || a.Frozen() || b.Frozen() {
+		t.Fatalf("the admin's thaw: %v", err)
+	}
+
+	// Freeze all: a tenant's thaw of its tenant or sandbox is refused.
+	if _, err := g.Freeze(Scope{All: true}, t1); !errors.Is(err, errdefs.ErrDenied) {
+		t.Fatalf("a tenant froze all: %v", err)
+	}
+	g.Freeze(Scope{All: true}, op)
+	_, _, err = g.Thaw(Scope{Tenant: "t1"}, t1)
+	refused(err, "frozen by the admin")
+	_, _, err = g.Thaw(Scope{All: true}, t1)
+	refused(err, "frozen by the admin")
+	g.Thaw(Scope{All: true}, op)
+
+	// A tenant's own freeze is its own to thaw, and the admin's; another
+	// principal's refusal names the tenant.
+	g.Freeze(Scope{Sandbox: "sb-a"}, t1)
+	_, _, err = g.Thaw(Scope{Sandbox: "sb-a"}, t2)
+	refused(err, "frozen by tenant t1")
+	if _, _, err := g.Thaw(Scope{Sandbox: "sb-a"}, t1); err != nil || a.Frozen() {
+		t.Fatalf("the tenant thaws its own freeze: %v", err)
+	}
+	g.Freeze(Scope{Tenant: "t1"}, t1)
+	if _, _, err := g.Thaw(Scope{Tenant: "t1"}, op); err != nil || a.Frozen() {
+		t.Fatalf("the admin thaws a tenant's freeze: %v", err)
 	}
 }

@@ -245,3 +245,97 @@ func TestTenantFloors(t *testing.T) {
 		t.Fatalf("untrusted tenant's sandbox runs on %s (%s)", sb.Runtime, sb.Class)
 	}
 }
+
+// TestFreezeOwner: the operator's freeze stands. Through the real CLI, a
+// tenant (API key over TCP) can thaw neither a sandbox nor its tenant the
+// admin (unix socket) froze — the 403 says who froze it and that only they
+// or the admin thaw it; its thaw of its own tenant leaves the admin's
+// sandbox-level freeze in place; freezing an admin-frozen sandbox again
+// does not make the freeze the tenant's. What a tenant froze it thaws.
+func TestFreezeOwner(t *testing.T) {
+	e := newEnv(t)
+	addr := freePort(t)
+	e.startDaemon("--listen", addr)
+	ctx := context.Background()
+	admin := e.client()
+	if _, err := admin.CreateTenant(ctx, &api.CreateTenantRequest{Name: "alpha"}); err != nil {
+		t.Fatal(err)
+	}
+	k, err := admin.CreateKey(ctx, "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := client.TCP("http://"+addr, k.Key)
+	sb, err := a.Create(ctx, &api.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	asAdmin := func(args ...string) result {
+		t.Helper()
+		r := e.cli("", args...)
+		if r.code != 0 {
+			t.Fatalf("admin: cagebox %v: %+v", args, r)
+		}
+		return r
+	}
+	asAlpha := func(args ...string) result {
+		t.Helper()
+		return e.cliEnv([]string{"CAGEBOX_HOST=http://" + addr, "CAGEBOX_API_KEY=" + k.Key}, "", args...)
+	}
+	refused := func(r result, args ...string) {
+		t.Helper()
+		if r.code == 0 || !strings.Contains(r.stderr, "frozen by the admin") || !strings.Contains(r.stderr, "only the admin can thaw") {
+			t.Fatalf("alpha: cagebox %v: %+v; want a refusal naming the admin", args, r)
+		}
+	}
+	frozen := func(want bool) {
+		t.Helper()
+		p, err := a.Policy(ctx, id)
+		if err != nil || p.Frozen != want {
+			t.Fatalf("policy: %+v %v; want frozen %v", p, err, want)
+		}
+	}
+
+	// The admin freezes the sandbox.
+	asAdmin("freeze", id)
+	refused(asAlpha("thaw", id), "thaw", id)
+	resp, err := a.Raw(ctx, "POST", "/v1/thaw", "application/json", strings.NewReader(`{"sandbox":"`+id+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("alpha's POST /v1/thaw answered %d, want 403", resp.StatusCode)
+	}
+	if r := asAlpha("thaw", "--tenant", "alpha"); r.code != 0 || !strings.Contains(r.stdout, "still frozen") || !strings.Contains(r.stdout, id) {
+		t.Fatalf("alpha thaws its tenant: %+v; want success listing %s as still frozen", r, id)
+	}
+	frozen(true)
+	if r := asAlpha("freeze", id); r.code != 0 {
+		t.Fatalf("alpha freezes its own sandbox: %+v", r)
+	}
+	refused(asAlpha("thaw", id), "thaw", id)
+	frozen(true)
+	asAdmin("thaw", id)
+	frozen(false)
+
+	// The admin freezes the tenant: neither the tenant nor one sandbox
+	// of it thaws for the tenant.
+	asAdmin("freeze", "--tenant", "alpha")
+	refused(asAlpha("thaw", "--tenant", "alpha"), "thaw", "--tenant", "alpha")
+	refused(asAlpha("thaw", id), "thaw", id)
+	frozen(true)
+	asAdmin("thaw", "--tenant", "alpha")
+	frozen(false)
+
+	// What the tenant froze, it thaws.
+	if r := asAlpha("freeze", "--tenant", "alpha"); r.code != 0 {
+		t.Fatalf("alpha freezes its tenant: %+v", r)
+	}
+	frozen(true)
+	if r := asAlpha("thaw", "--tenant", "alpha"); r.code != 0 || strings.Contains(r.stdout, "still frozen") {
+		t.Fatalf("alpha thaws its own freeze: %+v", r)
+	}
+	frozen(false)
+}
