@@ -31,6 +31,7 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/reserved"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/webhook"
 )
@@ -402,7 +403,8 @@ func (s *Service) reject(w http.ResponseWriter, hook *store.Webhook, code int, r
 }
 
 // deliveryHeader is what the guest gets of the sender's headers: all but
-// hop-by-hop ones, cookies, and anything cagebox's own; plus
+// hop-by-hop ones, cookies, and any of cagebox's own (reserved.Header,
+// also spelt with '_'); plus
 // X-Cagebox-Webhook (the name's scheme, verified).
 func deliveryHeader(in http.Header, scheme string) http.Header {
 	out := http.Header{}
@@ -412,7 +414,7 @@ func deliveryHeader(in http.Header, scheme string) http.Header {
 			"Proxy-Authorization", "Authorization", "Cookie", "Host", "Content-Length":
 			continue
 		}
-		if strings.HasPrefix(http.CanonicalHeaderKey(k), "X-Cagebox-") {
+		if reserved.Header(k) {
 			continue
 		}
 		out[http.CanonicalHeaderKey(k)] = append([]string(nil), vs...)
