@@ -40,10 +40,11 @@ import (
 const (
 	DefaultMaxBody    = 5 << 20 // larger than Slack's and Stripe's, GitHub caps at 25 MiB: raise with Config.MaxBody
 	DefaultMaxPending = 1000
-	// ReplayWindow is how long a delivered delivery's key is kept to
-	// refuse its replay (GitHub signs no timestamp; its redeliveries of
-	// a failed delivery carry the same delivery ID and are refused too,
-	// which is right: cagebox already has it).
+	// ReplayWindow is how long a delivered delivery's key (scheme and
+	// MAC, webhook.Verifier) is kept to refuse its replay (GitHub signs no
+	// timestamp; its redelivery of a delivery cagebox accepted has the
+	// same body and is refused too, which is right: cagebox already has
+	// it).
 	ReplayWindow   = 72 * time.Hour
 	maxAttempts    = 15
 	firstBackoff   = time.Second
