@@ -452,7 +452,7 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() { errc <- unixSrv.Serve(ul) }()
 	var tcpSrv *http.Server
 	if tl != nil {
-		tcpSrv = &http.Server{Handler: console.SecureHeaders(srv), ReadHeaderTimeout: 10 * time.Second, TLSConfig: tl.tls}
+		tcpSrv = &http.Server{Handler: notUnderIngress(cfg.Ingress, console.SecureHeaders(srv)), ReadHeaderTimeout: 10 * time.Second, TLSConfig: tl.tls}
 		go func() {
 			if tl.tls != nil {
 				errc <- tcpSrv.ServeTLS(tl.Listener, "", "")

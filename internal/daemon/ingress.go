@@ -177,3 +177,27 @@ func sandboxRate(r float64) float64 {
 	}
 	return 4 * r // 0 stays 0: the default
 }
+
+// notUnderIngress refuses (421) requests to the API and console listener
+// under the ingress domain D or a name below it: browsers send a host's
+// cookies to every port of it, and a guest's page on PORT-ID.D can set
+// cookies for D and every name below it, so the console's session cookie
+// must never live there. Without ingress h is returned as it is.
+func notUnderIngress(ic IngressConfig, h http.Handler) http.Handler {
+	if ic.Addr == "" || ic.Domain == "" {
+		return h
+	}
+	d := strings.ToLower(strings.TrimSuffix(ic.Domain, "."))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := strings.ToLower(r.Host)
+		if hh, _, err := net.SplitHostPort(host); err == nil {
+			host = hh
+		}
+		host = strings.TrimSuffix(host, ".")
+		if host == d || strings.HasSuffix(host, "."+d) {
+			http.Error(w, "this is the cagebox API, which is not served under the ingress domain "+d+" (sandboxes' pages live there): use the API's own host name", http.StatusMisdirectedRequest)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/reserved"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/webhook"
 )
@@ -39,10 +40,11 @@ import (
 const (
 	DefaultMaxBody    = 5 << 20 // larger than Slack's and Stripe's, GitHub caps at 25 MiB: raise with Config.MaxBody
 	DefaultMaxPending = 1000
-	// ReplayWindow is how long a delivered delivery's key is kept to
-	// refuse its replay (GitHub signs no timestamp; its redeliveries of
-	// a failed delivery carry the same delivery ID and are refused too,
-	// which is right: cagebox already has it).
+	// ReplayWindow is how long a delivered delivery's key (scheme and
+	// MAC, webhook.Verifier) is kept to refuse its replay (GitHub signs no
+	// timestamp; its redelivery of a delivery cagebox accepted has the
+	// same body and is refused too, which is right: cagebox already has
+	// it).
 	ReplayWindow   = 72 * time.Hour
 	maxAttempts    = 15
 	firstBackoff   = time.Second
@@ -402,7 +404,8 @@ func (s *Service) reject(w http.ResponseWriter, hook *store.Webhook, code int, r
 }
 
 // deliveryHeader is what the guest gets of the sender's headers: all but
-// hop-by-hop ones, cookies, and anything cagebox's own; plus
+// hop-by-hop ones, cookies, and any of cagebox's own (reserved.Header,
+// also spelt with '_'); plus
 // X-Cagebox-Webhook (the name's scheme, verified).
 func deliveryHeader(in http.Header, scheme string) http.Header {
 	out := http.Header{}
@@ -412,7 +415,7 @@ func deliveryHeader(in http.Header, scheme string) http.Header {
 			"Proxy-Authorization", "Authorization", "Cookie", "Host", "Content-Length":
 			continue
 		}
-		if strings.HasPrefix(http.CanonicalHeaderKey(k), "X-Cagebox-") {
+		if reserved.Header(k) {
 			continue
 		}
 		out[http.CanonicalHeaderKey(k)] = append([]string(nil), vs...)

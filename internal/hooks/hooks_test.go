@@ -458,3 +458,107 @@ func TestNoDeliveryTwice(t *testing.T) {
 		}
 	}
 }
+
+// TestReplaysRefused: a delivery re-sent with a fresh unsigned delivery id,
+// its hex signature re-cased, other blanks or extra signatures beside the
+// good one is a replay (401, nothing queued), in each scheme; a new
+// delivery is accepted.
+func TestReplaysRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	sig := func(msg string) string {
+		m := hmac.New(sha256.New, []byte(hookSecret))
+		m.Write([]byte(msg))
+		return hex.EncodeToString(m.Sum(nil))
+	}
+	ts := fmt.Sprint(time.Now().Unix())
+	ts2 := fmt.Sprint(time.Now().Unix() - 1)
+	for i, tc := range []struct {
+		verify, body string
+		first        []string
+		replays      [][]string
+		fresh        []string // a new delivery of the same body (nil: another body, signed like the first)
+	}{
+		{"github", `{"n":"gh"}`,
+			[]string{"X-Hub-Signature-256", "sha256=" + sig(`{"n":"gh"}`), "X-GitHub-Delivery", "d-1"},
+			[][]string{
+				{"X-Hub-Signature-256", "sha256=" + sig(`{"n":"gh"}`), "X-GitHub-Delivery", "d-2"},
+				{"X-Hub-Signature-256", "sha256=" + sig(`{"n":"gh"}`)},
+				{"X-Hub-Signature-256", "sha256=" + strings.ToUpper(sig(`{"n":"gh"}`)), "X-GitHub-Delivery", "d-3"},
+				{"X-Hub-Signature-256", "  sha256=" + sig(`{"n":"gh"}`) + " ", "X-GitHub-Delivery", "d-4"},
+				{"X-Hub-Signature-256", "SHA256=" + sig(`{"n":"gh"}`), "X-GitHub-Delivery", "d-5"},
+			}, nil},
+		{"stripe", `{"n":"st"}`,
+			[]string{"Stripe-Signature", "t=" + ts + ",v1=" + sig(ts+`.{"n":"st"}`)},
+			[][]string{
+				{"Stripe-Signature", "t=" + ts + ",v1=" + strings.ToUpper(sig(ts+`.{"n":"st"}`))},
+				{"Stripe-Signature", "t=" + ts + ", v1=" + sig(ts+`.{"n":"st"}`) + ",v1=" + strings.Repeat("0", 64)},
+				{"Stripe-Signature", "v1=" + sig(ts+`.{"n":"st"}`) + ",t=" + ts + ",v0=ab"},
+			},
+			[]string{"Stripe-Signature", "t=" + ts2 + ",v1=" + sig(ts2+`.{"n":"st"}`)}},
+		{"slack", `{"n":"sl"}`,
+			[]string{"X-Slack-Request-Timestamp", ts, "X-Slack-Signature", "v0=" + sig("v0:"+ts+`:{"n":"sl"}`)},
+			[][]string{
+				{"X-Slack-Request-Timestamp", ts, "X-Slack-Signature", "v0=" + strings.ToUpper(sig("v0:"+ts+`:{"n":"sl"}`))},
+				{"X-Slack-Request-Timestamp", " " + ts + " ", "X-Slack-Signature", " v0=" + sig("v0:"+ts+`:{"n":"sl"}`)},
+			},
+			[]string{"X-Slack-Request-Timestamp", ts2, "X-Slack-Signature", "v0=" + sig("v0:"+ts2+`:{"n":"sl"}`)}},
+		{"hmac:header=X-Sig,prefix=sha256=,id-header=X-Id", `{"n":"hm"}`,
+			[]string{"X-Sig", "sha256=" + sig(`{"n":"hm"}`), "X-Id", "a"},
+			[][]string{
+				{"X-Sig", "sha256=" + sig(`{"n":"hm"}`), "X-Id", "b"},
+				{"X-Sig", "sha256=" + strings.ToUpper(sig(`{"n":"hm"}`))},
+			}, nil},
+	} {
+		w, err := h.svc.Add(context.Background(), "t1", "sb-1", &api.WebhookRequest{Name: fmt.Sprint("w", i), Port: 8080, Path: "/hook", Verify: tc.verify, Secret: "GH_HOOK"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		url := h.edge.URL + "/w/" + w.Token
+		if code, resp := h.post(url, tc.body, tc.first...); code != http.StatusAccepted {
+			t.Fatalf("%s: the delivery: %d %s", tc.verify, code, resp)
+		}
+		for i, hdr := range tc.replays {
+			if code, resp := h.post(url, tc.body, hdr...); code != http.StatusUnauthorized {
+				t.Errorf("%s: replay %d (%q): %d %s, want 401", tc.verify, i, hdr, code, resp)
+			}
+		}
+		fresh, body := tc.fresh, tc.body
+		if fresh == nil {
+			// Another body, signed like the first.
+			body = strings.Replace(tc.body, `"}`, `2"}`, 1)
+			fresh = append([]string(nil), tc.first...)
+			for i := 1; i < len(fresh); i += 2 {
+				fresh[i] = strings.Replace(fresh[i], sig(tc.body), sig(body), 1)
+			}
+		}
+		if code, resp := h.post(url, body, fresh...); code != http.StatusAccepted {
+			t.Errorf("%s: a new delivery: %d %s", tc.verify, code, resp)
+		}
+	}
+	h.waitDelivered(8) // the accepted ones, two per scheme
+}
+
+// TestDeliveryDropsCageboxHeaders: a sender's header that a guest's
+// server would read as one of cagebox's (X_Cagebox_… is HTTP_X_CAGEBOX_…
+// to CGI, WSGI and PHP) does not reach the guest.
+func TestDeliveryDropsCageboxHeaders(t *testing.T) {
+	h := newHarness(t, nil)
+	_, url := h.add("gh")
+	body := `{"n":"hdr"}`
+	if code, resp := h.post(url, body, "X-Hub-Signature-256", ghSign(body), "X_Cagebox_Webhook_Verified", "forged",
+		"x-cagebox-attempt", "99", "Cookie", "cagebox_session=s"); code != http.StatusAccepted {
+		t.Fatalf("delivery: %d %s", code, resp)
+	}
+	h.waitDelivered(1)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r := h.got[0]
+	for k, vs := range r.Header {
+		if strings.Contains(strings.ToLower(k), "cagebox_") || k == "Cookie" {
+			t.Errorf("the guest got %s: %q", k, vs)
+		}
+	}
+	if r.Header.Get("X-Cagebox-Webhook-Verified") != "github" || r.Header.Get("X-Cagebox-Attempt") != "1" {
+		t.Errorf("cagebox's own headers: %v", r.Header)
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/reserved"
 )
 
 // Defaults for the zero fields of a Config.
@@ -126,6 +127,7 @@ type Server struct {
 type reqInfo struct {
 	route  Route
 	target *Target
+	query  query
 	status int // the guest's status (101 for an upgrade, which bypasses WriteHeader)
 }
 
@@ -240,13 +242,14 @@ func fail(w http.ResponseWriter, code int, msg string) {
 const notFoundMsg = "no published port here: check the URL (https://PORT-ID.DOMAIN/ or /s/ID/PORT/) and `cagebox port ls ID`"
 
 // ServeHTTP routes, checks access and limits, and proxies.
+//
+// Every header of cagebox's (package reserved) is taken off the request
+// first, whatever it is for; the path form is served only on the domain
+// itself, never on another host name (the API's or the console's, whose
+// cookies the browser would send along: cookies are not bound to a port).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	presented := r.Header.Get(AccessHeader)
-	for k := range r.Header {
-		if strings.HasPrefix(http.CanonicalHeaderKey(k), "X-Cagebox-") {
-			delete(r.Header, k)
-		}
-	}
+	reserved.StripHeaders(r.Header)
 	if s.isHooks(r) {
 		if s.cfg.Hooks == nil {
 			fail(w, http.StatusNotFound, notFoundMsg)
@@ -256,11 +259,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rt, ok := ParseHost(r.Host, s.cfg.Domain)
-	if !ok {
+	if !ok && s.isDomain(r.Host) {
 		rt, _, ok = ParsePath(r.URL.Path)
 	}
 	if !ok {
 		fail(w, http.StatusNotFound, notFoundMsg)
+		return
+	}
+	q, err := parseQuery(r.URL.RawQuery)
+	if err != nil {
+		fail(w, http.StatusBadRequest, "ambiguous query: at most one "+SigParam+", and no cagebox parameter after a ';'")
 		return
 	}
 	// Tracked before Resolve: a Revoke after this cuts the request, and
@@ -276,12 +284,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusNotFound, notFoundMsg)
 		return
 	}
-	if code, msg := s.access(w, r, rt, t, presented); code != 0 {
+	if code, msg := s.access(w, r, rt, t, presented, q.sig); code != 0 {
 		s.record(r, rt, t, code, 0, 0, 0)
 		fail(w, code, msg)
 		return
 	}
-	s.deliver(w, r, rt, t)
+	s.deliver(w, r, &reqInfo{route: rt, target: t, query: q})
 }
 
 // SetHooks sets the handler of webhook URLs (Config.Hooks) before the
@@ -291,17 +299,25 @@ func (s *Server) SetHooks(h http.Handler) { s.cfg.Hooks = h }
 // isHooks reports whether r is for a webhook URL: any path on hooks.D, or
 // /w/… on D itself (single-host setups).
 func (s *Server) isHooks(r *http.Request) bool {
-	host := strings.ToLower(r.Host)
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	host = strings.TrimSuffix(host, ".")
-	d := strings.ToLower(strings.TrimSuffix(s.cfg.Domain, "."))
+	host, d := hostOf(r.Host), hostOf(s.cfg.Domain)
 	return host == "hooks."+d || (host == d && strings.HasPrefix(r.URL.Path, "/w/"))
 }
 
-// access checks a request's token, signature or cookie; code 0 = allowed.
-func (s *Server) access(w http.ResponseWriter, r *http.Request, rt Route, t *Target, presented string) (int, string) {
+// isDomain reports whether a Host header names the domain D itself.
+func (s *Server) isDomain(host string) bool { return hostOf(host) == hostOf(s.cfg.Domain) }
+
+// hostOf is a Host header's name: lower case, without port or final dot.
+func hostOf(host string) string {
+	host = strings.ToLower(host)
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return strings.TrimSuffix(host, ".")
+}
+
+// access checks a request's token, signature (sig, from parseQuery) or
+// cookie; code 0 = allowed.
+func (s *Server) access(w http.ResponseWriter, r *http.Request, rt Route, t *Target, presented, sig string) (int, string) {
 	if t.Public {
 		return 0, ""
 	}
@@ -311,7 +327,7 @@ func (s *Server) access(w http.ResponseWriter, r *http.Request, rt Route, t *Tar
 		}
 		return http.StatusUnauthorized, "wrong access token for this port (" + AccessHeader + ")"
 	}
-	if sig := r.URL.Query().Get(SigParam); sig != "" && s.cfg.Signer != nil {
+	if sig != "" && s.cfg.Signer != nil {
 		exp, err := s.cfg.Signer.Verify(sig, rt.ID, rt.Port, t.TokenHash)
 		switch {
 		case errors.Is(err, ErrExpired):
@@ -370,7 +386,8 @@ func (s *Server) allow(rt Route) bool {
 // first when the idle timeout paused it, then the proxy; one
 // ingress.request event. (Webhook deliveries and relays take Send, which
 // no revocation cuts.)
-func (s *Server) deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Target) {
+func (s *Server) deliver(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+	rt, t := info.route, info.target
 	start := s.cfg.Now()
 	if !s.allow(rt) {
 		w.Header().Set("Retry-After", "1")
@@ -401,7 +418,6 @@ func (s *Server) deliver(w http.ResponseWriter, r *http.Request, rt Route, t *Ta
 		return
 	}
 	defer end()
-	info := &reqInfo{route: rt, target: t}
 	proxy := s.proxy
 	if inline(r) {
 		proxy = s.inlineProxy
@@ -453,7 +469,8 @@ func recordAborted(record func()) {
 }
 
 // rewrite makes the outbound request: to the guest's address only, the
-// path-form prefix stripped, the access parameter and cookie removed,
+// path-form prefix stripped, the query parseQuery decided on (every
+// cagebox parameter removed), every cagebox cookie removed,
 // X-Forwarded-* set (ReverseProxy has removed the client's).
 func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 	info := pr.In.Context().Value(infoKey{}).(*reqInfo)
@@ -476,62 +493,61 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 			out.URL.Path, out.URL.RawPath = u.Path, u.RawPath
 		}
 	}
-	if strings.Contains(out.URL.RawQuery, SigParam) {
-		q := out.URL.Query()
-		q.Del(SigParam)
-		out.URL.RawQuery = q.Encode()
-	}
-	stripCookie(out.Header, CookieName)
+	out.URL.RawQuery, out.URL.ForceQuery = info.query.forward, false
+	reserved.StripCookies(out.Header)
+	reserved.StripHeaders(out.Header)
 }
 
-// stripCookie removes one cookie from the Cookie headers.
-func stripCookie(h http.Header, name string) {
-	vals := h.Values("Cookie")
-	if len(vals) == 0 {
-		return
-	}
-	var keep []string
-	for _, v := range vals {
-		for _, part := range strings.Split(v, ";") {
-			part = strings.TrimSpace(part)
-			if n, _, _ := strings.Cut(part, "="); part == "" || n == name {
-				continue
-			}
-			keep = append(keep, part)
-		}
-	}
-	h.Del("Cookie")
-	if len(keep) > 0 {
-		h.Set("Cookie", strings.Join(keep, "; "))
-	}
-}
-
-// modifyResponse maps the guest's own paths into the path form: a
-// Location "/x" becomes "/s/ID/PORT/x", and a cookie's Path likewise.
+// modifyResponse keeps the guest's cookies to the guest's own origin
+// (scopeCookies) and maps its own paths into the path form: a Location
+// "/x" becomes "/s/ID/PORT/x".
 func (s *Server) modifyResponse(resp *http.Response) error {
 	info, _ := resp.Request.Context().Value(infoKey{}).(*reqInfo)
 	if info == nil {
 		return nil
 	}
 	info.status = resp.StatusCode
-	if info.route.Prefix == "" {
-		return nil
-	}
-	p := info.route.Prefix
-	if loc := resp.Header.Get("Location"); strings.HasPrefix(loc, "/") && !strings.HasPrefix(loc, "//") {
-		resp.Header.Set("Location", p+loc)
-	}
-	if cs := resp.Header.Values("Set-Cookie"); len(cs) > 0 {
-		resp.Header.Del("Set-Cookie")
-		for _, v := range cs {
-			if c, err := http.ParseSetCookie(v); err == nil && strings.HasPrefix(c.Path, "/") {
-				c.Path = p + c.Path
-				v = c.String()
-			}
-			resp.Header.Add("Set-Cookie", v)
+	scopeCookies(resp.Header, info.route.Prefix)
+	if p := info.route.Prefix; p != "" {
+		if loc := resp.Header.Get("Location"); strings.HasPrefix(loc, "/") && !strings.HasPrefix(loc, "//") {
+			resp.Header.Set("Location", p+loc)
 		}
 	}
 	return nil
+}
+
+// scopeCookies rewrites a guest's Set-Cookie headers so that each cookie
+// comes back only to the port that set it: its Domain attribute goes (a
+// host-only cookie of PORT-ID.D, never one for D and so for every other
+// sandbox, tenant and hooks.D); in the path form (prefix "/s/ID/PORT") its
+// Path is put under the prefix ("/x" → "/s/ID/PORT/x"; none or a relative
+// one → the prefix itself). A cookie named like cagebox's own
+// (reserved.Cookie: cbx_access, cagebox_session, …) is dropped, and so is
+// a header that does not parse as a cookie (a browser might read it
+// otherwise).
+func scopeCookies(h http.Header, prefix string) {
+	cs := h.Values("Set-Cookie")
+	if len(cs) == 0 {
+		return
+	}
+	h.Del("Set-Cookie")
+	for _, v := range cs {
+		c, err := http.ParseSetCookie(v)
+		if err != nil || reserved.Cookie(c.Name) {
+			continue
+		}
+		c.Domain = ""
+		if prefix != "" {
+			if strings.HasPrefix(c.Path, "/") {
+				c.Path = prefix + c.Path
+			} else {
+				c.Path = prefix
+			}
+		}
+		if out := c.String(); out != "" {
+			h.Add("Set-Cookie", out)
+		}
+	}
 }
 
 func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {

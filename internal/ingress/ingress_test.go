@@ -182,7 +182,7 @@ func TestProxy(t *testing.T) {
 		t.Errorf("Host = %v", m["host"])
 	}
 	// Path form.
-	_, m = do("GET", "anything", "/s/"+testID+"/8080/x/y?z", http.Header{"X-Cagebox-Access": {tok}}, nil)
+	_, m = do("GET", "sb.test", "/s/"+testID+"/8080/x/y?z", http.Header{"X-Cagebox-Access": {tok}}, nil)
 	if m["path"] != "/x/y?z" {
 		t.Errorf("path form: %v", m)
 	}

@@ -2,9 +2,13 @@
 // sender's shared secret held by the host: GitHub (X-Hub-Signature-256),
 // Stripe (Stripe-Signature with its timestamp tolerance), Slack
 // (X-Slack-Signature over v0:timestamp:body) and a generic HMAC scheme
-// described by a spec. A verified delivery gets an ID that names it for
-// replay detection (Replays); a forgery, a stale timestamp or a replay is
-// refused, and the guest that consumes the webhook never needs the secret.
+// described by a spec. A verified delivery gets a replay key: the scheme
+// and the MAC bytes the verifier computed — the same for every re-sending
+// of one delivery, however the sender re-cases, re-encodes or re-labels
+// it, and never text an attacker could vary. The caller refuses a key it
+// has seen (package hooks keeps them in the store); a forgery or a stale
+// timestamp is refused here, and the guest that consumes the webhook never
+// needs the secret.
 //
 // The package is a leaf: it knows nothing of sandboxes, the store or the
 // ingress listener. It is hand-written on crypto/hmac because each
@@ -44,12 +48,17 @@ var ErrSpec = errors.New("invalid webhook verification scheme")
 // and Slack's documented default: five minutes).
 const DefaultTolerance = 5 * time.Minute
 
-// Verifier checks one delivery. It returns the delivery's ID for replay
-// detection: the sender's delivery ID where it sends one (GitHub's
-// X-GitHub-Delivery), else the signature itself (a replay carries the
-// same one).
+// Verifier checks one delivery. It returns the delivery's replay key:
+// the scheme's kind and the hex of the MAC it computed over what the
+// sender signed ("github:…", "stripe:…", "slack:…", "hmac:…"). A delivery
+// id the sender sends beside the signature (GitHub's X-GitHub-Delivery, an
+// hmac id-header) is not in it: nothing signs it, so a replay could carry
+// a fresh one. What the MAC covers bounds the key: Stripe, Slack and hmac
+// with timestamp-header sign a timestamp, so a replay of a key is also
+// refused as stale once the tolerance has passed; GitHub signs the body
+// only, so two deliveries of the very same body are one delivery.
 type Verifier interface {
-	Verify(h http.Header, body []byte, now time.Time) (id string, err error)
+	Verify(h http.Header, body []byte, now time.Time) (key string, err error)
 	// Scheme is the name the verifier was made from ("github", "hmac:…").
 	Scheme() string
 }
@@ -75,6 +84,9 @@ func New(scheme string, secret []byte) (Verifier, error) {
 	return nil, fmt.Errorf("%w: %q (use github, stripe, slack or hmac:header=NAME[,alg=sha256][,encoding=hex|base64][,prefix=P][,timestamp-header=NAME][,tolerance=5m])", ErrSpec, scheme)
 }
 
+// replayKey is the key of a verified delivery: kind and the MAC computed.
+func replayKey(kind string, mac []byte) string { return kind + ":" + hex.EncodeToString(mac) }
+
 func mac(newHash func() hash.Hash, key []byte, parts ...[]byte) []byte {
 	m := hmac.New(newHash, key)
 	for _, p := range parts {
@@ -91,8 +103,8 @@ func equalHex(got string, want []byte) bool {
 }
 
 // github: X-Hub-Signature-256: sha256=HEX(HMAC-SHA256(secret, body)).
-// GitHub signs no timestamp; X-GitHub-Delivery (a GUID) names the
-// delivery, so replays are caught by ID (Replays).
+// GitHub signs no timestamp, nor X-GitHub-Delivery: the body's MAC names
+// the delivery.
 type github struct{ key []byte }
 
 func (g *github) Scheme() string { return "github" }
@@ -103,13 +115,11 @@ func (g *github) Verify(h http.Header, body []byte, _ time.Time) (string, error)
 	if !ok {
 		return "", fmt.Errorf("%w: no X-Hub-Signature-256: sha256=… header", ErrForged)
 	}
-	if !equalHex(hexSig, mac(sha256.New, g.key, body)) {
+	want := mac(sha256.New, g.key, body)
+	if !equalHex(hexSig, want) {
 		return "", fmt.Errorf("%w: X-Hub-Signature-256 does not match the body", ErrForged)
 	}
-	if id := h.Get("X-GitHub-Delivery"); id != "" && len(id) <= 128 {
-		return "github:" + id, nil
-	}
-	return "github:sig:" + hexSig, nil
+	return replayKey("github", want), nil
 }
 
 // stripe: Stripe-Signature: t=UNIX,v1=HEX[,v1=HEX…] over "t.body"; any v1
@@ -143,10 +153,9 @@ func (s *stripe) Verify(h http.Header, body []byte, now time.Time) (string, erro
 	}
 	want := mac(sha256.New, s.key, []byte(ts), []byte("."), body)
 	ok := false
-	var matched string
 	for _, sig := range sigs {
 		if equalHex(sig, want) {
-			ok, matched = true, sig
+			ok = true
 		}
 	}
 	if !ok {
@@ -155,7 +164,7 @@ func (s *stripe) Verify(h http.Header, body []byte, now time.Time) (string, erro
 	if err := within(t, now, s.tolerance); err != nil {
 		return "", err
 	}
-	return "stripe:" + matched, nil
+	return replayKey("stripe", want), nil
 }
 
 // slack: X-Slack-Signature: v0=HEX(HMAC-SHA256(secret, "v0:TS:body")) with
@@ -177,13 +186,14 @@ func (s *slack) Verify(h http.Header, body []byte, now time.Time) (string, error
 	if !ok {
 		return "", fmt.Errorf("%w: no X-Slack-Signature: v0=… header", ErrForged)
 	}
-	if !equalHex(hexSig, mac(sha256.New, s.key, []byte("v0:"+ts+":"), body)) {
+	want := mac(sha256.New, s.key, []byte("v0:"+ts+":"), body)
+	if !equalHex(hexSig, want) {
 		return "", fmt.Errorf("%w: X-Slack-Signature does not match", ErrForged)
 	}
 	if err := within(t, now, s.tolerance); err != nil {
 		return "", err
 	}
-	return "slack:" + hexSig, nil
+	return replayKey("slack", want), nil
 }
 
 // HMAC is the generic scheme, from a spec "hmac:KEY=VALUE,…":
@@ -195,7 +205,8 @@ func (s *slack) Verify(h http.Header, body []byte, now time.Time) (string, error
 //	timestamp-header=NAME  a header with a Unix timestamp; then the MAC is over
 //	                       "TIMESTAMP.body" and the timestamp must be within tolerance
 //	tolerance=5m           how far that timestamp may be from now
-//	id-header=NAME         a header naming the delivery (else the signature names it)
+//	id-header=NAME         accepted for old specs and ignored: the header is not
+//	                       signed, so the MAC names the delivery
 type HMAC struct {
 	spec      string
 	key       []byte
@@ -312,12 +323,7 @@ func (v *HMAC) Verify(h http.Header, body []byte, now time.Time) (string, error)
 			return "", err
 		}
 	}
-	if v.idHeader != "" {
-		if id := h.Get(v.idHeader); id != "" && len(id) <= 128 {
-			return "hmac:" + id, nil
-		}
-	}
-	return "hmac:sig:" + sig, nil
+	return replayKey("hmac", want), nil
 }
 
 func parseUnix(s string) (time.Time, error) {

@@ -31,7 +31,7 @@ func sign(key, msg string) string {
 func TestPublishedVectors(t *testing.T) {
 	gh, _ := New("github", []byte("It's a Secret to Everybody"))
 	id, err := gh.Verify(hdr("X-Hub-Signature-256", "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17", "X-GitHub-Delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958"), []byte("Hello, World!"), time.Now())
-	if err != nil || id != "github:72d3162e-cc78-11e3-81ab-4c9367dc0958" {
+	if err != nil || id != "github:757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17" {
 		t.Fatalf("GitHub's example: %q %v", id, err)
 	}
 	body := "token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&team_domain=testteamnow&channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&user_name=roadrunner&command=%2Fwebhook-collect&text=&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN&trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c"
@@ -119,7 +119,7 @@ func TestGenericHMAC(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, err := v.Verify(hdr("X-Sig", b64, "X-Ts", "1700000000", "X-Id", "d-1"), body, now.Add(30*time.Second))
-	if err != nil || id != "hmac:d-1" {
+	if err != nil || id != "hmac:"+hex.EncodeToString(m.Sum(nil)) {
 		t.Fatalf("base64 with timestamp: %q %v", id, err)
 	}
 	if _, err := v.Verify(hdr("X-Sig", b64, "X-Ts", "1700000000"), body, now.Add(2*time.Minute)); !errors.Is(err, ErrStale) {
@@ -138,24 +138,89 @@ func TestGenericHMAC(t *testing.T) {
 	}
 }
 
-func TestReplays(t *testing.T) {
-	r := NewReplays(10*time.Minute, 3)
-	t0 := time.Unix(1_700_000_000, 0)
-	if err := r.Accept("a", t0); err != nil {
-		t.Fatal(err)
+// TestReplayKey: every re-sending of one delivery that verifies has the
+// same key — with a fresh unsigned delivery id, the hex re-cased, other
+// whitespace, extra signatures beside the good one — and a new delivery
+// (another body, another signed timestamp) has another.
+func TestReplayKey(t *testing.T) {
+	const key = "whsec_replay"
+	now := time.Unix(1_700_000_000, 0)
+	ts := fmt.Sprint(now.Unix())
+	body := []byte(`{"id":"evt_1"}`)
+	other := []byte(`{"id":"evt_2"}`)
+	tsSig := func(ts string, b []byte) string { return sign(key, ts+"."+string(b)) }
+	slackSig := func(ts string, b []byte) string { return sign(key, "v0:"+ts+":"+string(b)) }
+	b64 := func(msg string) string {
+		m := hmac.New(sha256.New, []byte(key))
+		m.Write([]byte(msg))
+		return base64.StdEncoding.EncodeToString(m.Sum(nil))
 	}
-	if err := r.Accept("a", t0.Add(time.Minute)); !errors.Is(err, ErrReplay) {
-		t.Fatalf("replay within the window: %v", err)
-	}
-	if err := r.Accept("a", t0.Add(11*time.Minute)); err != nil {
-		t.Fatalf("after the window: %v", err)
-	}
-	for _, id := range []string{"b", "c", "d"} {
-		if err := r.Accept(id, t0.Add(12*time.Minute)); err != nil {
+	ts2 := fmt.Sprint(now.Unix() + 1)
+	for _, tc := range []struct {
+		scheme string
+		body   []byte
+		same   []http.Header // the first delivery, then re-sendings of it
+		fresh  []http.Header // genuinely new deliveries (over fresh)
+		freshB []byte
+	}{
+		{"github", body, []http.Header{
+			hdr("X-Hub-Signature-256", "sha256="+sign(key, string(body)), "X-GitHub-Delivery", "d-1"),
+			hdr("X-Hub-Signature-256", "sha256="+sign(key, string(body)), "X-GitHub-Delivery", "d-2"),
+			hdr("X-Hub-Signature-256", "sha256="+strings.ToUpper(sign(key, string(body)))),
+			hdr("X-Hub-Signature-256", " sha256="+sign(key, string(body))+" ", "X-GitHub-Delivery", "d-3"),
+		}, []http.Header{hdr("X-Hub-Signature-256", "sha256="+sign(key, string(other)), "X-GitHub-Delivery", "d-1")}, other},
+		{"stripe", body, []http.Header{
+			hdr("Stripe-Signature", "t="+ts+",v1="+tsSig(ts, body)),
+			hdr("Stripe-Signature", "t="+ts+",v1="+strings.ToUpper(tsSig(ts, body))),
+			hdr("Stripe-Signature", " t="+ts+" , v1="+tsSig(ts, body)+" ,v0=00"),
+			hdr("Stripe-Signature", "t="+ts+",v1="+strings.Repeat("0", 64)+",v1="+tsSig(ts, body)),
+		}, []http.Header{hdr("Stripe-Signature", "t="+ts2+",v1="+tsSig(ts2, body))}, body},
+		{"slack", body, []http.Header{
+			hdr("X-Slack-Request-Timestamp", ts, "X-Slack-Signature", "v0="+slackSig(ts, body)),
+			hdr("X-Slack-Request-Timestamp", ts, "X-Slack-Signature", "v0="+strings.ToUpper(slackSig(ts, body))),
+			hdr("X-Slack-Request-Timestamp", " "+ts, "X-Slack-Signature", "v0="+slackSig(ts, body)+"\t"),
+		}, []http.Header{hdr("X-Slack-Request-Timestamp", ts2, "X-Slack-Signature", "v0="+slackSig(ts2, body))}, body},
+		{"hmac:header=X-Sig,prefix=sha256=,id-header=X-Id", body, []http.Header{
+			hdr("X-Sig", "sha256="+sign(key, string(body)), "X-Id", "a"),
+			hdr("X-Sig", "sha256="+strings.ToUpper(sign(key, string(body))), "X-Id", "b"),
+		}, []http.Header{hdr("X-Sig", "sha256="+sign(key, string(other)), "X-Id", "a")}, other},
+		{"hmac:header=X-Sig,encoding=base64,timestamp-header=X-Ts", body, []http.Header{
+			hdr("X-Sig", b64(ts+"."+string(body)), "X-Ts", ts),
+			hdr("X-Sig", " "+b64(ts+"."+string(body)), "X-Ts", ts),
+		}, []http.Header{hdr("X-Sig", b64(ts2+"."+string(body)), "X-Ts", ts2)}, body},
+	} {
+		v, err := New(tc.scheme, []byte(key))
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	if r.Len() != 3 {
-		t.Errorf("Len = %d, want the bound 3", r.Len())
+		var first string
+		for i, h := range tc.same {
+			// Header values as a server reads them: surrounding blanks trimmed.
+			for k, vs := range h {
+				for j := range vs {
+					vs[j] = strings.Trim(vs[j], " \t")
+				}
+				h[k] = vs
+			}
+			k, err := v.Verify(h, tc.body, now)
+			if err != nil {
+				t.Errorf("%s: re-sending %d does not verify: %v", tc.scheme, i, err)
+				continue
+			}
+			if i == 0 {
+				first = k
+			} else if k != first {
+				t.Errorf("%s: re-sending %d has key %q, the delivery %q: a replay would pass", tc.scheme, i, k, first)
+			}
+		}
+		kind, _, _ := strings.Cut(tc.scheme, ":")
+		if !strings.HasPrefix(first, kind+":") {
+			t.Errorf("%s: key %q does not name the scheme", tc.scheme, first)
+		}
+		for _, h := range tc.fresh {
+			if k, err := v.Verify(h, tc.freshB, now); err != nil || k == first {
+				t.Errorf("%s: a new delivery: %q %v (the first: %q)", tc.scheme, k, err, first)
+			}
+		}
 	}
 }

@@ -64,6 +64,8 @@ class H(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(bytes([0x80 | op, len(out)]) + out); self.wfile.flush()
         if self.path.startswith("/redirect"):
             return self.reply(302, b"", extra=[("Location", "/target"), ("Set-Cookie", "k=v; Path=/app")])
+        if self.path.startswith("/setcookie"):
+            return self.reply(200, b"{}", extra=[("Set-Cookie", "tossed=1; Domain=sbx.test; Path=/"), ("Set-Cookie", "cagebox_session=evil; Path=/"), ("Set-Cookie", "own=1")])
         self.reply(200, json.dumps({"path": self.path, "port": self.server.server_address[1], "headers": dict(self.headers.items())}).encode())
     def do_POST(self):
         n = int(self.headers.get("Content-Length", "0")); h = hashlib.sha256(); left = n
@@ -339,6 +341,79 @@ func TestIngress(t *testing.T) {
 		auth["X-Cagebox-Access"] = token
 		if rep := ie.do(t, ie.hc, "GET", hostURL(a, 8080, "/"), auth, nil); rep.code != 200 {
 			t.Errorf("new token: %d", rep.code)
+		}
+	})
+	t.Run("nothing of cagebox's reaches the guest", func(t *testing.T) {
+		// A real console session: its cookie is host-only for 127.0.0.1,
+		// and browsers send a host's cookies to every port of it.
+		link := ie.cli("", "console")
+		if link.code != 0 || !strings.HasPrefix(link.stdout, "http://127.0.0.1:") {
+			t.Fatalf("cagebox console: %+v", link)
+		}
+		noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		resp, err := noRedirect.Get(strings.TrimSpace(link.stdout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		var session string
+		for _, c := range resp.Cookies() {
+			if c.Name == "cagebox_session" {
+				session = c.Name + "=" + c.Value
+			}
+		}
+		if session == "" {
+			t.Fatalf("console login gave no session cookie: %d %v", resp.StatusCode, resp.Header)
+		}
+		r := ie.cli("", "port", "url", a, "8080", "--ttl", "10m")
+		su := strings.TrimSpace(r.stdout)
+		if r.code != 0 || !strings.Contains(su, "?cbx_sig=") {
+			t.Fatalf("port url: %+v", r)
+		}
+		sigValue := su[strings.Index(su, "cbx_sig=")+len("cbx_sig="):]
+		hdr := map[string]string{
+			"Cookie":           session + "; cbx_access=" + sigValue + "; app=1; __Host-cagebox_session=x",
+			"X_Cagebox_Tenant": "admin",
+		}
+		port := ie.addr[strings.LastIndex(ie.addr, ":")+1:]
+		for _, u := range []string{
+			// The signature with its name encoded: still the signature,
+			// and still removed.
+			strings.Replace(su, "?cbx_sig=", "c?x=1&cbx%5Fsig=", 1),
+			fmt.Sprintf("https://%s:%s/s/%s/8080/c?x=1&cbx%%5Fsig=%s", ingressDomain, port, a, sigValue),
+		} {
+			rep := ie.do(t, ie.hc, "GET", u, hdr, nil)
+			if rep.code != 200 || rep.guest.Path != "/c?x=1" {
+				t.Fatalf("%s: %d %q", u, rep.code, rep.body)
+			}
+			for k, v := range rep.guest.Headers {
+				if strings.Contains(strings.ToLower(strings.ReplaceAll(k, "_", "-")), "cagebox") {
+					t.Errorf("%s: the guest got header %s: %s", u, k, v)
+				}
+			}
+			if c := rep.guest.Headers["Cookie"]; c != "app=1" {
+				t.Errorf("%s: the guest got Cookie %q, want only app=1", u, c)
+			}
+			if strings.Contains(rep.body, sigValue) || strings.Contains(rep.body, strings.TrimPrefix(session, "cagebox_session=")) {
+				t.Errorf("%s: a signature or session reached the guest: %s", u, rep.body)
+			}
+		}
+		// The path form is not served under the console's host name.
+		// (TLS still names D: the listener's certificate is for D and *.D.)
+		tr := &http.Transport{TLSClientConfig: ie.tls.Clone(), DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", ie.addr)
+		}}
+		defer tr.CloseIdleConnections()
+		rep := ie.do(t, &http.Client{Transport: tr, Timeout: 60 * time.Second}, "GET", fmt.Sprintf("https://127.0.0.1:%s/s/%s/8080/c", port, a),
+			map[string]string{"X-Cagebox-Access": token, "Cookie": session}, nil)
+		if rep.code != 404 {
+			t.Errorf("path form on the console's host name: %d %q, want 404", rep.code, rep.body)
+		}
+		// The guest's cookies stay with its port: no Domain, none of
+		// cagebox's names.
+		rep = ie.do(t, ie.hc, "GET", hostURL(a, 8080, "/setcookie"), map[string]string{"X-Cagebox-Access": token}, nil)
+		if got := strings.Join(rep.header.Values("Set-Cookie"), " | "); rep.code != 200 || got != "tossed=1; Path=/ | own=1" {
+			t.Errorf("guest's Set-Cookie: %d %q, want %q", rep.code, got, "tossed=1; Path=/ | own=1")
 		}
 	})
 	t.Run("sse streamed", func(t *testing.T) {
