@@ -123,8 +123,12 @@ func isSet(raw json.RawMessage) bool {
 // createRequest translates NewSandbox into cagebox's create request.
 func createRequest(n *newSandbox) (*api.CreateSandboxRequest, error) {
 	switch {
-	case isSet(n.Network), n.AllowInternetAccess != nil && *n.AllowInternetAccess:
-		return nil, invalid("network and allow_internet_access are not supported yet: egress is deny-by-default (cagebox policy); leave them unset")
+	// allow_internet_access is not honoured (SDK lines before 2.51 send
+	// true by default): egress stays deny-by-default, opened by cagebox
+	// policy. A network section, which names hosts, is refused rather
+	// than ignored.
+	case isSet(n.Network):
+		return nil, invalid("network is not supported yet: egress is deny-by-default; open hosts with cagebox policy (docs/e2b.md)")
 	case isSet(n.MCP), isSet(n.IAM), isSet(n.VolumeMounts), isSet(n.AutoResume):
 		return nil, invalid("mcp, iam, volumeMounts and autoResume are not supported by cagebox's E2B front; leave them unset")
 	case n.AutoPause != nil && *n.AutoPause:
@@ -159,7 +163,18 @@ func createRequest(n *newSandbox) (*api.CreateSandboxRequest, error) {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		req.Env = append(req.Env, k+"="+n.EnvVars[k])
+		v := n.EnvVars[k]
+		// "vault:NAME" binds the tenant's secret NAME as cagebox's
+		// --secret K=vault:NAME does: the guest sees a placeholder, the
+		// egress gateway swaps in the real value only toward its hosts.
+		if name, ok := strings.CutPrefix(v, "vault:"); ok {
+			if name == "" {
+				return nil, invalid("envVars[%s]: %q names no secret: write vault:NAME", k, v)
+			}
+			req.Secrets = append(req.Secrets, api.SecretBinding{Name: k, Secret: name})
+			continue
+		}
+		req.Env = append(req.Env, k+"="+v)
 	}
 	return req, nil
 }

@@ -69,19 +69,26 @@ func TestCreateRequest(t *testing.T) {
 	if r.Image != "default" || r.Timeout != (300*time.Second).String() || r.Labels[labelMeta+"run"] != "r1" || r.Labels[labelTemplate] != "base" || strings.Join(r.Env, ",") != "A=1,B=2" {
 		t.Fatalf("createRequest: %+v", r)
 	}
+	r, err = createRequest(&newSandbox{TemplateID: "base", EnvVars: map[string]string{"GH": "vault:GITHUB_TOKEN", "X": "1"}})
+	if err != nil || len(r.Secrets) != 1 || r.Secrets[0].Name != "GH" || r.Secrets[0].Secret != "GITHUB_TOKEN" || strings.Join(r.Env, ",") != "X=1" {
+		t.Fatalf("createRequest with a vault: value: %+v, %v", r, err)
+	}
+	// allow_internet_access (2.45 sends true by default) changes nothing.
+	if r, err := createRequest(&newSandbox{TemplateID: "base", AllowInternetAccess: &yes}); err != nil || r.Policy != nil || r.Allow != nil {
+		t.Fatalf("allow_internet_access: %+v, %v", r, err)
+	}
 	r, err = createRequest(&newSandbox{TemplateID: "busybox"})
 	if err != nil || r.Image != "busybox" || r.Timeout != defaultTimeout.String() {
 		t.Fatalf("createRequest without timeout: %+v, %v", r, err)
 	}
 	for name, n := range map[string]*newSandbox{
-		"no template":     {},
-		"zero timeout":    {TemplateID: "base", Timeout: i(0)},
-		"network":         {TemplateID: "base", Network: []byte(`{"allowOut":["1.1.1.1"]}`)},
-		"internet access": {TemplateID: "base", AllowInternetAccess: &yes},
-		"autoPause":       {TemplateID: "base", AutoPause: &yes},
-		"mcp":             {TemplateID: "base", MCP: []byte(`{}`)},
-		"metadata value":  {TemplateID: "base", Metadata: map[string]string{"k": "has space"}},
-		"metadata key":    {TemplateID: "base", Metadata: map[string]string{"k y": "v"}},
+		"no template":    {},
+		"zero timeout":   {TemplateID: "base", Timeout: i(0)},
+		"network":        {TemplateID: "base", Network: []byte(`{"allowOut":["1.1.1.1"]}`)},
+		"autoPause":      {TemplateID: "base", AutoPause: &yes},
+		"mcp":            {TemplateID: "base", MCP: []byte(`{}`)},
+		"metadata value": {TemplateID: "base", Metadata: map[string]string{"k": "has space"}},
+		"metadata key":   {TemplateID: "base", Metadata: map[string]string{"k y": "v"}},
 	} {
 		if _, err := createRequest(n); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("%s: err = %v, want ErrInvalid", name, err)

@@ -3,14 +3,17 @@
 // E2B_API_KEY) plus OTHER_ID (a sandbox of another tenant) and RUN (a
 // unique metadata value). It prints one JSON report: {checks: [{name, ok,
 // detail}], fatal}; test/e2e/e2b_test.go fails on any check that is not ok.
+// Every sandbox it makes, it kills (also on failure).
 import { createHash, randomBytes } from 'node:crypto'
-import {
+// SECRET_REAL is the value of the tenant's secret E2B_TEST_TOKEN (it must
+// never be seen inside). E2B_MODULE picks the SDK line: "e2b" (2.51.0) or "e2b-2.45" (2.45.0).
+const {
   Sandbox,
   CommandExitError,
   AuthenticationError,
   NotFoundError,
   SandboxNotFoundError,
-} from 'e2b'
+} = await import(process.env.E2B_MODULE || 'e2b')
 
 const checks = []
 const check = (name, ok, detail) => checks.push({ name, ok: !!ok, detail: detail === undefined ? '' : String(detail) })
@@ -29,14 +32,14 @@ async function expectError(name, fn, cls) {
 
 const sha = (b) => createHash('sha256').update(b).digest('hex')
 
-let sbx
+let sbx, second
 let report = { checks }
 try {
   // Wrong key: the SDK's AuthenticationError, nothing made.
   await expectError('wrong API key → AuthenticationError',
     () => Sandbox.create({ apiKey: 'e2b_' + '0'.repeat(64) }), AuthenticationError)
 
-  sbx = await Sandbox.create({ timeoutMs: 300_000, metadata: { suite: 'e2b-e2e', run: process.env.RUN }, envs: { GREETING: 'hello-env' } })
+  sbx = await Sandbox.create({ timeoutMs: 300_000, metadata: { suite: 'e2b-e2e', run: process.env.RUN }, envs: { GREETING: 'hello-env', TOKEN: 'vault:E2B_TEST_TOKEN' } })
   check('Sandbox.create gives an id of lowercase alphanumerics', /^[a-z0-9]+$/.test(sbx.sandboxId), sbx.sandboxId)
   check('isRunning after create', await sbx.isRunning())
 
@@ -44,6 +47,12 @@ try {
   check('commands.run stdout', r.stdout === 'out\nhello-env\n', JSON.stringify(r.stdout))
   check('commands.run stderr', r.stderr === 'err\n', JSON.stringify(r.stderr))
   check('commands.run exitCode 0', r.exitCode === 0, r.exitCode)
+
+  // A vault: envVars value is a placeholder inside; the real value is
+  // nowhere in the guest's environment.
+  const tok = (await sbx.commands.run('printf %s "$TOKEN"')).stdout
+  const env = (await sbx.commands.run('cat /proc/1/environ /proc/self/environ | tr "\\0" "\\n"')).stdout
+  check('envVars vault: secret is a placeholder in the guest', tok.length > 8 && tok !== process.env.SECRET_REAL && !env.includes(process.env.SECRET_REAL), tok)
 
   const ee = await expectError('exit 3 → CommandExitError', () => sbx.commands.run('echo partial; exit 3'), CommandExitError)
   check('CommandExitError carries exit code and output', ee && ee.exitCode === 3 && ee.stdout === 'partial\n', ee && JSON.stringify({ exitCode: ee.exitCode, stdout: ee.stdout }))
@@ -120,6 +129,22 @@ try {
   check('Sandbox.list filter that matches nothing', none.length === 0, JSON.stringify(none))
   const gi = await Sandbox.getInfo(sbx.sandboxId)
   check('Sandbox.getInfo', gi.sandboxId === sbx.sandboxId && gi.state === 'running' && gi.metadata.run === process.env.RUN, JSON.stringify(gi))
+  // setTimeout moves the end of the lifetime.
+  await sbx.setTimeout(1_800_000)
+  const end = (await Sandbox.getInfo(sbx.sandboxId)).endAt.getTime() - Date.now()
+  check('setTimeout moves endAt', end > 1_700_000 && end <= 1_800_000, end)
+  // Paging: two sandboxes of this run, one a page, x-next-token between.
+  second = await Sandbox.create({ timeoutMs: 120_000, metadata: { run: process.env.RUN } })
+  const pager = Sandbox.list({ query: { metadata: { run: process.env.RUN } }, limit: 1 })
+  const p1 = await pager.nextItems()
+  const more = pager.hasNext
+  const p2 = more ? await pager.nextItems() : []
+  check('Sandbox.list pages with x-next-token', p1.length === 1 && more && p2.length === 1 && !pager.hasNext &&
+    [p1[0].sandboxId, p2[0].sandboxId].sort().join() === [sbx.sandboxId, second.sandboxId].sort().join(),
+  JSON.stringify({ p1: p1.map((x) => x.sandboxId), p2: p2.map((x) => x.sandboxId), more }))
+  const k1 = await second.kill()
+  check('kill the second sandbox (the instance method), then again (false)', k1 !== false && await Sandbox.kill(second.sandboxId) === false, k1)
+  second = undefined
   const again = await Sandbox.connect(sbx.sandboxId)
   check('Sandbox.connect, then run', (await again.commands.run('echo again')).stdout === 'again\n')
 
@@ -137,5 +162,6 @@ try {
   report.fatal = errName(e) + '\n' + (e && e.stack)
 } finally {
   if (sbx) await Sandbox.kill(sbx.sandboxId).catch(() => {})
+  if (second) await Sandbox.kill(second.sandboxId).catch(() => {})
 }
 process.stdout.write(JSON.stringify(report))
