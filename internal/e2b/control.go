@@ -295,7 +295,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request, t *store.Tenant) e
 }
 
 // connect resumes a paused sandbox and answers as create does. A timeout
-// in the body is refused for now (the lifetime is set at create).
+// in the body is ignored for now: the lifetime stays (setTimeout moves it).
 func (s *Server) connect(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
 	sb, err := s.lookup(r, t)
 	if err != nil {

@@ -12,7 +12,9 @@ import (
 	"net/http"
 	"os"
 	"path"
+	"sort"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -294,8 +296,128 @@ func (fs fsService) ListDir(ctx context.Context, req *connect.Request[envdpb.Lis
 	return connect.NewResponse(&envdpb.ListDirResponse{Entries: out}), nil
 }
 
-func (fs fsService) WatchDir(context.Context, *connect.Request[envdpb.WatchDirRequest], *connect.ServerStream[envdpb.WatchDirResponse]) error {
-	return connect.NewError(connect.CodeUnimplemented, errors.New("watchDir is not implemented yet by cagebox's envd front"))
+// watchEvery is how often WatchDir lists the watched directory: the agent
+// has no inotify, so a watch is a poll of its directory listing, diffed.
+const watchEvery = 250 * time.Millisecond
+
+// watchState is what a poll saw of an entry.
+type watchState struct {
+	size  int64
+	mod   time.Time
+	mode  os.FileMode
+	isDir bool
+}
+
+// snapshot lists dir (recursively: every directory under it, up to 32
+// levels), keyed by the path relative to dir.
+func (fs fsService) snapshot(ctx context.Context, dir string, recursive bool) (map[string]watchState, error) {
+	tg := targetOf(ctx)
+	out := map[string]watchState{}
+	var walk func(rel string, level int) error
+	walk = func(rel string, level int) error {
+		l, err := fs.s.cfg.Manager.ListDir(ctx, tg.tenant, tg.id, path.Join(dir, rel))
+		if err != nil {
+			if rel != "" {
+				return nil // gone between two listings
+			}
+			return fsErr(err)
+		}
+		for _, f := range l {
+			name := path.Join(rel, f.Name)
+			out[name] = watchState{size: f.Size, mod: f.ModTime, mode: f.Mode, isDir: f.IsDir}
+			if recursive && f.IsDir && level < 32 {
+				if err := walk(name, level+1); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return out, walk("", 1)
+}
+
+// WatchDir streams changes of a directory as envd's filesystem events,
+// found by polling the agent's listing every watchEvery: create, write
+// (size or time changed), chmod and remove (a rename is a remove and a
+// create). Changes that undo themselves between two polls are not seen.
+func (fs fsService) WatchDir(ctx context.Context, req *connect.Request[envdpb.WatchDirRequest], stream *connect.ServerStream[envdpb.WatchDirResponse]) error {
+	p, _, err := fs.path(ctx, req.Header(), req.Msg.GetPath())
+	if err != nil {
+		return err
+	}
+	if req.Msg.GetIncludeEntry() {
+		return connect.NewError(connect.CodeUnimplemented, errors.New("includeEntry is not implemented (envd 0.6.3)"))
+	}
+	e, err := fs.stat(ctx, p)
+	if err != nil {
+		return err
+	}
+	if e.Type != envdpb.FileType_FILE_TYPE_DIRECTORY {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q is not a directory", p))
+	}
+	recursive := req.Msg.GetRecursive()
+	prev, err := fs.snapshot(ctx, p, recursive)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&envdpb.WatchDirResponse{Event: &envdpb.WatchDirResponse_Start{Start: &envdpb.WatchDirResponse_StartEvent{}}}); err != nil {
+		return err
+	}
+	send := func(name string, t envdpb.EventType) error {
+		return stream.Send(&envdpb.WatchDirResponse{Event: &envdpb.WatchDirResponse_Filesystem{Filesystem: &envdpb.FilesystemEvent{Name: name, Type: t}}})
+	}
+	tick := time.NewTicker(watchEvery)
+	defer tick.Stop()
+	keep := time.NewTicker(30 * time.Second)
+	defer keep.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-keep.C:
+			if err := stream.Send(&envdpb.WatchDirResponse{Event: &envdpb.WatchDirResponse_Keepalive{Keepalive: &envdpb.WatchDirResponse_KeepAlive{}}}); err != nil {
+				return err
+			}
+			continue
+		case <-tick.C:
+		}
+		cur, err := fs.snapshot(ctx, p, recursive)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		names := make([]string, 0, len(cur)+len(prev))
+		for n := range cur {
+			names = append(names, n)
+		}
+		for n := range prev {
+			if _, ok := cur[n]; !ok {
+				names = append(names, n)
+			}
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			was, had := prev[n]
+			now, has := cur[n]
+			var err error
+			switch {
+			case !had:
+				err = send(n, envdpb.EventType_EVENT_TYPE_CREATE)
+			case !has:
+				err = send(n, envdpb.EventType_EVENT_TYPE_REMOVE)
+			case !now.isDir && (now.size != was.size || !now.mod.Equal(was.mod)):
+				err = send(n, envdpb.EventType_EVENT_TYPE_WRITE)
+			case now.mode != was.mode:
+				err = send(n, envdpb.EventType_EVENT_TYPE_CHMOD)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		prev = cur
+	}
 }
 
 func (fs fsService) CreateWatcher(context.Context, *connect.Request[envdpb.CreateWatcherRequest]) (*connect.Response[envdpb.CreateWatcherResponse], error) {

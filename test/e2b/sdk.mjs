@@ -110,6 +110,24 @@ try {
   await sbx.files.write([{ path: '/tmp/m/one.txt', data: '1' }, { path: '/tmp/m/two.txt', data: '22' }])
   check('files.write of several files', (await sbx.commands.run('cat /tmp/m/one.txt /tmp/m/two.txt')).stdout === '122')
 
+  // watchDir: events arrive as files change (waited for, not slept on).
+  await sbx.files.makeDir('/tmp/w')
+  const seen = []
+  let onCreate, onRemove
+  const created = new Promise((res) => { onCreate = res })
+  const removed = new Promise((res) => { onRemove = res })
+  const watch = await sbx.files.watchDir('/tmp/w', (ev) => {
+    seen.push(ev.type + ' ' + ev.name)
+    if (ev.type === 'create' && ev.name === 'x.txt') onCreate()
+    if (ev.type === 'remove' && ev.name === 'x.txt') onRemove()
+  })
+  await sbx.files.write('/tmp/w/x.txt', 'watched')
+  await created
+  await sbx.files.remove('/tmp/w/x.txt')
+  await removed
+  await watch.stop()
+  check('files.watchDir: create and remove events', seen.includes('create x.txt') && seen.includes('remove x.txt'), JSON.stringify(seen))
+
   // A terminal: input, resize, output.
   let ptyOut = ''
   const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { ptyOut += new TextDecoder().decode(d) } })
