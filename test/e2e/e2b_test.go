@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,7 +60,9 @@ type e2bReport struct {
 // stdin, list, kill), files (text, 20 MiB binary, list, mkdir, rename,
 // remove, exists), a terminal, list with a metadata filter, connect, kill
 // twice, setTimeout, paging, a vault secret in envVars is a placeholder; on SDK lines 2.51.0 and 2.45.0; a wrong key and another tenant's sandbox are refused as the SDK
-// expects, and egress stays deny-by-default (test/e2b/sdk.mjs).
+// expects, and egress stays deny-by-default (test/e2b/sdk.mjs). Malformed
+// and refused requests get a 4xx with E2B's {code, message}; none makes a
+// sandbox.
 func TestE2BSDK(t *testing.T) {
 	dir := e2bClientDir(t)
 	e := newDebianEnv(t)
@@ -118,6 +121,55 @@ func TestE2BSDK(t *testing.T) {
 				t.Errorf("only %d checks ran", len(rep.Checks))
 			}
 		})
+	}
+	// Malformed and refused requests: a 4xx with E2B's {code, message},
+	// and nothing made.
+	before, err := e.client().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e2bKey := "e2b_" + hexKey
+	for _, tc := range []struct {
+		name, method, path, body string
+		header                   map[string]string
+		code                     int
+	}{
+		{"no key", "POST", "/v2/sandboxes", `{"templateID":"base"}`, nil, 401},
+		{"not JSON", "POST", "/v2/sandboxes", `{"templateID":`, map[string]string{"X-API-KEY": e2bKey}, 400},
+		{"no template", "POST", "/v2/sandboxes", `{}`, map[string]string{"X-API-KEY": e2bKey}, 400},
+		{"network", "POST", "/sandboxes", `{"templateID":"base","network":{"allowOut":["1.1.1.1"]}}`, map[string]string{"X-API-KEY": e2bKey}, 400},
+		{"unknown image", "POST", "/sandboxes", `{"templateID":"no-such-image"}`, map[string]string{"X-API-KEY": e2bKey}, 404},
+		{"metadata value", "POST", "/v2/sandboxes", `{"templateID":"base","metadata":{"k":"a b"}}`, map[string]string{"X-API-KEY": e2bKey}, 400},
+		{"bad page token", "GET", "/v2/sandboxes?nextToken=xyz", "", map[string]string{"X-API-KEY": e2bKey}, 400},
+		{"envd, wrong access token", "GET", "/health", "", map[string]string{"E2b-Sandbox-Id": strings.Replace(other, "sb-", "sb", 1), "E2b-Sandbox-Port": "49983", "X-Access-Token": "ea_wrong"}, 401},
+		{"envd, unknown sandbox", "GET", "/health", "", map[string]string{"E2b-Sandbox-Id": "nosuchsandbox", "E2b-Sandbox-Port": "49983"}, 502},
+		{"envd, another port", "GET", "/", "", map[string]string{"E2b-Sandbox-Id": strings.Replace(other, "sb-", "sb", 1), "E2b-Sandbox-Port": "8080"}, 404},
+	} {
+		req, _ := http.NewRequestWithContext(ctx, tc.method, "http://"+addr+tc.path, strings.NewReader(tc.body))
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range tc.header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		}
+		derr := json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.code || derr != nil || body.Code != tc.code || body.Message == "" {
+			t.Errorf("%s: %d %+v (%v), want %d with a message", tc.name, resp.StatusCode, body, derr, tc.code)
+		}
+	}
+	after, err := e.client().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) {
+		t.Errorf("refused requests made sandboxes: %d before, %d after", len(before), len(after))
 	}
 	// Nothing of the tenant's is left: the script killed what it made.
 	l, err := e.client().List(ctx)
