@@ -15,13 +15,14 @@ test: build
 
 # The gateway's and ingress's end-to-end tests again on the other runtimes
 # setup installs (E2E_RUNTIMES= to skip): egress, credentials, pools, and
-# inbound — published ports, webhooks, the Discord relay (about 4 minutes
-# for both). A runtime that cannot run fails the tests.
+# inbound — published ports, webhooks, the Discord relay — and the E2B SDK
+# suite (about 9 minutes for both). A runtime that cannot run fails the
+# tests.
 E2E_RUNTIMES ?= gvisor qemu
 test-runtimes: build
 	@for rt in $(E2E_RUNTIMES); do \
-	  echo "test-runtimes: egress, credential, scrub, path-attack, warm-pool, ingress, webhook and relay end-to-end tests on $$rt"; \
-	  CAGEBOX_E2E_RUNTIME=$$rt $(GO) test -count=1 -timeout 30m -run 'TestEgress$$|TestCredentialSwap$$|TestHMACResign$$|TestResponseScrub$$|TestEgressPathAttacks$$|TestWarmPool$$|TestIngress$$|TestWebhook$$|TestRelayDiscord$$' ./test/e2e/ || exit 1; \
+	  echo "test-runtimes: egress, credential, scrub, path-attack, warm-pool, ingress, webhook, relay and E2B SDK end-to-end tests on $$rt"; \
+	  CAGEBOX_E2E_RUNTIME=$$rt $(GO) test -count=1 -timeout 30m -run 'TestEgress$$|TestCredentialSwap$$|TestHMACResign$$|TestResponseScrub$$|TestEgressPathAttacks$$|TestWarmPool$$|TestIngress$$|TestWebhook$$|TestRelayDiscord$$|TestE2BSDK$$' ./test/e2e/ || exit 1; \
 	done
 
 bench: build

@@ -35,6 +35,7 @@ type daemonFlags struct {
 	eventBurst                                                     int
 	pools                                                          []string
 	poolMem                                                        string
+	e2b                                                            daemon.E2BConfig
 }
 
 func daemonCmd(g *globals) *cobra.Command {
@@ -144,7 +145,7 @@ func (f *daemonFlags) config(g *globals) (daemon.Config, error) {
 		Home: g.home, Listen: f.listen, TLSCert: f.tlsCert, TLSKey: f.tlsKey, InsecureListen: f.insecureListen,
 		AdminKeyFile: f.adminKeyFile, AgentPath: agent, MinIsolation: floor, DefaultRuntime: f.defRuntime,
 		DefaultTimeout: def, Logger: log, Network: netCfg, MasterKeyFile: f.masterKey, Events: events,
-		MountRoots: f.mountRoots,
+		MountRoots: f.mountRoots, E2B: f.e2b,
 	}, nil
 }
 
@@ -154,6 +155,8 @@ func (f *daemonFlags) register(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&f.relayAllowPrivate, "relay-allow-private", false, "let websocket relays (tenants' URLs) reach loopback, private and link-local addresses; for tests and single-tenant hosts only")
 	cmd.Flags().StringVar(&f.relayDiscordURL, "relay-discord-url", "", "Discord Gateway URL relays connect to (default wss://gateway.discord.gg; for a self-hosted or test gateway)")
 	cmd.Flags().StringVar(&f.listen, "listen", "", "also serve the API on this TCP address (API keys required), e.g. 127.0.0.1:7070; plain HTTP on loopback only, elsewhere give --tls-cert/--tls-key")
+	cmd.Flags().StringVar(&f.e2b.Listen, "e2b-listen", "", "serve E2B's API and envd (the E2B SDKs: E2B_API_URL=E2B_SANDBOX_URL=http://ADDR, E2B_API_KEY=e2b_… from `cagebox tenant key`) on this TCP address; plain HTTP on loopback only, elsewhere with --tls-cert (docs/e2b.md)")
+	cmd.Flags().StringVar(&f.e2b.Domain, "e2b-domain", "", "the sandbox domain the E2B front reports (E2B_DOMAIN); default none")
 	cmd.Flags().StringVar(&f.tlsCert, "tls-cert", "", "serve --listen over HTTPS with this certificate (PEM, with its chain)")
 	cmd.Flags().StringVar(&f.tlsKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	cmd.Flags().BoolVar(&f.insecureListen, "insecure-listen", false, "allow plain HTTP on a non-loopback --listen address (API keys and secrets cross the network in clear; for trusted networks only)")

@@ -98,6 +98,8 @@ type Config struct {
 	// RelayAllowPrivate lets websocket relays reach private, loopback and
 	// link-local addresses (refused by default: a tenant's URL).
 	RelayAllowPrivate bool
+	// E2B is the E2B protocol front (docs/e2b.md).
+	E2B E2BConfig
 }
 
 // EventConfig configures audit events (package audit).
@@ -226,6 +228,15 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if tl != nil {
 		defer tl.Close()
+	}
+	var e2bl *apiListener
+	if cfg.E2B.Listen != "" {
+		lcfg := cfg
+		lcfg.Listen = cfg.E2B.Listen
+		if e2bl, err = openListener(ctx, lcfg, "--e2b-listen", log); err != nil {
+			return err
+		}
+		defer e2bl.Close()
 	}
 	if err := os.MkdirAll(cfg.Home, 0o700); err != nil {
 		return fmt.Errorf("create home %s: %w", cfg.Home, err)
@@ -437,6 +448,13 @@ func Run(ctx context.Context, cfg Config) error {
 	srv.metrics = met.Handler()
 	srv.hooks = hooksSvc
 	srv.relays = newRelays(st, hooksSvc, v, emit, log, cfg.RelayDiscordURL, cfg.RelayAllowPrivate)
+	if e2bl != nil {
+		stopE2B, err := startE2B(cfg, e2bl, srv, mgr, log)
+		if err != nil {
+			return err
+		}
+		defer stopE2B()
+	}
 
 	// The socket is created 0600 from the start (umask), not chmod-ed after.
 	old := umask(0o177)

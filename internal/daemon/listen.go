@@ -27,10 +27,16 @@ type apiListener struct {
 // address; InsecureListen allows plain HTTP anyway, with a warning. It
 // returns nil when no TCP address is configured.
 func openAPIListener(ctx context.Context, cfg Config, log *slog.Logger) (*apiListener, error) {
+	return openListener(ctx, cfg, "--listen", log)
+}
+
+// openListener opens cfg.Listen as openAPIListener does, for the listener
+// of flag (its name in messages): the E2B front's obeys the same rules.
+func openListener(ctx context.Context, cfg Config, flag string, log *slog.Logger) (*apiListener, error) {
 	withTLS := cfg.TLSCert != "" || cfg.TLSKey != ""
 	if cfg.Listen == "" {
-		if withTLS || cfg.InsecureListen {
-			return nil, errors.New("--tls-cert, --tls-key and --insecure-listen configure the TCP listener: give --listen ADDR too")
+		if (withTLS || cfg.InsecureListen) && cfg.E2B.Listen == "" {
+			return nil, errors.New("--tls-cert, --tls-key and --insecure-listen configure the TCP listener: give " + flag + " ADDR (or --e2b-listen ADDR) too")
 		}
 		return nil, nil
 	}
@@ -42,16 +48,16 @@ func openAPIListener(ctx context.Context, cfg Config, log *slog.Logger) (*apiLis
 	}
 	host, _, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("--listen %q: want HOST:PORT, e.g. 127.0.0.1:7070: %w", cfg.Listen, err)
+		return nil, fmt.Errorf("%s %q: want HOST:PORT, e.g. 127.0.0.1:7070: %w", flag, cfg.Listen, err)
 	}
 	loopback, what, err := loopbackOnly(ctx, host)
 	if err != nil {
-		return nil, fmt.Errorf("--listen %q: %w", cfg.Listen, err)
+		return nil, fmt.Errorf("%s %q: %w", flag, cfg.Listen, err)
 	}
 	if !withTLS && !loopback && !cfg.InsecureListen {
-		return nil, fmt.Errorf("--listen %s (%s): %w: API keys and secret values would cross the network unencrypted; "+
+		return nil, fmt.Errorf("%s %s (%s): %w: API keys and secret values would cross the network unencrypted; "+
 			"serve HTTPS with --tls-cert FILE --tls-key FILE, listen on 127.0.0.1, or pass --insecure-listen on a network you trust",
-			cfg.Listen, what, ErrPlainListen)
+			flag, cfg.Listen, what, ErrPlainListen)
 	}
 	var tc *tls.Config
 	if withTLS {
@@ -71,7 +77,7 @@ func openAPIListener(ctx context.Context, cfg Config, log *slog.Logger) (*apiLis
 	if !withTLS && !loopback {
 		log.Warn("INSECURE: the API is served in plain HTTP on a non-loopback address (--insecure-listen): "+
 			"API keys, secret values and sandbox I/O cross the network unencrypted; use --tls-cert and --tls-key",
-			"addr", l.Addr().String(), "listening_on", what)
+			"flag", flag, "addr", l.Addr().String(), "listening_on", what)
 	}
 	return &apiListener{Listener: l, tls: tc}, nil
 }

@@ -55,7 +55,7 @@ func writeTestCert(t *testing.T, notAfter time.Time) (certFile, keyFile string) 
 }
 
 // TestDaemonListenRefusals starts the daemon (Run) with each --listen
-// setting. Plain HTTP on anything but loopback is refused before anything
+// (and --e2b-listen, which follows the same rules) setting. Plain HTTP on anything but loopback is refused before anything
 // is made (not even the home directory), with a message saying what to do;
 // loopback, HTTPS and --insecure-listen get past the listener (to the
 // missing agent binary, which stops these daemons).
@@ -91,6 +91,10 @@ func TestDaemonListenRefusals(t *testing.T) {
 		{name: "missing cert", cfg: Config{Listen: "0.0.0.0:0", TLSCert: "/nonexistent.pem", TLSKey: key}, want: []string{"/nonexistent.pem"}},
 		{name: "expired cert", cfg: Config{Listen: "0.0.0.0:0", TLSCert: oldCert, TLSKey: oldKey}, want: []string{"expired"}},
 		{name: "bad address", cfg: Config{Listen: "7070"}, want: []string{"HOST:PORT"}},
+		{name: "e2b front off loopback", cfg: Config{E2B: E2BConfig{Listen: "0.0.0.0:0"}}, plain: true, want: []string{"--e2b-listen 0.0.0.0:0", "every address of the host"}},
+		{name: "e2b front on loopback", cfg: Config{E2B: E2BConfig{Listen: "127.0.0.1:0"}}, want: []string{passed}},
+		{name: "e2b front over https", cfg: Config{E2B: E2BConfig{Listen: "0.0.0.0:0"}, TLSCert: cert, TLSKey: key}, want: []string{passed}},
+		{name: "e2b front, bad address", cfg: Config{E2B: E2BConfig{Listen: "3000"}}, want: []string{"--e2b-listen", "HOST:PORT"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.needsIPv6 {

@@ -218,17 +218,7 @@ func (s *Server) authenticate(r *http.Request) (*store.Tenant, error) {
 	if !ok || key == "" {
 		return nil, fmt.Errorf("%w: send an API key as 'Authorization: Bearer cbk_…' (cagebox tenant key creates one)", errdefs.ErrUnauthorized)
 	}
-	if s.isAdminKey(key) {
-		return s.store.GetTenant(r.Context(), adminTenantID)
-	}
-	k, err := s.store.APIKeyByHash(r.Context(), HashKey(key))
-	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return nil, fmt.Errorf("%w: unknown or revoked API key", errdefs.ErrUnauthorized)
-		}
-		return nil, err
-	}
-	return s.store.GetTenant(r.Context(), k.TenantID)
+	return s.tenantOfKey(r.Context(), key)
 }
 
 // scope is the tenant filter for store queries: the admin sees every tenant.

@@ -1,0 +1,185 @@
+// Drives a cagebox daemon's E2B front with the official E2B SDK, unchanged.
+// The environment is the SDK's own (E2B_API_URL, E2B_SANDBOX_URL,
+// E2B_API_KEY) plus OTHER_ID (a sandbox of another tenant) and RUN (a
+// unique metadata value). It prints one JSON report: {checks: [{name, ok,
+// detail}], fatal}; test/e2e/e2b_test.go fails on any check that is not ok.
+// Every sandbox it makes, it kills (also on failure).
+import { createHash, randomBytes } from 'node:crypto'
+// SECRET_REAL is the value of the tenant's secret E2B_TEST_TOKEN (it must
+// never be seen inside). E2B_MODULE picks the SDK line: "e2b" (2.51.0) or "e2b-2.45" (2.45.0).
+const {
+  Sandbox,
+  CommandExitError,
+  AuthenticationError,
+  NotFoundError,
+  SandboxNotFoundError,
+} = await import(process.env.E2B_MODULE || 'e2b')
+
+const checks = []
+const check = (name, ok, detail) => checks.push({ name, ok: !!ok, detail: detail === undefined ? '' : String(detail) })
+const errName = (e) => (e && e.constructor ? e.constructor.name : typeof e) + ': ' + (e && e.message)
+
+async function expectError(name, fn, cls) {
+  try {
+    const v = await fn()
+    check(name, false, 'no error; returned ' + JSON.stringify(v))
+    return undefined
+  } catch (e) {
+    check(name, e instanceof cls, errName(e))
+    return e
+  }
+}
+
+const sha = (b) => createHash('sha256').update(b).digest('hex')
+
+let sbx, second
+let report = { checks }
+try {
+  // Wrong key: the SDK's AuthenticationError, nothing made.
+  await expectError('wrong API key → AuthenticationError',
+    () => Sandbox.create({ apiKey: 'e2b_' + '0'.repeat(64) }), AuthenticationError)
+
+  sbx = await Sandbox.create({ timeoutMs: 300_000, metadata: { suite: 'e2b-e2e', run: process.env.RUN }, envs: { GREETING: 'hello-env', TOKEN: 'vault:E2B_TEST_TOKEN' } })
+  check('Sandbox.create gives an id of lowercase alphanumerics', /^[a-z0-9]+$/.test(sbx.sandboxId), sbx.sandboxId)
+  check('isRunning after create', await sbx.isRunning())
+
+  const r = await sbx.commands.run('echo out; echo err >&2; echo "$GREETING"')
+  check('commands.run stdout', r.stdout === 'out\nhello-env\n', JSON.stringify(r.stdout))
+  check('commands.run stderr', r.stderr === 'err\n', JSON.stringify(r.stderr))
+  check('commands.run exitCode 0', r.exitCode === 0, r.exitCode)
+
+  // A vault: envVars value is a placeholder inside; the real value is
+  // nowhere in the guest's environment.
+  const tok = (await sbx.commands.run('printf %s "$TOKEN"')).stdout
+  const env = (await sbx.commands.run('cat /proc/1/environ /proc/self/environ | tr "\\0" "\\n"')).stdout
+  check('envVars vault: secret is a placeholder in the guest', tok.length > 8 && tok !== process.env.SECRET_REAL && !env.includes(process.env.SECRET_REAL), tok)
+
+  const ee = await expectError('exit 3 → CommandExitError', () => sbx.commands.run('echo partial; exit 3'), CommandExitError)
+  check('CommandExitError carries exit code and output', ee && ee.exitCode === 3 && ee.stdout === 'partial\n', ee && JSON.stringify({ exitCode: ee.exitCode, stdout: ee.stdout }))
+
+  // A background command streaming through onStdout.
+  const chunks = []
+  const bg = await sbx.commands.run('for i in 1 2 3; do echo tick$i; sleep 0.1; done', { background: true, onStdout: (d) => chunks.push(d) })
+  check('background command has a pid', typeof bg.pid === 'number' && bg.pid > 0, bg.pid)
+  const bgr = await bg.wait()
+  check('onStdout streamed the output', chunks.join('') === 'tick1\ntick2\ntick3\n' && bgr.exitCode === 0, JSON.stringify(chunks))
+
+  // stdin: sendStdin, then closeStdin ends cat.
+  const cat = await sbx.commands.run('cat', { background: true, stdin: true })
+  await sbx.commands.sendStdin(cat.pid, 'typed in\n')
+  await sbx.commands.closeStdin(cat.pid)
+  const catr = await cat.wait()
+  check('sendStdin + closeStdin', catr.stdout === 'typed in\n', JSON.stringify(catr.stdout))
+
+  // list and kill a running command.
+  const sleeper = await sbx.commands.run('sleep 600', { background: true })
+  const procs = await sbx.commands.list()
+  check('commands.list shows the running command', procs.some((p) => p.pid === sleeper.pid), JSON.stringify(procs))
+  check('commands.kill', await sbx.commands.kill(sleeper.pid) === true)
+  const ke = await expectError('a killed command ends with CommandExitError', () => sleeper.wait(), CommandExitError)
+  check('killed command exit code', ke && ke.exitCode !== 0, ke && ke.exitCode)
+  check('commands.kill of an ended command is false', await sbx.commands.kill(sleeper.pid) === false)
+
+  // Files.
+  const w = await sbx.files.write('/tmp/e2b/a.txt', 'hello files')
+  check('files.write answers the entry', w.path === '/tmp/e2b/a.txt' && w.name === 'a.txt', JSON.stringify(w))
+  check('files.read', await sbx.files.read('/tmp/e2b/a.txt') === 'hello files')
+  const ls = await sbx.files.list('/tmp/e2b')
+  check('files.list', ls.length === 1 && ls[0].name === 'a.txt' && ls[0].type === 'file' && ls[0].size === 11, JSON.stringify(ls))
+  check('files.makeDir', await sbx.files.makeDir('/tmp/e2b/d') === true)
+  check('files.makeDir of an existing directory is false', await sbx.files.makeDir('/tmp/e2b/d') === false)
+  const mv = await sbx.files.rename('/tmp/e2b/a.txt', '/tmp/e2b/d/b.txt')
+  check('files.rename', mv.path === '/tmp/e2b/d/b.txt', JSON.stringify(mv))
+  check('files.exists of the new path', await sbx.files.exists('/tmp/e2b/d/b.txt') === true)
+  check('files.exists of the old path is false', await sbx.files.exists('/tmp/e2b/a.txt') === false)
+  const info = await sbx.files.getInfo('/tmp/e2b/d')
+  check('files.getInfo of a directory', info.type === 'dir' && info.name === 'd', JSON.stringify(info))
+  const deep = await sbx.files.list('/tmp/e2b', { depth: 2 })
+  check('files.list depth 2', deep.map((e) => e.path).sort().join(',') === '/tmp/e2b/d,/tmp/e2b/d/b.txt', JSON.stringify(deep.map((e) => e.path)))
+  await sbx.files.remove('/tmp/e2b/d')
+  check('files.remove', await sbx.files.exists('/tmp/e2b/d') === false)
+  await expectError('files.read of a missing file → NotFoundError', () => sbx.files.read('/tmp/e2b/nope'), NotFoundError)
+  // 20 MiB of binary, both ways.
+  const big = randomBytes(20 << 20)
+  await sbx.files.write('/tmp/big.bin', big)
+  const back = await sbx.files.read('/tmp/big.bin', { format: 'bytes' })
+  check('20 MiB binary round trip', back.length === big.length && sha(back) === sha(big), back.length)
+  const inGuest = await sbx.commands.run('sha256sum /tmp/big.bin')
+  check('20 MiB binary as written in the guest', inGuest.stdout.startsWith(sha(big)), inGuest.stdout)
+  // Several files in one multipart upload.
+  await sbx.files.write([{ path: '/tmp/m/one.txt', data: '1' }, { path: '/tmp/m/two.txt', data: '22' }])
+  check('files.write of several files', (await sbx.commands.run('cat /tmp/m/one.txt /tmp/m/two.txt')).stdout === '122')
+
+  // watchDir: events arrive as files change (waited for, not slept on).
+  await sbx.files.makeDir('/tmp/w')
+  const seen = []
+  let onCreate, onRemove
+  const created = new Promise((res) => { onCreate = res })
+  const removed = new Promise((res) => { onRemove = res })
+  const watch = await sbx.files.watchDir('/tmp/w', (ev) => {
+    seen.push(ev.type + ' ' + ev.name)
+    if (ev.type === 'create' && ev.name === 'x.txt') onCreate()
+    if (ev.type === 'remove' && ev.name === 'x.txt') onRemove()
+  })
+  await sbx.files.write('/tmp/w/x.txt', 'watched')
+  await created
+  await sbx.files.remove('/tmp/w/x.txt')
+  await removed
+  await watch.stop()
+  check('files.watchDir: create and remove events', seen.includes('create x.txt') && seen.includes('remove x.txt'), JSON.stringify(seen))
+
+  // A terminal: input, resize, output.
+  let ptyOut = ''
+  const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { ptyOut += new TextDecoder().decode(d) } })
+  await sbx.pty.resize(term.pid, { cols: 100, rows: 30 })
+  await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size; echo pty-$((40+2)); exit\n'))
+  await term.wait().catch(() => {})
+  check('pty: input typed, output read, resized', ptyOut.includes('pty-42') && ptyOut.includes('30 100'), JSON.stringify(ptyOut.slice(-300)))
+
+  // Egress stays deny-by-default.
+  const curl = await sbx.commands.run('curl -sS -m 20 -o /dev/null https://example.com/; echo "exit=$?"')
+  check('curl to an unallowed host is refused', /exit=[1-9]/.test(curl.stdout), curl.stdout + curl.stderr)
+
+  // Control plane.
+  const found = await Sandbox.list({ query: { metadata: { run: process.env.RUN } } }).nextItems()
+  check('Sandbox.list with a metadata filter', found.length === 1 && found[0].sandboxId === sbx.sandboxId && found[0].metadata.suite === 'e2b-e2e', JSON.stringify(found))
+  const none = await Sandbox.list({ query: { metadata: { run: 'no-such-run' } } }).nextItems()
+  check('Sandbox.list filter that matches nothing', none.length === 0, JSON.stringify(none))
+  const gi = await Sandbox.getInfo(sbx.sandboxId)
+  check('Sandbox.getInfo', gi.sandboxId === sbx.sandboxId && gi.state === 'running' && gi.metadata.run === process.env.RUN, JSON.stringify(gi))
+  // setTimeout moves the end of the lifetime.
+  await sbx.setTimeout(1_800_000)
+  const end = (await Sandbox.getInfo(sbx.sandboxId)).endAt.getTime() - Date.now()
+  check('setTimeout moves endAt', end > 1_700_000 && end <= 1_800_000, end)
+  // Paging: two sandboxes of this run, one a page, x-next-token between.
+  second = await Sandbox.create({ timeoutMs: 120_000, metadata: { run: process.env.RUN } })
+  const pager = Sandbox.list({ query: { metadata: { run: process.env.RUN } }, limit: 1 })
+  const p1 = await pager.nextItems()
+  const more = pager.hasNext
+  const p2 = more ? await pager.nextItems() : []
+  check('Sandbox.list pages with x-next-token', p1.length === 1 && more && p2.length === 1 && !pager.hasNext &&
+    [p1[0].sandboxId, p2[0].sandboxId].sort().join() === [sbx.sandboxId, second.sandboxId].sort().join(),
+  JSON.stringify({ p1: p1.map((x) => x.sandboxId), p2: p2.map((x) => x.sandboxId), more }))
+  const k1 = await second.kill()
+  check('kill the second sandbox (the instance method), then again (false)', k1 !== false && await Sandbox.kill(second.sandboxId) === false, k1)
+  second = undefined
+  const again = await Sandbox.connect(sbx.sandboxId)
+  check('Sandbox.connect, then run', (await again.commands.run('echo again')).stdout === 'again\n')
+
+  // Another tenant's sandbox does not exist for this key.
+  await expectError("Sandbox.connect to another tenant's sandbox → SandboxNotFoundError", () => Sandbox.connect(process.env.OTHER_ID), SandboxNotFoundError)
+  await expectError("Sandbox.getInfo of another tenant's sandbox → NotFoundError", () => Sandbox.getInfo(process.env.OTHER_ID), NotFoundError)
+  check("Sandbox.kill of another tenant's sandbox is false", await Sandbox.kill(process.env.OTHER_ID) === false)
+
+  // Kill twice; not running after.
+  check('Sandbox.kill', await Sandbox.kill(sbx.sandboxId) === true)
+  check('Sandbox.kill again is false', await Sandbox.kill(sbx.sandboxId) === false)
+  check('isRunning is false after kill', await sbx.isRunning() === false)
+  sbx = undefined
+} catch (e) {
+  report.fatal = errName(e) + '\n' + (e && e.stack)
+} finally {
+  if (sbx) await Sandbox.kill(sbx.sandboxId).catch(() => {})
+  if (second) await Sandbox.kill(second.sandboxId).catch(() => {})
+}
+process.stdout.write(JSON.stringify(report))
