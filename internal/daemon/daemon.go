@@ -438,6 +438,7 @@ func Run(ctx context.Context, cfg Config) error {
 	srv.SetAdminKey(adminKey)
 	srv.metrics = met.Handler()
 	srv.hooks = hooksSvc
+	srv.webhookKey = hookKey
 	srv.relays = newRelays(st, hooksSvc, v, emit, log, cfg.RelayDiscordURL, tenantHTTP, mgr.SecretHosts)
 
 	// The socket is created 0600 from the start (umask), not chmod-ed after.
