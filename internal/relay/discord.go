@@ -56,7 +56,7 @@ const closeWait = 2 * time.Second
 
 // ErrAuth is a gateway refusing the token (close 4004) or the bot's
 // settings (4010-4014): retrying cannot help.
-var ErrAuth = errors.New("discord refused the bot")
+var ErrAuth = errors.New("the relay cannot authenticate")
 
 // Token opens the secret for a write toward dest (the URL of the
 // connection it is about to be written on), for as long as wipe is not
