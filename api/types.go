@@ -491,6 +491,14 @@ type NamedPolicy struct {
 	Updated []string `json:"updated,omitempty"`
 }
 
+// WebhookKey is a tenant's approval-webhook signing key
+// (GET /v1/approvals/webhook-key): its receivers check X-Cagebox-Signature
+// with it; no other tenant's requests verify under it.
+type WebhookKey struct {
+	Tenant string `json:"tenant"`
+	Key    string `json:"key"`
+}
+
 // Approval is a held request (/v1/approvals).
 type Approval struct {
 	ID        string          `json:"id"`

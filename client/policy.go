@@ -115,6 +115,17 @@ func (c *Client) Approvals(ctx context.Context, state, sandbox string) ([]api.Ap
 	return as, c.do(ctx, "GET", "/v1/approvals?"+q.Encode(), nil, &as)
 }
 
+// ApprovalWebhookKey returns the key the caller's tenant's approval
+// webhooks are signed with (tenant: another's, for the admin).
+func (c *Client) ApprovalWebhookKey(ctx context.Context, tenant string) (*api.WebhookKey, error) {
+	q := url.Values{}
+	if tenant != "" {
+		q.Set("tenant", tenant)
+	}
+	var k api.WebhookKey
+	return &k, c.do(ctx, "GET", "/v1/approvals/webhook-key?"+q.Encode(), nil, &k)
+}
+
 // DecideApproval allows or denies a held request.
 func (c *Client) DecideApproval(ctx context.Context, id string, d *api.ApprovalDecision) (*api.Approval, error) {
 	var a api.Approval

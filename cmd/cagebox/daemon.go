@@ -29,7 +29,7 @@ type daemonFlags struct {
 	lim                                                            limitFlags
 	ing                                                            ingressFlags
 	relayDiscordURL                                                string
-	relayAllowPrivate                                              bool
+	tenantURLsAllowPrivate                                         bool
 	eventRetention                                                 string
 	eventRate                                                      float64
 	eventBurst                                                     int
@@ -140,7 +140,7 @@ func (f *daemonFlags) config(g *globals) (daemon.Config, error) {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	return daemon.Config{
-		Ingress: ing.cfg, RelayDiscordURL: f.relayDiscordURL, RelayAllowPrivate: f.relayAllowPrivate,
+		Ingress: ing.cfg, RelayDiscordURL: f.relayDiscordURL, TenantURLsAllowPrivate: f.tenantURLsAllowPrivate,
 		Pools: targets, PoolMemory: poolBytes,
 		Home: g.home, Listen: f.listen, TLSCert: f.tlsCert, TLSKey: f.tlsKey, InsecureListen: f.insecureListen,
 		AdminKeyFile: f.adminKeyFile, AgentPath: agent, MinIsolation: floor, DefaultRuntime: f.defRuntime,
@@ -152,7 +152,9 @@ func (f *daemonFlags) config(g *globals) (daemon.Config, error) {
 // register adds the daemon's flags to cmd.
 func (f *daemonFlags) register(cmd *cobra.Command) {
 	f.ing.register(cmd)
-	cmd.Flags().BoolVar(&f.relayAllowPrivate, "relay-allow-private", false, "let websocket relays (tenants' URLs) reach loopback, private and link-local addresses; for tests and single-tenant hosts only")
+	cmd.Flags().BoolVar(&f.tenantURLsAllowPrivate, "tenant-urls-allow-private", false, "let the URLs tenants supply (websocket relays, approval webhooks) reach loopback, private, link-local and this host's addresses (cloud metadata stays refused); for tests and single-tenant hosts only — prefer --resolve HOST:PORT=ADDR:PORT for one known server")
+	cmd.Flags().BoolVar(&f.tenantURLsAllowPrivate, "relay-allow-private", false, "old name of --tenant-urls-allow-private")
+	_ = cmd.Flags().MarkDeprecated("relay-allow-private", "use --tenant-urls-allow-private (it also covers approval webhooks)")
 	cmd.Flags().StringVar(&f.relayDiscordURL, "relay-discord-url", "", "Discord Gateway URL relays connect to (default wss://gateway.discord.gg; for a self-hosted or test gateway)")
 	cmd.Flags().StringVar(&f.listen, "listen", "", "also serve the API on this TCP address (API keys required), e.g. 127.0.0.1:7070; plain HTTP on loopback only, elsewhere give --tls-cert/--tls-key")
 	cmd.Flags().StringVar(&f.e2b.Listen, "e2b-listen", "", "serve E2B's API and envd (the E2B SDKs: E2B_API_URL=E2B_SANDBOX_URL=http://ADDR, E2B_API_KEY=e2b_… from `cagebox tenant key`) on this TCP address; plain HTTP on loopback only, elsewhere with --tls-cert (docs/e2b.md)")

@@ -345,7 +345,22 @@ func approvalsCmd(g *globals) *cobra.Command {
 		c.Flags().StringVar(&reason, "reason", "", "recorded with the decision")
 		return c
 	}
-	cmd.AddCommand(ls, decide("approve"), decide("deny"))
+	var keyTenant string
+	key := &cobra.Command{
+		Use:   "webhook-key [--tenant ID]",
+		Short: "Print the key your approval webhooks are signed with (X-Cagebox-Signature); each tenant has its own",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			k, err := g.client().ApprovalWebhookKey(cmd.Context(), keyTenant)
+			if err != nil {
+				return err
+			}
+			fmt.Println(k.Key)
+			return nil
+		},
+	}
+	key.Flags().StringVar(&keyTenant, "tenant", "", "another tenant's key (the admin only)")
+	cmd.AddCommand(ls, decide("approve"), decide("deny"), key)
 	return cmd
 }
 

@@ -171,7 +171,7 @@ func Bind(ctx context.Context, v *vault.Vault, tenant, sandboxID string, reqs []
 				bs.Hosts = narrow
 			}
 		}
-		val, vin, err := v.Value(ctx, tenant, bs.Secret)
+		val, vin, err := openToBind(ctx, v, tenant, bs.Secret)
 		if err != nil {
 			return nil, nil, undo, fmt.Errorf("%s: %w", field, err)
 		}
@@ -232,7 +232,7 @@ func parseAWS(v []byte) (resign.AWSCreds, bool) {
 func Build(v *vault.Vault, tenant string, bound []Binding) (*Bindings, error) {
 	real := func(name string) func() ([]byte, error) {
 		return func() ([]byte, error) {
-			val, _, err := v.Value(context.Background(), tenant, name)
+			val, err := openForRequest(context.Background(), v, tenant, name)
 			if err != nil {
 				return nil, err
 			}
@@ -255,7 +255,7 @@ func Build(v *vault.Vault, tenant string, bound []Binding) (*Bindings, error) {
 				Name: b.Name, Hosts: b.Hosts,
 				Placeholder: resign.AWSCreds{AccessKeyID: b.Placeholder, SecretAccessKey: b.PlaceholderSecret},
 				Real: func() (resign.AWSCreds, error) {
-					val, _, err := v.Value(context.Background(), tenant, name)
+					val, err := openForRequest(context.Background(), v, tenant, name)
 					if err != nil {
 						return resign.AWSCreds{}, err
 					}

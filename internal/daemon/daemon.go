@@ -36,6 +36,7 @@ import (
 	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/pool"
+	"github.com/cagebox/cagebox/internal/safedial"
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
@@ -95,11 +96,14 @@ type Config struct {
 	// RelayDiscordURL overrides the Discord Gateway URL relays connect to
 	// (tests, self-hosted gateways); "" = relay.DefaultDiscordURL.
 	RelayDiscordURL string
-	// RelayAllowPrivate lets websocket relays reach private, loopback and
-	// link-local addresses (refused by default: a tenant's URL).
-	RelayAllowPrivate bool
 	// E2B is the E2B protocol front (docs/e2b.md).
 	E2B E2BConfig
+	// TenantURLsAllowPrivate lets the URLs tenants supply (WebSocket
+	// relays, approval webhooks) reach loopback, private, link-local and
+	// the host's addresses, and literal addresses (refused by default;
+	// metadata endpoints stay refused): --tenant-urls-allow-private, once
+	// --relay-allow-private.
+	TenantURLsAllowPrivate bool
 }
 
 // EventConfig configures audit events (package audit).
@@ -365,6 +369,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	tenantHTTP, err := tenantClient(cfg)
+	if err != nil {
+		return err
+	}
 	// The live policy's trigger actions and freeze reach the manager and
 	// the gateway, which are made below; the closures read them then.
 	var (
@@ -372,7 +380,7 @@ func Run(ctx context.Context, cfg Config) error {
 		v  *vault.Vault
 	)
 	live := livepolicy.New(livepolicy.Config{
-		Store: budgetCounter{Store: st, m: met}, Emit: emit, Logger: log, WebhookKey: hookKey,
+		Store: budgetCounter{Store: st, m: met}, Emit: emit, Logger: log, WebhookKey: hookKey, WebhookClient: tenantHTTP,
 		CloseConns: func(id string) int { return gw.CloseConns(id) },
 		Act: func(ctx context.Context, id, trigger string, a policy.TriggerAction) error {
 			return triggerAct(ctx, st, v, mgr, id, trigger, a)
@@ -447,7 +455,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	srv.metrics = met.Handler()
 	srv.hooks = hooksSvc
-	srv.relays = newRelays(st, hooksSvc, v, emit, log, cfg.RelayDiscordURL, cfg.RelayAllowPrivate)
+	srv.webhookKey = hookKey
+	srv.relays = newRelays(st, hooksSvc, v, emit, log, cfg.RelayDiscordURL, tenantHTTP, mgr.SecretHosts)
 	if e2bl != nil {
 		stopE2B, err := startE2B(cfg, e2bl, srv, mgr, log)
 		if err != nil {
@@ -543,19 +552,45 @@ func NewAPIKey(tenant string) (string, *store.APIKey) {
 	}
 }
 
+// addUpstreamCAs adds the --upstream-ca files to pool.
+func addUpstreamCAs(pool *x509.CertPool, files []string) error {
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("--upstream-ca: %w", err)
+		}
+		if !pool.AppendCertsFromPEM(b) {
+			return fmt.Errorf("--upstream-ca %s: no PEM certificate in it", f)
+		}
+	}
+	return nil
+}
+
+// tenantClient is the one HTTP client of every URL a tenant supplies
+// (relays, approval webhooks) and of the Discord gateway: package
+// safedial's dialer under the gateway's overrides (--resolve) and the
+// host's public addresses, TLS verified against the system's roots and
+// --upstream-ca, no redirects followed.
+func tenantClient(cfg Config) (*http.Client, error) {
+	n := cfg.Network
+	roots, err := x509.SystemCertPool()
+	if err != nil || roots == nil {
+		roots = x509.NewCertPool()
+	}
+	if err := addUpstreamCAs(roots, n.UpstreamCAFiles); err != nil {
+		return nil, err
+	}
+	d := safedial.New(safedial.Config{Overrides: n.Resolve, HostAddrs: n.HostPublicAddrs, AllowPrivate: cfg.TenantURLsAllowPrivate})
+	return d.HTTPClient(roots), nil
+}
+
 func newGateway(cfg Config, live *livepolicy.Registry, emit func(string, string, api.EventPayload), log *slog.Logger) (*gateway.Gateway, error) {
 	n := cfg.Network
 	var roots *x509.CertPool
 	if len(n.UpstreamCAFiles) > 0 {
 		roots = x509.NewCertPool()
-		for _, f := range n.UpstreamCAFiles {
-			b, err := os.ReadFile(f)
-			if err != nil {
-				return nil, fmt.Errorf("--upstream-ca: %w", err)
-			}
-			if !roots.AppendCertsFromPEM(b) {
-				return nil, fmt.Errorf("--upstream-ca %s: no PEM certificate in it", f)
-			}
+		if err := addUpstreamCAs(roots, n.UpstreamCAFiles); err != nil {
+			return nil, err
 		}
 	}
 	return gateway.New(gateway.Config{

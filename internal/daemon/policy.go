@@ -412,6 +412,23 @@ func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request, t *store.
 	return nil
 }
 
+// approvalWebhookKey shows the caller's tenant its approval-webhook
+// signing key (the admin any tenant's, ?tenant=ID).
+func (s *Server) approvalWebhookKey(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
+	if len(s.webhookKey) == 0 {
+		return fmt.Errorf("%w: this daemon signs no approval webhooks", errdefs.ErrUnavailable)
+	}
+	tenant := t.ID
+	if q := r.URL.Query().Get("tenant"); q != "" && q != t.ID {
+		if t.ID != adminTenantID {
+			return fmt.Errorf("%w: a tenant sees only its own webhook key: leave out ?tenant", errdefs.ErrDenied)
+		}
+		tenant = q
+	}
+	writeJSON(w, http.StatusOK, api.WebhookKey{Tenant: tenant, Key: string(livepolicy.WebhookKey(s.webhookKey, tenant))})
+	return nil
+}
+
 func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
 	var d api.ApprovalDecision
 	if err := decode(r, &d); err != nil {

@@ -8,18 +8,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
 
 	"github.com/cagebox/cagebox/api"
-	"github.com/cagebox/cagebox/internal/egress"
+	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/hooks"
 	"github.com/cagebox/cagebox/internal/relay"
@@ -41,25 +38,6 @@ type relayRunner interface {
 	Snapshot() relay.State
 }
 
-// publicClient dials only public addresses (egress.CheckAddr): a tenant's
-// WebSocket relay URL must not reach the host, its network or a cloud
-// metadata endpoint.
-var publicClient = &http.Client{Transport: &http.Transport{
-	Proxy: nil,
-	DialContext: (&net.Dialer{Timeout: 15 * time.Second, Control: func(_, address string, _ syscall.RawConn) error {
-		ap, err := netip.ParseAddrPort(address)
-		if err != nil {
-			return fmt.Errorf("relay dial %s: %w", address, err)
-		}
-		if err := egress.CheckAddr(ap.Addr()); err != nil {
-			return fmt.Errorf("relay dial %s: %w", address, err)
-		}
-		return nil
-	}}).DialContext,
-	TLSHandshakeTimeout: 15 * time.Second,
-	ForceAttemptHTTP2:   false,
-}}
-
 // relays runs every relay in the store: each is a goroutine holding its
 // connection while its sandbox is running or asleep (not once it is
 // stopped or failed); its events become deliveries of the relay's webhook
@@ -71,9 +49,13 @@ type relays struct {
 	emit       func(string, string, api.EventPayload)
 	log        *slog.Logger
 	discordURL string
-	// allowPrivate lets websocket relays dial any address
-	// (--relay-allow-private: tests, servers on the operator's network).
-	allowPrivate bool
+	// client dials every relay's URL: the tenants' (package safedial's
+	// guarded dialer, loopback and private addresses only with
+	// --tenant-urls-allow-private) and the Discord gateway's.
+	client *http.Client
+	// bound returns the hosts a sandbox's bindings of a vault secret
+	// allow (nil: it binds none; sandbox.Manager.SecretHosts).
+	bound func(ctx context.Context, tenant, sandboxID, secret string) ([]string, error)
 	// gone reports a sandbox whose relays do not run (sandboxGone).
 	gone func(ctx context.Context, sandboxID string) (string, error)
 
@@ -107,12 +89,45 @@ func (e *sandboxStopped) Error() string {
 	return "the sandbox " + e.status + ": the relay closed its connection and does not reconnect"
 }
 
-func newRelays(st store.Store, h *hooks.Service, v *vault.Vault, emit func(string, string, api.EventPayload), log *slog.Logger, discordURL string, allowPrivate bool) *relays {
+func newRelays(st store.Store, h *hooks.Service, v *vault.Vault, emit func(string, string, api.EventPayload), log *slog.Logger, discordURL string,
+	client *http.Client, bound func(ctx context.Context, tenant, sandboxID, secret string) ([]string, error)) *relays {
 	if h == nil {
 		return nil
 	}
-	return &relays{st: st, hooks: h, v: v, emit: emit, log: log, discordURL: discordURL, allowPrivate: allowPrivate, gone: sandboxGone(st),
+	if discordURL == "" {
+		discordURL = relay.DefaultDiscordURL
+	}
+	return &relays{st: st, hooks: h, v: v, emit: emit, log: log, discordURL: discordURL, client: client, bound: bound, gone: sandboxGone(st),
 		running: map[string]*runningRelay{}}
+}
+
+// toward is where a relay's token goes: dest, under the secret's hosts
+// and the sandbox's binding of it, if any.
+func (rs *relays) toward(ctx context.Context, tenant, sandboxID, secret, dest string) (credentials.Toward, error) {
+	t := credentials.Toward{URL: dest}
+	if rs.bound != nil {
+		b, err := rs.bound(ctx, tenant, sandboxID, secret)
+		if err != nil {
+			return t, err
+		}
+		t.Bound = b
+	}
+	return t, nil
+}
+
+// openToken opens a relay's secret for a write on a connection to dest,
+// checked at every dial and reconnect (credentials.OpenToward): a secret
+// re-bound away from dest's host, revoked or removed stops the relay.
+func (rs *relays) openToken(ctx context.Context, tenant, sandboxID, secret, dest string) ([]byte, func(), error) {
+	t, err := rs.toward(ctx, tenant, sandboxID, secret, dest)
+	if err != nil {
+		return nil, nil, err
+	}
+	sec, err := credentials.OpenToward(ctx, rs.v, tenant, secret, t)
+	if err != nil {
+		return nil, nil, err
+	}
+	return sec.Bytes(), sec.Wipe, nil
 }
 
 // run starts the stored relays and keeps the running set equal to the
@@ -214,12 +229,8 @@ func (rs *relays) startLocked(r *store.Relay) {
 			rs.emit(tenant, sb, api.RelayFailed{Relay: name, Error: detail})
 		}
 	}
-	secret := func(ctx context.Context) ([]byte, func(), error) {
-		sec, _, err := rs.v.Value(ctx, tenant, hook.Secret)
-		if err != nil {
-			return nil, nil, err
-		}
-		return sec.Bytes(), sec.Wipe, nil
+	secret := func(ctx context.Context, dest string) ([]byte, func(), error) {
+		return rs.openToken(ctx, tenant, sb, hook.Secret, dest)
 	}
 	drops := &relay.Drops{Report: func(n int64, reason string) {
 		rs.emit(tenant, sb, api.RelayDropped{Relay: name, Dropped: n, Reason: reason})
@@ -236,7 +247,7 @@ func (rs *relays) startLocked(r *store.Relay) {
 	var d relayRunner
 	switch r.Kind {
 	case "websocket":
-		wc := relay.WebSocketConfig{URL: cfg.URL, Headers: cfg.Headers, HTTPClient: publicClient, Event: event,
+		wc := relay.WebSocketConfig{URL: cfg.URL, Headers: cfg.Headers, HTTPClient: rs.client, Event: event,
 			Deliver: func(ctx context.Context, key, typ string, msg []byte) error {
 				h := http.Header{}
 				h.Set("X-Cagebox-Relay-Message", typ)
@@ -250,15 +261,13 @@ func (rs *relays) startLocked(r *store.Relay) {
 		if hook.Secret != "" {
 			wc.Secret = secret
 		}
-		if rs.allowPrivate {
-			wc.HTTPClient = nil
-		}
 		d = relay.NewWebSocket(wc)
 	default:
 		d = relay.NewDiscord(relay.DiscordConfig{
-			URL:     rs.discordURL,
-			Intents: cfg.Intents,
-			Token:   secret,
+			URL:        rs.discordURL,
+			Intents:    cfg.Intents,
+			Token:      secret,
+			HTTPClient: rs.client,
 			Deliver: func(ctx context.Context, key, t string, ev []byte) error {
 				h := http.Header{}
 				h.Set("X-Discord-Event", t)
@@ -373,13 +382,21 @@ func (s *Server) addRelay(w http.ResponseWriter, r *http.Request, t *store.Tenan
 	} else if status != "" {
 		return fmt.Errorf("%w: sandbox %s is %s and runs no relays: add the relay to a running sandbox", errdefs.ErrConflict, sb.ID, status)
 	}
-	// The secret must open now, not at the first connection.
+	// The secret must be one this relay may send, now, not only at the
+	// first connection: to the relay's URL (websocket) or the Discord
+	// gateway (discord), under the secret's hosts and the sandbox's binding.
 	if req.TokenSecret != "" {
-		sec, _, err := s.relays.v.Value(r.Context(), sb.Tenant, req.TokenSecret)
-		if err != nil {
-			return fmt.Errorf("%w: secret %s: %v", errdefs.ErrInvalid, req.TokenSecret, err)
+		dest := req.URL
+		if req.Kind == "discord" {
+			dest = s.relays.discordURL
 		}
-		sec.Wipe()
+		t, err := s.relays.toward(r.Context(), sb.Tenant, sb.ID, req.TokenSecret, dest)
+		if err != nil {
+			return err
+		}
+		if err := credentials.CheckToward(r.Context(), s.relays.v, sb.Tenant, req.TokenSecret, t); err != nil {
+			return fmt.Errorf("relay %s: %w", req.Name, err)
+		}
 	}
 	ib := make([]byte, 8)
 	_, _ = rand.Read(ib)

@@ -18,13 +18,18 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/hooks"
+	"github.com/cagebox/cagebox/internal/safedial"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
 )
 
-// A tenant's websocket relay URL cannot reach the host's loopback, private
-// or metadata addresses.
-func TestRelayPublicClientRefusesPrivate(t *testing.T) {
+// A tenant's URL (relays, approval webhooks: one client) cannot reach
+// the host's loopback, private or metadata addresses.
+func TestTenantClientRefusesPrivate(t *testing.T) {
+	publicClient, err := tenantClient(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -39,8 +44,8 @@ func TestRelayPublicClientRefusesPrivate(t *testing.T) {
 			t.Errorf("%s: reached (status %d), want refused", u, resp.StatusCode)
 			continue
 		}
-		if !strings.Contains(err.Error(), "relay dial") {
-			t.Errorf("%s: %v, want the relay dialer's refusal", u, err)
+		if safedial.Rule(err) == "" && !strings.Contains(err.Error(), "literal IP") {
+			t.Errorf("%s: %v, want the guarded dialer's refusal", u, err)
 		}
 	}
 	if hits != 0 {
@@ -249,7 +254,7 @@ func relayStore(t *testing.T) (*sqlite.Store, context.Context) {
 
 // runRelays runs the store's relays until the test ends.
 func runRelays(t *testing.T, ctx context.Context, db store.Store, hs *hooks.Service, emit func(string, string, api.EventPayload)) *relays {
-	rs := newRelays(db, hs, nil, emit, slog.New(slog.NewTextHandler(io.Discard, nil)), "", true)
+	rs := newRelays(db, hs, nil, emit, slog.New(slog.NewTextHandler(io.Discard, nil)), "", nil, nil)
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { rs.run(ctx); close(done) }()

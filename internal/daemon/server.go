@@ -85,6 +85,7 @@ func Routes() []Route {
 		{Method: "DELETE", Path: "/v1/policies/{name}", handler: (*Server).deleteNamedPolicy},
 		{Method: "GET", Path: "/v1/approvals", handler: (*Server).listApprovals},
 		{Method: "POST", Path: "/v1/approvals/{id}", handler: (*Server).decideApproval},
+		{Method: "GET", Path: "/v1/approvals/webhook-key", handler: (*Server).approvalWebhookKey},
 		{Method: "POST", Path: "/v1/freeze", handler: (*Server).freeze},
 		{Method: "POST", Path: "/v1/thaw", handler: (*Server).thaw},
 		{Method: "GET", Path: "/v1/events", handler: (*Server).listEvents},
@@ -137,6 +138,9 @@ type Server struct {
 	hooks *hooks.Service
 	// relays serves the relay routes (nil: no ingress, 503).
 	relays *relays
+	// webhookKey is the daemon's approval-webhook key, from which each
+	// tenant's is derived (livepolicy.WebhookKey); shown to nobody.
+	webhookKey []byte
 	// imageOps holds a token per pull or import under way: at most
 	// cap(imageOps) at once, each downloads, unpacks and hashes a tree.
 	imageOps chan struct{}

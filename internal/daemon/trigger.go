@@ -72,9 +72,10 @@ func swapNamed(ctx context.Context, st store.Store, reg *livepolicy.Registry, te
 	return err
 }
 
-// webhookKey returns the key approval webhooks are signed with, made on
-// first use (32 random bytes, 0600 in the daemon's home). Receivers get it
-// from the operator (`cat HOME/approval-webhook.key`).
+// webhookKey returns the daemon's approval-webhook key, made on first use
+// (32 random bytes, 0600 in the daemon's home). Nobody is given it: each
+// tenant's requests are signed with a key derived from it
+// (livepolicy.WebhookKey), which GET /v1/approvals/webhook-key shows.
 func webhookKey(home string) ([]byte, error) {
 	p := filepath.Join(home, "approval-webhook.key")
 	b, err := os.ReadFile(p)

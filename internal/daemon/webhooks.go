@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/hooks"
 	"github.com/cagebox/cagebox/internal/ingress"
@@ -27,8 +28,10 @@ func newHooks(cfg Config, st store.Store, v *vault.Vault, mgr *sandbox.Manager, 
 	svc := hooks.New(hooks.Config{
 		Store: st,
 		// BaseURL: set by startIngress, which knows the listener's port.
+		// The secret only checks a delivery's signature on the host: it is
+		// written nowhere (credentials.OpenToVerify).
 		Secret: func(ctx context.Context, tenant, name string) ([]byte, func(), error) {
-			sec, _, err := v.Value(ctx, tenant, name)
+			sec, err := credentials.OpenToVerify(ctx, v, tenant, name)
 			if err != nil {
 				return nil, nil, err
 			}

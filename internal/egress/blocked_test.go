@@ -27,7 +27,7 @@ func TestBlockedDestinations(t *testing.T) {
 	var mu sync.Mutex
 	var answer []netip.Addr
 	lookups := 0
-	h.p.guard.lookup = func(context.Context, string) ([]netip.Addr, error) {
+	h.p.guard.Lookup = func(context.Context, string) ([]netip.Addr, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		lookups++

@@ -47,6 +47,7 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/internal/hostname"
+	"github.com/cagebox/cagebox/internal/safedial"
 	"github.com/cagebox/cagebox/internal/sniff"
 )
 
@@ -275,7 +276,7 @@ func (c *Config) setDefaults() {
 type Proxy struct {
 	cfg    Config
 	log    *slog.Logger
-	guard  *guard
+	guard  *safedial.Dialer
 	rp     *httputil.ReverseProxy
 	srv    *http.Server // serves HTTP/1.1 and HTTP/2 on handed-over conns
 	conns  *connQueue   // the srv's listener
@@ -318,7 +319,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{
 		cfg:        cfg,
 		log:        cfg.Logger,
-		guard:      newGuard(cfg.Resolve, cfg.Resolver, cfg.HostAddrs),
+		guard:      safedial.New(safedial.Config{Overrides: cfg.Resolve, Resolver: cfg.Resolver, HostAddrs: cfg.HostAddrs}),
 		ctx:        ctx,
 		cancel:     cancel,
 		listeners:  make(map[net.Listener]struct{}),

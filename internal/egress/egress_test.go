@@ -367,7 +367,7 @@ func TestUpstreamRefusedByGuard(t *testing.T) {
 	// No override for plain.example.test:80 here and the name resolves to
 	// loopback: the guard refuses.
 	h := newHarness(t, func(c *Config) { delete(c.Resolve, "plain.example.test:80") })
-	h.p.guard.lookup = func(context.Context, string) ([]netip.Addr, error) {
+	h.p.guard.Lookup = func(context.Context, string) ([]netip.Addr, error) {
 		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
 	}
 	h.setDst(dstPlain)

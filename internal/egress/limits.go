@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cagebox/cagebox/internal/safedial"
 )
 
 // Per-sandbox bounds on the work a sandbox's requests make the proxy do:
@@ -67,7 +69,7 @@ func (p *Proxy) newSBState() *sbState {
 // dial opens an upstream connection within the sandbox's cap. At the cap
 // it first closes the sandbox's idle connections, then waits up to
 // s.wait for one to close, then refuses.
-func (s *sbState) dial(ctx context.Context, g *guard, network, addr string) (net.Conn, error) {
+func (s *sbState) dial(ctx context.Context, g *safedial.Dialer, network, addr string) (net.Conn, error) {
 	select {
 	case s.upstream <- struct{}{}:
 	default:

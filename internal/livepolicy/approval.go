@@ -238,27 +238,52 @@ func (s *Sandbox) remember(ctx context.Context, id, rule string, r *policy.Reque
 // maxWebhookAnswer bounds the webhook's answer.
 const maxWebhookAnswer = 64 << 10
 
+// What a held request's approval shows of a webhook that did not decide:
+// fixed texts, never the status, the transport error or the answer's
+// bytes (the URL is the tenant's: the reason would be a probe of what
+// answers where). The operator's log has the detail.
+const (
+	webhookUnreachable = "approval webhook unreachable"
+	webhookBadAnswer   = "approval webhook gave no allow or deny answer"
+)
+
+// WebhookKey is the key a tenant's approval webhooks are signed with:
+// HMAC-SHA256 of the daemon's key over the tenant's ID (hex), so no
+// tenant's receiver can sign for another's. The daemon's key itself is
+// given to nobody.
+func WebhookKey(daemonKey []byte, tenant string) []byte {
+	m := hmac.New(sha256.New, daemonKey)
+	m.Write([]byte("cagebox approval webhook key v1\x00"))
+	m.Write([]byte(tenant))
+	return []byte(hex.EncodeToString(m.Sum(nil)))
+}
+
 func (g *Registry) callWebhook(ctx context.Context, url string, wr WebhookRequest) verdict {
 	body, _ := json.Marshal(wr)
+	log := g.log.With("approval", wr.ID, "sandbox", wr.Sandbox, "tenant", wr.Tenant)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return verdict{by: "webhook", reason: "webhook request: " + err.Error()}
+		log.Warn("approval webhook request", "err", err)
+		return verdict{by: "webhook", reason: webhookUnreachable}
 	}
 	ts := g.cfg.Now().Unix()
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
-	req.Header.Set(HeaderSignature, Sign(g.cfg.WebhookKey, ts, body))
+	req.Header.Set(HeaderSignature, Sign(WebhookKey(g.cfg.WebhookKey, wr.Tenant), ts, body))
 	resp, err := g.cfg.WebhookClient.Do(req)
 	if err != nil {
-		return verdict{by: "webhook", reason: "webhook failed: " + err.Error()}
+		log.Warn("approval webhook unreachable", "err", err)
+		return verdict{by: "webhook", reason: webhookUnreachable}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return verdict{by: "webhook", reason: fmt.Sprintf("webhook answered %d", resp.StatusCode)}
+		log.Warn("approval webhook answered", "status", resp.StatusCode)
+		return verdict{by: "webhook", reason: webhookBadAnswer}
 	}
 	var ans WebhookAnswer
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxWebhookAnswer)).Decode(&ans); err != nil {
-		return verdict{by: "webhook", reason: "webhook answer is not {\"decision\": \"allow\"|\"deny\"}"}
+		log.Warn("approval webhook answer", "err", err)
+		return verdict{by: "webhook", reason: webhookBadAnswer}
 	}
 	switch ans.Decision {
 	case "allow":
@@ -269,7 +294,8 @@ func (g *Registry) callWebhook(ctx context.Context, url string, wr WebhookReques
 		}
 		return verdict{by: "webhook", reason: ans.Reason}
 	}
-	return verdict{by: "webhook", reason: fmt.Sprintf("webhook answered decision %q; want allow or deny", ans.Decision)}
+	log.Warn("approval webhook answer", "decision", ans.Decision)
+	return verdict{by: "webhook", reason: webhookBadAnswer}
 }
 
 // Admin is the operator's principal (the admin tenant's id). A freeze is

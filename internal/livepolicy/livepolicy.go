@@ -39,6 +39,7 @@ import (
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/policy"
+	"github.com/cagebox/cagebox/internal/safedial"
 	"github.com/cagebox/cagebox/internal/store"
 )
 
@@ -61,8 +62,10 @@ type Config struct {
 	Act func(ctx context.Context, sandboxID, trigger string, a policy.TriggerAction) error
 	// CloseConns closes a sandbox's open proxy connections (freeze).
 	CloseConns func(sandboxID string) int
-	// WebhookKey signs approval webhooks (HMAC-SHA256); WebhookClient
-	// sends them (default: a client that does not follow redirects).
+	// WebhookKey is the daemon's key, from which each tenant's approval
+	// webhook key is derived (WebhookKey func); WebhookClient sends them
+	// (default: package safedial's guarded dialer, no redirects — a
+	// tenant's URL never reaches the host, its network or metadata).
 	WebhookKey    []byte
 	WebhookClient *http.Client
 	Logger        *slog.Logger
@@ -94,7 +97,7 @@ func New(cfg Config) *Registry {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.WebhookClient == nil {
-		cfg.WebhookClient = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		cfg.WebhookClient = safedial.New(safedial.Config{}).HTTPClient(nil)
 	}
 	return &Registry{cfg: cfg, log: cfg.Logger, sbs: map[string]*Sandbox{}, waiters: map[string]chan verdict{}, frozenTenants: map[string]string{}}
 }

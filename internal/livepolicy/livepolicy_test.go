@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -19,6 +21,7 @@ import (
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/policy"
+	"github.com/cagebox/cagebox/internal/safedial"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
 )
@@ -278,7 +281,8 @@ func TestHoldTimesOut(t *testing.T) {
 }
 
 func TestHoldByWebhook(t *testing.T) {
-	key := []byte("webhook-key")
+	daemonKey := []byte("webhook-key")
+	key := WebhookKey(daemonKey, "t1") // the tenant's key, not the daemon's
 	var calls atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
@@ -298,7 +302,9 @@ func TestHoldByWebhook(t *testing.T) {
 	}))
 	defer srv.Close()
 	st := openStore(t, "")
-	g := New(Config{Store: st, WebhookKey: key})
+	// The receiver is on loopback: only the operator's flag lets a
+	// tenant's URL reach it (--tenant-urls-allow-private).
+	g := New(Config{Store: st, WebhookKey: daemonKey, WebhookClient: safedial.New(safedial.Config{AllowPrivate: true}).HTTPClient(nil)})
 	s, err := g.Attach(context.Background(), "sb-1", "t1", parse(t, holdDoc+"approval: {webhook: '"+srv.URL+"/hook', timeout: 2s}\n"), "", false)
 	if err != nil {
 		t.Fatal(err)
@@ -311,13 +317,78 @@ func TestHoldByWebhook(t *testing.T) {
 	if d := decide(t, s, get("api.github.com", "DELETE", "/no")); d.Allow {
 		t.Fatalf("webhook deny: %+v", d)
 	}
-	// A webhook with the wrong key answers 401: denied, not hanging.
+	// A webhook with the wrong key answers 401: denied, not hanging, and
+	// the status is not shown to the guest.
 	g.cfg.WebhookKey = []byte("other")
-	if d := decide(t, s, get("api.github.com", "DELETE", "/ok/2")); d.Allow || !strings.Contains(d.Reason, "401") {
+	if d := decide(t, s, get("api.github.com", "DELETE", "/ok/2")); d.Allow || strings.Contains(d.Reason, "401") || !strings.Contains(d.Reason, webhookBadAnswer) {
 		t.Fatalf("failing webhook: %+v", d)
 	}
-	if calls.Load() != 3 {
+	// Another tenant's sandbox, same receiver: its requests are signed
+	// with its own key, which this receiver (holding t1's) refuses.
+	g.cfg.WebhookKey = daemonKey
+	s2, err := g.Attach(context.Background(), "sb-2", "t2", parse(t, holdDoc+"approval: {webhook: '"+srv.URL+"/hook', timeout: 2s}\n"), "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := decide(t, s2, withBody); d.Allow {
+		t.Fatalf("another tenant's webhook request verified with t1's key: %+v", d)
+	}
+	if calls.Load() != 4 {
 		t.Fatalf("%d webhook calls", calls.Load())
+	}
+}
+
+// TestWebhookKeyPerTenant: each tenant's key differs, and none is the
+// daemon's key.
+func TestWebhookKeyPerTenant(t *testing.T) {
+	root := []byte("daemon-key")
+	a, b := WebhookKey(root, "t1"), WebhookKey(root, "t2")
+	if string(a) == string(b) || string(a) == string(root) || len(a) != 64 {
+		t.Fatalf("keys %q %q", a, b)
+	}
+	if string(WebhookKey(root, "t1")) != string(a) {
+		t.Fatal("the key is not stable")
+	}
+}
+
+// TestWebhookSSRF: with the default client (package safedial), a policy's
+// approval webhook cannot reach the host's loopback — a server there is
+// never called — nor learn anything from it: whatever the address, port or
+// answer, the reason the guest sees is one fixed text.
+func TestWebhookSSRF(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		http.Error(w, "internal secret answer", 500)
+	}))
+	defer srv.Close()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedURL := "http://" + closed.Addr().String()
+	closed.Close()
+	st := openStore(t, "")
+	g := New(Config{Store: st, WebhookKey: []byte("k")})
+	var reasons []string
+	for i, u := range []string{srv.URL + "/hook", strings.Replace(srv.URL, "127.0.0.1", "localhost", 1) + "/hook", closedURL + "/hook", "https://169.254.169.254/latest", "https://[::1]:1/x"} {
+		s, err := g.Attach(context.Background(), fmt.Sprintf("sb-%d", i), "t1", parse(t, holdDoc+"approval: {webhook: '"+u+"', timeout: 2s}\n"), "", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := decide(t, s, get("api.github.com", "DELETE", "/ok/1"))
+		if d.Allow || !strings.Contains(d.Reason, webhookUnreachable) {
+			t.Errorf("%s: %+v, want denied: %s", u, d, webhookUnreachable)
+		}
+		reasons = append(reasons, strings.Split(d.Reason, " (ap-")[0])
+	}
+	for _, r := range reasons[1:] {
+		if r != reasons[0] {
+			t.Errorf("reasons differ by target (an oracle): %q vs %q", r, reasons[0])
+		}
+	}
+	if calls.Load() != 0 {
+		t.Fatalf("the loopback server was called %d times", calls.Load())
 	}
 }
 

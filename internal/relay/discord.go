@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -21,6 +22,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/cagebox/cagebox/internal/safedial"
 )
 
 // DefaultDiscordURL is Discord's gateway (GET /gateway answers it).
@@ -53,10 +56,13 @@ const closeWait = 2 * time.Second
 
 // ErrAuth is a gateway refusing the token (close 4004) or the bot's
 // settings (4010-4014): retrying cannot help.
-var ErrAuth = errors.New("discord refused the bot")
+var ErrAuth = errors.New("the relay cannot authenticate")
 
-// Token opens the bot token for as long as wipe is not called.
-type Token func(ctx context.Context) (value []byte, wipe func(), err error)
+// Token opens the secret for a write toward dest (the URL of the
+// connection it is about to be written on), for as long as wipe is not
+// called. The daemon's checks the secret's binding against dest every
+// time (credentials.OpenToward): a refusal stops the relay (ErrAuth).
+type Token func(ctx context.Context, dest string) (value []byte, wipe func(), err error)
 
 // DiscordConfig configures a Discord relay.
 type DiscordConfig struct {
@@ -64,6 +70,9 @@ type DiscordConfig struct {
 	URL     string
 	Token   Token
 	Intents int
+	// HTTPClient dials (the daemon's: package safedial, TLS verified);
+	// nil: http.DefaultClient.
+	HTTPClient *http.Client
 	// Deliver hands one dispatch event ({"t","s","d"} JSON) on; key names
 	// it (SESSION:SEQ), so a replay after a resume is recognised.
 	Deliver func(ctx context.Context, key, eventType string, event []byte) error
@@ -298,10 +307,10 @@ func (d *Discord) session(ctx context.Context) (ok bool, err error) {
 		return false, err
 	}
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	c, _, err := websocket.Dial(dctx, u, nil)
+	c, _, err := websocket.Dial(dctx, u, &websocket.DialOptions{HTTPClient: d.cfg.HTTPClient})
 	cancel()
 	if err != nil {
-		return false, fmt.Errorf("dial gateway: %w", err)
+		return false, dialFailed(d.cfg.Log, "the gateway", err)
 	}
 	c.SetReadLimit(maxMessage)
 	defer c.CloseNow()
@@ -350,9 +359,9 @@ func (d *Discord) session(ctx context.Context) (ok bool, err error) {
 	}()
 
 	if resuming {
-		err = d.sendToken(sctx, send, func(tok []byte) []byte { return resumePayload(tok, sid, seq) })
+		err = d.sendToken(sctx, u, send, func(tok []byte) []byte { return resumePayload(tok, sid, seq) })
 	} else {
-		err = d.identify(sctx, send)
+		err = d.identify(sctx, u, send)
 	}
 	if err != nil {
 		return false, err
@@ -586,7 +595,7 @@ func (d *Discord) waitSend(ctx context.Context) error {
 }
 
 // identify sends op 2, no sooner than IdentifyInterval after the last.
-func (d *Discord) identify(ctx context.Context, send func([]byte) error) error {
+func (d *Discord) identify(ctx context.Context, dest string, send func([]byte) error) error {
 	d.mu.Lock()
 	wait := time.Until(d.lastIdentify.Add(d.cfg.IdentifyInterval))
 	d.mu.Unlock()
@@ -600,13 +609,13 @@ func (d *Discord) identify(ctx context.Context, send func([]byte) error) error {
 	d.mu.Lock()
 	d.lastIdentify = time.Now()
 	d.mu.Unlock()
-	return d.sendToken(ctx, send, func(tok []byte) []byte { return identifyPayload(tok, d.cfg.Intents) })
+	return d.sendToken(ctx, dest, send, func(tok []byte) []byte { return identifyPayload(tok, d.cfg.Intents) })
 }
 
-// sendToken opens the token, builds and sends the frame, and wipes both
-// the token and the frame.
-func (d *Discord) sendToken(ctx context.Context, send func([]byte) error, build func(tok []byte) []byte) error {
-	tok, wipe, err := d.cfg.Token(ctx)
+// sendToken opens the token for dest (the connection's URL), builds and
+// sends the frame, and wipes both the token and the frame.
+func (d *Discord) sendToken(ctx context.Context, dest string, send func([]byte) error, build func(tok []byte) []byte) error {
+	tok, wipe, err := d.cfg.Token(ctx, dest)
 	if err != nil {
 		return fmt.Errorf("%w: the bot token cannot be opened: %v", ErrAuth, err)
 	}
@@ -673,6 +682,20 @@ func read(ctx context.Context, c *websocket.Conn, timeout time.Duration) (*frame
 		return nil, fmt.Errorf("gateway frame: %w", err)
 	}
 	return &f, nil
+}
+
+// dialFailed is what a relay shows of a failed dial (its events and
+// `relay ls`): the guarded dialer's refusal names the class of address;
+// anything else — transport errors, status codes, answer bytes — goes to
+// the operator's log only, so a relay URL is no probe of what answers
+// where.
+func dialFailed(log *slog.Logger, what string, err error) error {
+	var re *safedial.RefusedError
+	if errors.As(err, &re) && re.Rule != "" {
+		return fmt.Errorf("dial %s: refused: %s (%s)", what, re.Reason, re.Rule)
+	}
+	log.Warn("relay dial failed", "to", what, "err", err)
+	return fmt.Errorf("dial %s: unreachable, or it refused the WebSocket handshake", what)
 }
 
 // clipErr keeps error text short for events.

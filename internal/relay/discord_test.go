@@ -62,7 +62,7 @@ func start(t *testing.T, g *discordtest.Gateway, tok string, mod func(*DiscordCo
 	s := &sink{}
 	cfg := DiscordConfig{
 		URL: g.URL,
-		Token: func(context.Context) ([]byte, func(), error) {
+		Token: func(context.Context, string) ([]byte, func(), error) {
 			b := []byte(tok)
 			return b, func() { clear(b) }, nil
 		},

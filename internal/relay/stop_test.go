@@ -37,7 +37,7 @@ func TestDiscordStopClosesCleanly(t *testing.T) {
 			s := &sink{}
 			d := NewDiscord(DiscordConfig{
 				URL: g.URL,
-				Token: func(context.Context) ([]byte, func(), error) {
+				Token: func(context.Context, string) ([]byte, func(), error) {
 					b := []byte(testToken)
 					return b, func() { clear(b) }, nil
 				},

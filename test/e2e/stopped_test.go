@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/api"
-	"github.com/cagebox/cagebox/internal/relay/discordtest"
 )
 
 // TestRelayAndWebhookOfStoppedSandbox: once `cagebox stop` has stopped a
@@ -17,16 +16,12 @@ import (
 // retried for hours, and its Discord relay closes the gateway connection
 // (a close frame, so the bot goes offline) and does not reconnect.
 func TestRelayAndWebhookOfStoppedSandbox(t *testing.T) {
-	g, err := discordtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	ie := newIngressEnv(t, "--relay-discord-url", g.URL)
+	g, flags := startGateway(t)
+	ie := newIngressEnv(t, flags...)
 	ctx := context.Background()
 	c := ie.client()
 	for name, val := range map[string]string{"GH_HOOK": hookSecretValue, "DISCORD_BOT": relayBotToken} {
-		if _, err := c.PutSecret(ctx, &api.PutSecretRequest{Name: name, Value: val, Hosts: []string{"example.com"}}); err != nil {
+		if _, err := c.PutSecret(ctx, &api.PutSecretRequest{Name: name, Value: val, Hosts: []string{"example.com", discordGatewayHost}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -7,11 +7,13 @@ package discordtest
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -87,6 +89,25 @@ func Start() (*Gateway, error) {
 	go g.srv.Serve(ln)
 	return g, nil
 }
+
+// StartTLS listens on loopback and serves TLS with cert; its URL (and
+// resume_gateway_url) is wss://HOST:PORT/, HOST a name the client maps to
+// the listener (the daemon's --resolve HOST:PORT=ADDR:PORT) and cert's.
+func StartTLS(cert tls.Certificate, host string) (*Gateway, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	tl := tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	g := &Gateway{HeartbeatInterval: 41250, ln: tl, URL: "wss://" + net.JoinHostPort(host, strconv.Itoa(port)) + "/", changed: make(chan struct{})}
+	g.srv = &http.Server{Handler: http.HandlerFunc(g.serve), ReadHeaderTimeout: 5 * time.Second}
+	go g.srv.Serve(tl)
+	return g, nil
+}
+
+// Addr is the listener's address (ADDR:PORT).
+func (g *Gateway) Addr() string { return g.ln.Addr().String() }
 
 // Close stops the server.
 func (g *Gateway) Close() {

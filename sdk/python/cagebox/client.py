@@ -705,6 +705,10 @@ class Approvals:
             body["remember"] = True
         return Record.of(self._t.call("POST /v1/approvals/{id}", {"id": approval_id}, json_body=body))
 
+    def webhook_key(self, tenant: Optional[str] = None) -> Record:
+        """The key this tenant's approval webhooks are signed with ({"tenant", "key"}; tenant: the admin's choice)."""
+        return Record.of(self._t.call("GET /v1/approvals/webhook-key", query={"tenant": tenant}))
+
     def approve(self, approval_id: str, remember: bool = False, reason: Optional[str] = None) -> Record:
         """Lets the held request through; remember=True makes it a rule for the session."""
         return self.decide(approval_id, "allow", remember, reason)

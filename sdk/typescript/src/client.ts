@@ -658,6 +658,11 @@ export class Approvals {
     return this.t.call("POST /v1/approvals/{id}", { id }, { json: d });
   }
 
+  /** The key this tenant's approval webhooks are signed with (tenant: the admin's choice). */
+  webhookKey(o: { tenant?: string } = {}): Promise<{ tenant: string; key: string }> {
+    return this.t.call("GET /v1/approvals/webhook-key", undefined, { query: { tenant: o.tenant } });
+  }
+
   approve(id: string, o: { remember?: boolean; reason?: string } = {}): Promise<api.Approval> {
     return this.decide(id, { decision: "allow", ...o });
   }

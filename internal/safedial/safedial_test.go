@@ -1,4 +1,4 @@
-package egress
+package safedial
 
 import (
 	"context"
@@ -139,10 +139,10 @@ func containsAddr(ps []netip.Prefix, a netip.Addr) bool {
 	return false
 }
 
-// fakeDNS makes a guard whose resolver answers from a table.
-func guardWith(overrides map[string]netip.AddrPort, dns map[string][]string) *guard {
-	g := newGuard(overrides, nil, []netip.Prefix{netip.MustParsePrefix("203.0.114.64/28")})
-	g.lookup = func(_ context.Context, host string) ([]netip.Addr, error) {
+// guardWith makes a Dialer whose resolver answers from a table.
+func guardWith(overrides map[string]netip.AddrPort, dns map[string][]string) *Dialer {
+	g := New(Config{Overrides: overrides, HostAddrs: []netip.Prefix{netip.MustParsePrefix("203.0.114.64/28")}})
+	g.Lookup = func(_ context.Context, host string) ([]netip.Addr, error) {
 		as, ok := dns[host]
 		if !ok {
 			return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
@@ -160,7 +160,7 @@ func guardWith(overrides map[string]netip.AddrPort, dns map[string][]string) *gu
 }
 
 func TestGuardDial(t *testing.T) {
-	srv := newTCPServer(t, func(c net.Conn) { io.WriteString(c, "hi") })
+	srv := listenTCP(t, func(c net.Conn) { io.WriteString(c, "hi") })
 	port := strconv.Itoa(int(addrPort(t, srv.Addr()).Port()))
 	up := addrPort(t, srv.Addr())
 	g := guardWith(
@@ -339,8 +339,8 @@ func TestHostAddrsLearnedOffline(t *testing.T) {
 		}
 	}
 
-	g := newGuard(nil, nil, nil)
-	g.lookup = func(_ context.Context, host string) ([]netip.Addr, error) {
+	g := New(Config{})
+	g.Lookup = func(_ context.Context, host string) ([]netip.Addr, error) {
 		m := map[string]string{"sec.example": "203.0.114.11", "v6.example": "2a00:1450:4001::10",
 			"anyip.example": "203.0.115.77", "nat64.example": "64:ff9b::cb00:734d"}
 		return []netip.Addr{netip.MustParseAddr(m[host])}, nil
@@ -350,6 +350,70 @@ func TestHostAddrsLearnedOffline(t *testing.T) {
 		var re *RefusedError
 		if !errors.As(err, &re) || re.Rule != RuleHostAddress || !strings.Contains(re.Reason, "address of the host") {
 			t.Errorf("%s: %v, want refused by %s", name, err, RuleHostAddress)
+		}
+	}
+}
+
+// listenTCP serves handle on a loopback listener closed with the test.
+func listenTCP(t *testing.T, handle func(net.Conn)) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+	return l
+}
+
+func addrPort(t *testing.T, a net.Addr) netip.AddrPort {
+	t.Helper()
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ap
+}
+
+// TestAllowPrivate: the operator's flag lets a name or a literal address
+// reach loopback (a test server), never a metadata endpoint, in any form.
+func TestAllowPrivate(t *testing.T) {
+	srv := listenTCP(t, func(c net.Conn) { io.WriteString(c, "hi") })
+	port := strconv.Itoa(int(addrPort(t, srv.Addr()).Port()))
+	g := New(Config{AllowPrivate: true})
+	g.Lookup = func(_ context.Context, host string) ([]netip.Addr, error) {
+		m := map[string]string{"lan.example": "127.0.0.1", "meta.example": "169.254.169.254", "meta64.example": "64:ff9b::a9fe:a9fe",
+			"azure.example": "::ffff:168.63.129.16", "ecs.example": "169.254.170.2"}
+		return []netip.Addr{netip.MustParseAddr(m[host])}, nil
+	}
+	for _, a := range []string{"lan.example:" + port, "127.0.0.1:" + port} {
+		c, err := g.DialContext(context.Background(), "tcp", a)
+		if err != nil {
+			t.Errorf("%s: %v, want connected", a, err)
+			continue
+		}
+		c.Close()
+	}
+	for _, a := range []string{"meta.example:80", "meta64.example:80", "azure.example:80", "ecs.example:80", "169.254.169.254:80", "[fd00:ec2::254]:80"} {
+		c, err := g.DialContext(context.Background(), "tcp", a)
+		if err == nil {
+			c.Close()
+			t.Errorf("%s: connected, want refused", a)
+			continue
+		}
+		if Rule(err) != RuleBlockedAddress || strings.Contains(err.Error(), "169.254") {
+			t.Errorf("%s: %v, want %s naming no address", a, err, RuleBlockedAddress)
 		}
 	}
 }
