@@ -564,6 +564,9 @@ type PoolStatus struct {
 	LastError string `json:"last_error,omitempty"`
 	// LastFillMs is how long the last successful fill took.
 	LastFillMs int64 `json:"last_fill_ms"`
+	// Sandboxes are the ready sandboxes' IDs (each a store row of status
+	// pooled that belongs to no tenant until a create claims it).
+	Sandboxes []string `json:"sandboxes,omitempty"`
 }
 
 // PoolTarget is one warm pool: keep Size sandboxes of runtime, image and

@@ -417,8 +417,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	// Pooled sandboxes a stopped daemon left are ours, and none is kept.
-	ours = append(ours, sandbox.PoolIDs(filepath.Join(cfg.Home, "sandboxes"))...)
+	// Pooled sandboxes an older daemon recorded as files are ours, and
+	// none is kept.
+	ours = append(ours, sandbox.LegacyPoolIDs(filepath.Join(cfg.Home, "sandboxes"))...)
 	if err := gw.Init(ctx, keep, ours); err != nil {
 		return err
 	}
@@ -434,7 +435,6 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer mgr.Close()
 	mgr.SyncPorts(ctx)
-	mgr.RecoverPool(ctx)
 	if err := mgr.PruneImageRefs(ctx); err != nil {
 		log.Warn("prune image references", "err", err)
 	}
@@ -633,8 +633,9 @@ func poolMemory(n int64) int64 {
 
 // keepSandbox says which sandboxes' links survive a restart (those the
 // store still has as running, paused, hibernated or being created) and lists every
-// sandbox the store records (the only ones whose links are this daemon's
-// to remove). A store that cannot be read stops the start: guessing would
+// sandbox the store records, pooled ones (rows of no tenant) included (the
+// only ones whose links are this daemon's to remove; Recover destroys the
+// pooled ones). A store that cannot be read stops the start: guessing would
 // remove live sandboxes' links.
 func keepSandbox(ctx context.Context, st store.Store) (func(string) bool, []string, error) {
 	keep := map[string]bool{}
@@ -642,7 +643,14 @@ func keepSandbox(ctx context.Context, st store.Store) (func(string) bool, []stri
 	if err != nil {
 		return nil, nil, fmt.Errorf("list sandboxes to recover: %w", err)
 	}
-	ours := make([]string, 0, len(rs))
+	pooled, err := st.ListUnownedSandboxes(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list pooled sandboxes to recover: %w", err)
+	}
+	ours := make([]string, 0, len(rs)+len(pooled))
+	for _, r := range pooled {
+		ours = append(ours, r.ID)
+	}
 	for _, r := range rs {
 		ours = append(ours, r.ID)
 		switch r.Status {

@@ -327,9 +327,19 @@ func (p *Pool) Status() []api.PoolStatus {
 			MemoryBytes: c.Resources.MemoryBytes, Target: cl.target, Ready: len(cl.ready), Filling: cl.filling > 0,
 			Claims: cl.claims, Misses: cl.misses, Fills: cl.fills, Failures: cl.failures,
 			LastError: cl.lastErr, LastFillMs: cl.fillTime.Milliseconds(),
+			Sandboxes: itemIDs(cl.ready),
 		})
 	}
 	return out
+}
+
+// itemIDs are the IDs of items (nil for none).
+func itemIDs(items []Item) []string {
+	var ids []string
+	for _, it := range items {
+		ids = append(ids, it.ID())
+	}
+	return ids
 }
 
 // Memory is the budget and what the ready (and filling) sandboxes use of it.

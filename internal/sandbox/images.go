@@ -58,8 +58,8 @@ func (m *Manager) releaseImage(id string) {
 }
 
 // PruneImageRefs drops the references of sandboxes that no longer exist
-// (a killed daemon could not release them): call it after Recover and
-// RecoverPool, before StartPool.
+// (a killed daemon could not release them): call it after Recover,
+// before StartPool.
 func (m *Manager) PruneImageRefs(ctx context.Context) error {
 	rs, err := m.cfg.Store.ListSandboxes(ctx, "")
 	if err != nil {
@@ -71,8 +71,13 @@ func (m *Manager) PruneImageRefs(ctx context.Context) error {
 			alive[r.ID] = true
 		}
 	}
-	for _, id := range PoolIDs(m.cfg.StateDir) {
-		alive[id] = true
+	// Pooled sandboxes (rows of no tenant) hold their references too.
+	pooled, err := m.cfg.Store.ListUnownedSandboxes(ctx)
+	if err != nil {
+		return fmt.Errorf("list pooled sandboxes: %w", err)
+	}
+	for _, r := range pooled {
+		alive[r.ID] = true
 	}
 	if err := m.cfg.Images.PruneRefs(m.refOwner(), func(id string) bool { return alive[id] }); err != nil {
 		return err

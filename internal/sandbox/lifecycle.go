@@ -5,16 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/api"
-	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/internal/errdefs"
-	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
@@ -73,14 +70,17 @@ func (m *Manager) create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	}
 	m.creating.Add(1)
 	defer m.creating.Add(-1)
-	v, err, pooled := m.fromPool(ctx, tenant, p)
-	if !pooled {
+	v, claimed, err := m.fromPool(ctx, tenant, p)
+	if err == nil && !claimed {
 		v, err = m.createCold(ctx, tenant, p)
 	}
-	if err == nil && m.cfg.OnCreate != nil {
-		m.cfg.OnCreate(v.Runtime, pooled, time.Since(t0))
+	if err != nil {
+		return nil, false, err
 	}
-	return v, pooled && err == nil, err
+	if m.cfg.OnCreate != nil {
+		m.cfg.OnCreate(v.Runtime, claimed, time.Since(t0))
+	}
+	return v, claimed, nil
 }
 
 // prepare checks a create request and resolves its policy, runtime and
@@ -177,150 +177,33 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 	return &createParams{req: req, timeout: timeout, idle: idle, doc: doc, rt: rt, img: img, res: res.WithDefaults(), mounts: ms, audit: auditClasses}, nil
 }
 
-// createCold makes a sandbox from nothing.
-func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *createParams) (_ *api.Sandbox, err error) {
-	req, rt, img, doc := p.req, p.rt, p.img, p.doc
+// createCold makes a sandbox for the request and binds it (make, then
+// bind). Its secrets are resolved first, so a request that cannot be
+// bound makes nothing; its row is its tenant's from the start (status
+// creating), holding its volumes.
+func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *createParams) (*api.Sandbox, error) {
+	req := p.req
 	id := newID()
-	// Every step that makes something registers its undo; a failure at any
-	// point runs them, last made first, on a context of their own (a setup
-	// that ran out of time is still undone).
-	var (
-		undo cleanup.Stack
-		uctx context.Context
-	)
-	defer func() {
-		if err != nil {
-			var cancel context.CancelFunc
-			uctx, cancel = context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			undo.Run()
-		}
-	}()
-	bound, secretEnv, undoSecrets, err := m.bindSecrets(ctx, tenant.ID, id, req.Secrets)
-	undo.Add(undoSecrets)
+	b, err := m.newBinding(ctx, tenant, p, id)
 	if err != nil {
 		return nil, err
 	}
-	creds, err := m.credentialBindings(tenant.ID, bound)
+	sr := specRecord{Resources: p.res, Env: req.Env, StateDir: m.stateDir(id), IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction,
+		Policy: p.doc, PolicyRef: req.PolicyRef, Secrets: b.bound, Mounts: p.mounts, ReadOnlyRoot: req.ReadOnlyRoot, Audit: p.audit.Strings()}
+	sr.ExecCwd, sr.ExecUser = imageExecDefaults(p.img)
+	ms := &makeSpec{id: id, rt: p.rt, img: p.img, res: p.res,
+		row:    m.newRecord(id, tenant, p, &sr, StatusCreating, m.cfg.Now().UTC()),
+		mounts: p.mounts, readOnlyRoot: req.ReadOnlyRoot, audit: m.startAudit(tenant.ID, id, p.audit)}
+	if req.ReadOnlyRoot {
+		ms.early = b
+	}
+	// Setup is bounded by the daemon, not by the caller's connection.
+	md, err := m.make(context.WithoutCancel(ctx), ms)
 	if err != nil {
-		return nil, fmt.Errorf("%w: secrets: %v", errdefs.ErrInvalid, err)
-	}
-	// Bind sources are opened now and held until the runtime has mounted
-	// them (mounts.Source).
-	ims, err := m.resolveMounts(tenant.ID, p.mounts, rt)
-	if err != nil {
+		b.drop()
 		return nil, err
 	}
-	defer closeMounts(ims)
-	res := p.res
-	spec := &isolation.Spec{
-		ID:           id,
-		StateDir:     filepath.Join(m.cfg.StateDir, id),
-		RootFS:       img.Path,
-		AgentPath:    m.cfg.AgentPath,
-		AgentToken:   newToken(),
-		Env:          guestEnv(img, req.Env, secretEnv),
-		Hostname:     "sandbox",
-		Resources:    res,
-		Mounts:       ims,
-		ReadOnlyRoot: req.ReadOnlyRoot,
-	}
-	sr := specRecord{Resources: res, Env: req.Env, AgentToken: spec.AgentToken, StateDir: spec.StateDir, IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: doc, PolicyRef: req.PolicyRef, Secrets: bound, Mounts: p.mounts, ReadOnlyRoot: req.ReadOnlyRoot, Audit: p.audit.Strings()}
-	sr.ExecCwd, sr.ExecUser = imageExecDefaults(img)
-	spec.Audit = m.startAudit(tenant.ID, id, p.audit)
-	undo.Add(func() { m.endAudit(id) })
-	now := m.cfg.Now().UTC()
-	rec := m.newRecord(id, tenant, p, &sr, StatusCreating, now)
-	log := m.log.With("sandbox", id, "tenant", tenant.ID, "runtime", rt.Name())
-	// The record exists before anything is made on the host, so a crash at
-	// any later point is found and cleaned up by Recover. The record is
-	// also what holds the sandbox's volumes.
-	if err := m.recordWithVolumes(ctx, rec, p.mounts, rt); err != nil {
-		return nil, err
-	}
-	// The record of a failed create stays, marked failed and saying why;
-	// it is marked once everything made after it is undone.
-	undo.Add(func() {
-		log.Error("create failed", "err", err)
-		rec.Status, rec.Error = StatusFailed, err.Error()
-		rec.UpdatedAt = m.cfg.Now().UTC()
-		_ = m.cfg.Store.UpdateSandbox(uctx, rec)
-		m.Emit(tenant.ID, id, api.SandboxFailed{Error: err.Error()})
-	})
-	if err := m.acquireImage(img, id); err != nil {
-		return nil, err
-	}
-	undo.Add(func() { m.releaseImage(id) })
-	// Setup is bounded by the daemon, not by the caller's connection: a
-	// client that hangs up mid-create must not leave a half-made sandbox.
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	t0 := time.Now()
-	if gw := m.cfg.Gateway; gw != nil {
-		att, err := gw.Attach(sctx, id, tenant.ID, doc, req.PolicyRef, gateway.AttachNew)
-		if err != nil {
-			return nil, fmt.Errorf("attach network: %w", err)
-		}
-		undo.Add(func() { m.detach(id) })
-		att.Credentials.Install(creds)
-		spec.NetNS = att.Link.NetNSPath
-		spec.GuestIf, spec.GuestAddr, spec.Gateway, spec.Prefix = att.Link.GuestIf, att.Link.GuestAddr, att.Link.HostAddr, att.Link.Prefix
-		spec.Nameserver = att.Link.HostAddr.String()
-		spec.TrustedCAPEM = att.CA.CertPEM()
-		spec.Env = append(isolation.CAEnv(), spec.Env...)
-	}
-	sb, err := rt.Create(sctx, spec)
-	tCreate := time.Since(t0)
-	if err != nil {
-		return nil, fmt.Errorf("create %s sandbox: %w", rt.Name(), err)
-	}
-	undo.Add(func() { _ = sb.Destroy(uctx) })
-	st := sb.State()
-	rec.State, _ = json.Marshal(st)
-	if err := m.cfg.Store.UpdateSandbox(sctx, rec); err != nil {
-		return nil, fmt.Errorf("record sandbox state: %w", err)
-	}
-	// The agent's socket exists before Start (the runtime made it), so the
-	// handshake is started alongside the runtime: it completes the moment
-	// the agent runs, overlapping the runtime's own exit.
-	t1 := time.Now()
-	e := &entry{id: id, tenant: tenant.ID, sb: sb, token: spec.AgentToken, active: now, persisted: now, started: make(chan struct{}), execCwd: sr.ExecCwd, execUser: sr.ExecUser}
-	// A sandbox restored from a template answers to the template's token
-	// until it is claimed as this sandbox.
-	info := claimInfo(sb)
-	if info.Token != "" {
-		e.token = info.Token
-	}
-	undo.Add(e.dropAll)
-	if err := startAgent(sctx, rt.Name(), sb, e); err != nil {
-		return nil, err
-	}
-	tStart := time.Since(t1)
-	if info.Token != "" {
-		cl, err := newClaim(spec, info)
-		if err != nil {
-			return nil, err
-		}
-		if err := m.claimAgent(sctx, e, cl); err != nil {
-			return nil, err
-		}
-	}
-	rec.Status = StatusRunning
-	rec.UpdatedAt = m.cfg.Now().UTC()
-	if err := m.cfg.Store.UpdateSandbox(sctx, rec); err != nil {
-		return nil, fmt.Errorf("record sandbox: %w", err)
-	}
-	undo.Release()
-	m.mu.Lock()
-	m.live[id] = e
-	m.mu.Unlock()
-	if aa, ok := rt.(isolation.AgentAudit); ok && aa.AuditsThroughAgent() && !p.audit.Empty() {
-		m.agentAudit(id, e, spec.Audit)
-	}
-	m.emitEnvSecrets(tenant.ID, id, bound)
-	log.Info("sandbox running", "image", img.Name, "setup", tCreate, "start", tStart, "agent_ready", time.Since(t1))
-	m.Emit(tenant.ID, id, api.SandboxCreated{Runtime: rt.Name(), Image: img.Name})
-	return m.view(rec), nil
+	return m.bind(ctx, b, md)
 }
 
 // Pause freezes a running sandbox.

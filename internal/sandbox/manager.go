@@ -35,6 +35,9 @@ import (
 
 // Statuses a sandbox record goes through.
 const (
+	// StatusPooled: made ahead of its tenant and kept in a warm pool; its
+	// row has no tenant (no tenant sees it) until a create binds it.
+	StatusPooled    = "pooled"
 	StatusCreating  = "creating"
 	StatusRunning   = "running"
 	StatusPaused    = "paused"
@@ -116,6 +119,9 @@ type Manager struct {
 	// progress, which refills wait for.
 	pool     *pool.Pool
 	creating atomic.Int64
+	// makes and binds count calls of make and bind (make.go): every way
+	// to create a sandbox goes through both, and tests check it.
+	makes, binds atomic.Int64
 	// volMu serialises volume creates, removals and the check-and-record
 	// of a sandbox that mounts volumes (volumes.go).
 	volMu sync.Mutex
@@ -199,6 +205,8 @@ type specRecord struct {
 	// LastWake: the last wake from an idle pause.
 	LastWake *api.Wake `json:"last_wake,omitempty"`
 	Audit    []string  `json:"audit,omitempty"`
+	// Pool is the class a pooled sandbox was made for (until bound).
+	Pool string `json:"pool,omitempty"`
 }
 
 func newID() string {

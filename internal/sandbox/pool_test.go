@@ -52,20 +52,48 @@ func startTestPool(t *testing.T, m *Manager) pool.Class {
 	return c
 }
 
+// pooledRows are the IDs of the store's rows of no tenant, each checked
+// to be status pooled.
+func pooledRows(t *testing.T, db store.Store) []string {
+	t.Helper()
+	rs, err := db.ListUnownedSandboxes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range rs {
+		if r.Status != StatusPooled {
+			t.Errorf("row %s of no tenant is %s, not pooled", r.ID, r.Status)
+		}
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
 // TestPoolClaim: a create of the pooled class takes the pooled sandbox —
-// its agent claimed with a new token (the fill token stops working), the
-// record written once, running — and the pool refills; nothing pooled is
-// in the store.
+// its agent claimed with a new token (the fill token stops working), its
+// row bound to the tenant, running — and the pool refills. A pooled
+// sandbox is a row of no tenant: no tenant (not even the admin's list)
+// sees it; the pool's status names it.
 func TestPoolClaim(t *testing.T) {
 	testRuntime.use(createPlan{})
 	m, db, _ := newCreateManager(t, "")
 	startTestPool(t, m)
 	if rs, _ := db.ListSandboxes(context.Background(), ""); len(rs) != 0 {
-		t.Fatalf("pooled sandboxes in the store: %d", len(rs))
+		t.Fatalf("pooled sandboxes in the tenants' lists: %d", len(rs))
 	}
 	pooled := testRuntime.sandboxes()[0]
-	if recs, _ := os.ReadDir(m.poolDir()); len(recs) != 1 {
-		t.Fatalf("pool records: %d, want 1", len(recs))
+	if ids := pooledRows(t, db); len(ids) != 1 || ids[0] != pooled.id {
+		t.Fatalf("pooled rows %v, want [%s]", ids, pooled.id)
+	}
+	if st := poolStatus(m); len(st.Sandboxes) != 1 || st.Sandboxes[0] != pooled.id {
+		t.Fatalf("pool status names %v, want [%s]", st.Sandboxes, pooled.id)
+	}
+	if _, err := m.Get(context.Background(), "", pooled.id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("the admin's inspect of a pooled sandbox: %v, want not found", err)
+	}
+	if err := m.RemoveAsync(context.Background(), "", pooled.id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("the admin's rm of a pooled sandbox: %v, want not found", err)
 	}
 	sb, err := m.Create(context.Background(), &store.Tenant{ID: "t1"}, createRequest())
 	if err != nil {
@@ -96,8 +124,11 @@ func TestPoolClaim(t *testing.T) {
 		t.Fatalf("list dir: %v", err)
 	}
 	waitUntil(t, "a refill", func() bool { st := poolStatus(m); return st.Ready == 1 && st.Claims == 1 })
-	if recs, _ := os.ReadDir(m.poolDir()); len(recs) != 1 {
-		t.Fatalf("pool records after claim and refill: %d, want 1 (the new one)", len(recs))
+	if ids := pooledRows(t, db); len(ids) != 1 || ids[0] == pooled.id {
+		t.Fatalf("pooled rows after claim and refill: %v, want the new one only", ids)
+	}
+	if rs, _ := db.ListSandboxes(context.Background(), "t1"); len(rs) != 1 || rs[0].ID != sb.ID {
+		t.Fatalf("t1's rows after the claim: %d, want the claimed one", len(rs))
 	}
 	// Another size is made cold; the pool is untouched.
 	req := createRequest()
@@ -155,39 +186,96 @@ func TestPoolClaimFailureFallsBack(t *testing.T) {
 	}
 }
 
-// TestPoolCloseAndRecover: Close destroys the ready sandboxes and their
-// records; records a killed daemon left are destroyed by RecoverPool.
+// TestPoolCloseAndRecover: Close destroys the ready sandboxes and deletes
+// their rows; the pooled sandboxes of a daemon that stopped without Close
+// (killed) are destroyed by the next one's Recover, as are those an older
+// daemon recorded as files below StateDir/pool.
 func TestPoolCloseAndRecover(t *testing.T) {
 	testRuntime.use(createPlan{})
-	m, _, _ := newCreateManager(t, "")
+	m, db, _ := newCreateManager(t, "")
 	startTestPool(t, m)
 	pooled := testRuntime.sandboxes()[0]
 	m.Close()
 	if destroyed, _, _ := pooled.released(); !destroyed {
 		t.Error("Close left a pooled sandbox")
 	}
-	if recs, _ := os.ReadDir(m.poolDir()); len(recs) != 0 {
-		t.Errorf("pool records after Close: %d", len(recs))
+	if ids := pooledRows(t, db); len(ids) != 0 {
+		t.Errorf("pooled rows after Close: %v", ids)
 	}
-	// A record left by a killed daemon, with its state dir.
-	m2, _, _ := newCreateManager(t, "")
-	dir := filepath.Join(m2.cfg.StateDir, "sb-left0000000000")
+
+	// A killed daemon: its pool made a sandbox and never let it go. The
+	// test runtime's Recover says gone, as a real one does for a sandbox
+	// whose processes died with the host; what it left on disk goes.
+	m2, db2, _ := newCreateManager(t, "")
+	startTestPool(t, m2)
+	left := pooledRows(t, db2)
+	if len(left) != 1 {
+		t.Fatalf("pooled rows %v, want one", left)
+	}
+	dir := m2.stateDir(left[0])
 	if err := os.MkdirAll(filepath.Join(dir, "rw"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := m2.writePoolRecord(&poolRecord{ID: "sb-left0000000000", Class: "createtest:default", StateDir: dir,
-		State: &isolation.State{ID: "sb-left0000000000", Runtime: createRuntimeName}}); err != nil {
+	// An older daemon's pool record file, with its state dir.
+	oldDir := filepath.Join(m2.cfg.StateDir, "sb-left0000000000")
+	if err := os.MkdirAll(filepath.Join(oldDir, "rw"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if ids := PoolIDs(m2.cfg.StateDir); len(ids) != 1 || ids[0] != "sb-left0000000000" {
-		t.Fatalf("PoolIDs %v", ids)
+	b, _ := json.Marshal(&legacyPoolRecord{ID: "sb-left0000000000", Class: "createtest:default", StateDir: oldDir,
+		State: &isolation.State{ID: "sb-left0000000000", Runtime: createRuntimeName}})
+	if err := os.MkdirAll(filepath.Join(m2.cfg.StateDir, "pool"), 0o700); err != nil {
+		t.Fatal(err)
 	}
-	m2.RecoverPool(context.Background())
-	if _, err := os.Stat(dir); err == nil {
-		t.Error("RecoverPool left the state dir")
+	if err := os.WriteFile(filepath.Join(m2.cfg.StateDir, "pool", "sb-left0000000000.json"), b, 0o600); err != nil {
+		t.Fatal(err)
 	}
-	if ids := PoolIDs(m2.cfg.StateDir); len(ids) != 0 {
-		t.Errorf("records after RecoverPool: %v", ids)
+	if ids := LegacyPoolIDs(m2.cfg.StateDir); len(ids) != 1 || ids[0] != "sb-left0000000000" {
+		t.Fatalf("LegacyPoolIDs %v", ids)
+	}
+	m3 := New(Config{Store: db2, Images: m2.cfg.Images, StateDir: m2.cfg.StateDir, Logger: m2.log})
+	t.Cleanup(m3.Close)
+	if err := m3.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ids := pooledRows(t, db2); len(ids) != 0 {
+		t.Errorf("pooled rows after Recover: %v", ids)
+	}
+	for _, d := range []string{dir, oldDir, filepath.Join(m2.cfg.StateDir, "pool")} {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("Recover left %s", d)
+		}
+	}
+	if rs, _ := db2.ListSandboxes(context.Background(), ""); len(rs) != 0 {
+		t.Errorf("rows after Recover: %d", len(rs))
+	}
+}
+
+// TestMakeBind: a cold create and a pool claim go through the same make
+// and bind: a fill is a make, a claim a bind, a cold create one of each.
+func TestMakeBind(t *testing.T) {
+	testRuntime.use(createPlan{})
+	m, _, _ := newCreateManager(t, "")
+	count := func() (int64, int64) { return m.makes.Load(), m.binds.Load() }
+	startTestPool(t, m)
+	if mk, bd := count(); mk != 1 || bd != 0 {
+		t.Fatalf("after a fill: %d makes, %d binds; want 1, 0", mk, bd)
+	}
+	sb, err := m.Create(context.Background(), &store.Tenant{ID: "t1"}, createRequest())
+	if err != nil || !sb.Pooled {
+		t.Fatalf("create from the pool: %+v, %v", sb, err)
+	}
+	waitUntil(t, "a refill", func() bool { st := poolStatus(m); return st.Ready == 1 && st.Claims == 1 })
+	if mk, bd := count(); mk != 2 || bd != 1 {
+		t.Fatalf("after a claim and a refill: %d makes, %d binds; want 2, 1", mk, bd)
+	}
+	req := createRequest()
+	req.MemoryBytes = 256 << 20
+	cold, err := m.Create(context.Background(), &store.Tenant{ID: "t1"}, req)
+	if err != nil || cold.Pooled {
+		t.Fatalf("cold create: %+v, %v", cold, err)
+	}
+	if mk, bd := count(); mk != 3 || bd != 2 {
+		t.Fatalf("after a cold create: %d makes, %d binds; want 3, 2", mk, bd)
 	}
 }
 

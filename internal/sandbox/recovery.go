@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/credentials"
@@ -47,9 +49,21 @@ func (m *Manager) cleanupOrphanDir(r *store.Sandbox) {
 	_ = os.RemoveAll(sr.StateDir)
 }
 
-// Recover re-attaches to every sandbox the store says is running or
-// paused, and cleans up (and marks failed) those that are gone.
+// Recover is the one recovery path after a daemon restart, for every
+// sandbox the store has a row of: it re-attaches to every sandbox the
+// store says is running or paused, cleans up (and marks failed) those
+// that are gone or were being created, finishes removals, and destroys
+// the pooled sandboxes (rows of no tenant) a stopped daemon left. Call it
+// after the gateway's Init, before StartPool.
 func (m *Manager) Recover(ctx context.Context) error {
+	pooled, err := m.cfg.Store.ListUnownedSandboxes(ctx)
+	if err != nil {
+		return fmt.Errorf("list pooled sandboxes: %w", err)
+	}
+	for _, r := range pooled {
+		m.recoverPooled(ctx, r)
+	}
+	m.recoverLegacyPool(ctx)
 	rs, err := m.cfg.Store.ListSandboxes(ctx, "")
 	if err != nil {
 		return fmt.Errorf("list sandboxes: %w", err)
@@ -137,4 +151,104 @@ func (m *Manager) Recover(ctx context.Context) error {
 		log.Info("re-attached sandbox after restart", "status", r.Status)
 	}
 	return nil
+}
+
+// recoverPooled destroys a pooled sandbox a stopped daemon left and
+// deletes its row; one its runtime cannot destroy keeps its row, for the
+// next start to try again.
+func (m *Manager) recoverPooled(ctx context.Context, r *store.Sandbox) {
+	var sr specRecord
+	_ = json.Unmarshal(r.Spec, &sr)
+	if sb := m.sandboxFromRecord(ctx, r); sb != nil {
+		if err := sb.Destroy(ctx); err != nil {
+			m.log.Error("destroy a pooled sandbox left by a stopped daemon", "sandbox", r.ID, "err", err)
+			return
+		}
+	}
+	m.cleanupOrphanDir(r)
+	m.detach(r.ID)
+	m.releaseImage(r.ID)
+	if err := m.cfg.Store.DeleteSandbox(ctx, r.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		m.log.Error("delete a pooled sandbox's row", "sandbox", r.ID, "err", err)
+		return
+	}
+	m.log.Info("destroyed a pooled sandbox left by a stopped daemon", "sandbox", r.ID, "class", sr.Pool)
+}
+
+// Before pooled sandboxes were store rows, each had a record file below
+// StateDir/pool. A daemon started over a state directory of that layout
+// destroys the sandboxes those files name, once (recoverLegacyPool).
+
+// legacyPoolRecord is such a file.
+type legacyPoolRecord struct {
+	ID       string           `json:"id"`
+	Class    string           `json:"class"`
+	StateDir string           `json:"state_dir"`
+	State    *isolation.State `json:"state,omitempty"`
+}
+
+// LegacyPoolIDs lists the sandboxes the pool record files of an older
+// daemon name (the daemon passes them to the gateway's Init as its own,
+// so their links are removed; Recover destroys the rest).
+func LegacyPoolIDs(stateDir string) []string {
+	ents, _ := os.ReadDir(filepath.Join(stateDir, "pool"))
+	var ids []string
+	for _, e := range ents {
+		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok && !strings.HasPrefix(id, ".") {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// recoverLegacyPool destroys the pooled sandboxes an older daemon's
+// record files name, then removes the files and their directory. A
+// sandbox the store has a row of was claimed before that daemon stopped:
+// it is Recover's like any other.
+func (m *Manager) recoverLegacyPool(ctx context.Context) {
+	dir := filepath.Join(m.cfg.StateDir, "pool")
+	for _, id := range LegacyPoolIDs(m.cfg.StateDir) {
+		file := filepath.Join(dir, id+".json")
+		b, err := os.ReadFile(file)
+		var r legacyPoolRecord
+		if err != nil || json.Unmarshal(b, &r) != nil || r.ID != id {
+			m.log.Warn("unreadable pool record; removing it", "file", file)
+			_ = os.Remove(file)
+			continue
+		}
+		if _, err := m.cfg.Store.GetSandbox(ctx, "", id); err == nil {
+			_ = os.Remove(file)
+			continue
+		}
+		if r.State != nil {
+			if rt, ok := isolation.Lookup(r.State.Runtime); ok {
+				if sb, err := rt.Recover(ctx, *r.State); sb != nil {
+					if err := sb.Destroy(ctx); err != nil {
+						m.log.Error("destroy a pooled sandbox left by an older daemon", "sandbox", id, "err", err)
+						continue
+					}
+				} else if err != nil && !errors.Is(err, isolation.ErrGone) {
+					m.log.Warn("pooled sandbox left by an older daemon", "sandbox", id, "err", err)
+				}
+			}
+		}
+		if r.StateDir != "" {
+			unmountBelow(r.StateDir)
+			_ = os.RemoveAll(r.StateDir)
+		}
+		m.detach(id)
+		m.releaseImage(id)
+		_ = os.Remove(file)
+		m.log.Info("destroyed a pooled sandbox left by an older daemon", "sandbox", id, "class", r.Class)
+	}
+	// Only what a crash mid-write left (.ID.tmp) can remain: the layout
+	// is gone.
+	if ents, err := os.ReadDir(dir); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".") && strings.HasSuffix(e.Name(), ".tmp") {
+				_ = os.Remove(filepath.Join(dir, e.Name()))
+			}
+		}
+		_ = os.Remove(dir)
+	}
 }

@@ -5,7 +5,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 
@@ -80,8 +79,8 @@ func TestSetPools(t *testing.T) {
 		t.Fatalf("empty targets: %+v, %v", p, err)
 	}
 	waitUntil(t, "pooled sandboxes destroyed", func() bool {
-		recs, _ := os.ReadDir(m.poolDir())
-		return len(recs) == 0
+		rs, err := m.cfg.Store.ListUnownedSandboxes(context.Background())
+		return err == nil && len(rs) == 0
 	})
 	for _, s := range testRuntime.sandboxes() {
 		destroyed, _, _ := s.released()

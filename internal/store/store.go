@@ -67,13 +67,17 @@ type APIKey struct {
 
 // Sandbox is the persisted record of one sandbox.
 type Sandbox struct {
-	ID       string
+	ID string
+	// TenantID is "" for a sandbox of no tenant (made ahead of its tenant:
+	// a pooled one). Such a row is no tenant's, not even the admin's:
+	// GetSandbox and the lists never return it; ListUnownedSandboxes
+	// does, and BindSandbox gives it its tenant.
 	TenantID string
 	Runtime  string
 	Image    string
-	// Status is one of "creating", "running", "paused", "hibernated", "stopped",
-	// "failed", "destroyed"; the store keeps it as text and gives it no
-	// meaning.
+	// Status is one of "pooled", "creating", "running", "paused",
+	// "hibernated", "stopped", "failed", "destroyed"; the store keeps it as
+	// text and gives it no meaning.
 	Status string
 	Spec   json.RawMessage // the create request as given; never secrets
 	State  json.RawMessage // the runtime's recovery state
@@ -126,8 +130,17 @@ type Store interface {
 
 	// CreateSandbox inserts s, setting CreatedAt (when zero), UpdatedAt
 	// and LastActive (when zero). ErrNotFound if its tenant does not exist;
-	// ErrConflict if the ID exists.
+	// ErrConflict if the ID exists. TenantID "" makes a row of no tenant.
 	CreateSandbox(ctx context.Context, s *Sandbox) error
+	// BindSandbox gives the row of no tenant with s.ID its tenant
+	// s.TenantID and every other field of s (as CreateSandbox writes them:
+	// CreatedAt, LastActive and UpdatedAt are set likewise). ErrNotFound
+	// if the row is missing or already has a tenant, or the tenant does
+	// not exist.
+	BindSandbox(ctx context.Context, s *Sandbox) error
+	// ListUnownedSandboxes returns the rows of no tenant, ordered by
+	// CreatedAt, then ID.
+	ListUnownedSandboxes(ctx context.Context) ([]*Sandbox, error)
 	// GetSandbox returns the sandbox. tenantID "" matches any tenant
 	// (admin); otherwise a sandbox of another tenant is ErrNotFound.
 	GetSandbox(ctx context.Context, tenantID, id string) (*Sandbox, error)
@@ -140,7 +153,8 @@ type Store interface {
 	// UpdateSandbox replaces the mutable fields of the row with s.ID and
 	// sets s.UpdatedAt. ID, TenantID and CreatedAt never change: when
 	// s.TenantID is not "" it must match the row's tenant, else
-	// ErrNotFound. ErrNotFound if the row is missing.
+	// ErrNotFound; "" matches any row, one of no tenant included.
+	// ErrNotFound if the row is missing.
 	UpdateSandbox(ctx context.Context, s *Sandbox) error
 	// TouchSandbox records activity at t. LastActive never moves
 	// backwards: an older t leaves it unchanged. ErrNotFound if missing.

@@ -99,11 +99,18 @@ func TestFleetNodeAPI(t *testing.T) {
 	if _, err := admin.SetPools(ctx, &api.SetPoolsRequest{Targets: []api.PoolTarget{{Runtime: rt, Image: "default", Size: 2}}}); err != nil {
 		t.Fatal(err)
 	}
-	e.waitPoolReady(class, 2)
+	pooled := e.waitPoolReady(class, 2).Sandboxes
 	if p, err := admin.SetPools(ctx, &api.SetPoolsRequest{}); err != nil || len(p.Pools) != 0 {
 		t.Fatalf("drop the pools: %+v, %v", p, err)
 	}
-	waitFor(t, 30*time.Second, "pooled sandboxes destroyed", func() bool { return len(poolRecordIDs(e)) == 0 && len(hostIfs()) == 1 })
+	waitFor(t, 30*time.Second, "pooled sandboxes destroyed", func() bool {
+		for _, id := range pooled {
+			if _, err := os.Stat(filepath.Join(e.home, "sandboxes", id)); err == nil {
+				return false
+			}
+		}
+		return len(pooled) == 2 && len(hostIfs()) == 1
+	})
 	if err := admin.Remove(ctx, id); err != nil {
 		t.Fatal(err)
 	}

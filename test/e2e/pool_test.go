@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -142,12 +143,19 @@ func TestWarmPool(t *testing.T) {
 	if st.Claims+st.Misses != 2 || st.Claims == 0 || st.Fills < 2+st.Claims {
 		t.Errorf("pool counters %+v after 2 creates", st)
 	}
-	var pooled []string
-	for _, s := range poolRecordIDs(e) {
-		pooled = append(pooled, s)
-	}
+	// The pooled sandboxes are store rows of no tenant: the pool's status
+	// names them; no tenant, the admin included, can see or remove them.
+	pooled := st.Sandboxes
 	if len(pooled) != 2 {
-		t.Fatalf("pool records %v, want 2", pooled)
+		t.Fatalf("pooled sandboxes %v, want 2", pooled)
+	}
+	for _, id := range pooled {
+		if r := e.cli("", "inspect", id); r.code == 0 {
+			t.Errorf("inspect of pooled %s: %+v", id, r)
+		}
+		if r := e.cli("", "rm", id); r.code == 0 {
+			t.Errorf("rm of pooled %s: %+v", id, r)
+		}
 	}
 
 	// Kill the daemon with two sandboxes in the pool: the next start
@@ -157,14 +165,22 @@ func TestWarmPool(t *testing.T) {
 		t.Errorf("%d sandbox interfaces before the restart, want 5 (3 sandboxes, 2 pooled)", n)
 	}
 	e.stopDaemon(syscall.SIGKILL)
-	e.startDaemon(up.daemonArgs("api.example.test")...)
-	if left := poolRecordIDs(e); len(left) != 0 {
-		t.Errorf("pool records after restart: %v", left)
+	for _, id := range pooled {
+		if rt == "container" && len(cgroupsOf(id)) == 0 {
+			t.Errorf("pooled %s has no cgroup before the restart: the check below would prove nothing", id)
+		}
 	}
+	e.startDaemon(up.daemonArgs("api.example.test")...)
 	for _, id := range pooled {
 		if _, err := os.Stat(filepath.Join(e.home, "sandboxes", id)); err == nil {
 			t.Errorf("state dir of pooled %s left after restart", id)
 		}
+		if left := cgroupsOf(id); len(left) != 0 {
+			t.Errorf("pooled %s left after restart: %v", id, left)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(e.home, "sandboxes", "pool")); err == nil {
+		t.Error("a pool record directory exists")
 	}
 	if n := len(hostIfs()); n != 3 {
 		t.Errorf("%d sandbox interfaces after the restart, want 3: %v", n, hostIfs())
@@ -194,13 +210,28 @@ func TestPoolFlagErrors(t *testing.T) {
 	}
 }
 
-func poolRecordIDs(e *env) []string {
-	ents, _ := os.ReadDir(filepath.Join(e.home, "sandboxes", "pool"))
+// cgroupsOf lists the cgroups named for sandbox id (cgroup v1
+// controllers or v2, below the runtime's parent) and the live processes
+// in them (a zombie is dead: its new parent, the host's init after the
+// daemon was killed, reaps it).
+func cgroupsOf(id string) []string {
 	var out []string
-	for _, en := range ents {
-		if id, ok := strings.CutSuffix(en.Name(), ".json"); ok {
-			out = append(out, id)
+	for _, pat := range []string{"/sys/fs/cgroup/*/*/" + id, "/sys/fs/cgroup/*/" + id} {
+		dirs, _ := filepath.Glob(pat)
+		out = append(out, dirs...)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), "/"+id) {
+			continue
 		}
+		dir := filepath.Dir(p)
+		stat, _ := os.ReadFile(filepath.Join(dir, "stat"))
+		if _, after, ok := strings.Cut(string(stat), ") "); ok && strings.HasPrefix(after, "Z") {
+			continue
+		}
+		out = append(out, fmt.Sprintf("process %s (%s)", filepath.Base(dir), stat))
 	}
 	return out
 }

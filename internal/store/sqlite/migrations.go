@@ -188,4 +188,33 @@ CREATE TABLE relays (
 	{Version: 10, Name: "sandbox labels", SQL: `
 ALTER TABLE sandboxes ADD COLUMN labels TEXT;
 `},
+	// A sandbox made ahead of its tenant (a pooled one) is a row of no
+	// tenant: tenant_id becomes nullable (NULL: no tenant; the foreign
+	// key holds for the others). SQLite changes a column's constraints
+	// only by rebuilding the table; no table references sandboxes.
+	{Version: 11, Name: "sandboxes of no tenant", SQL: `
+CREATE TABLE sandboxes_new (
+	id           TEXT PRIMARY KEY,
+	tenant_id    TEXT REFERENCES tenants(id),
+	runtime      TEXT NOT NULL,
+	image        TEXT NOT NULL,
+	status       TEXT NOT NULL,
+	spec         TEXT,
+	state        TEXT,
+	error        TEXT NOT NULL DEFAULT '',
+	created_at   INTEGER NOT NULL,
+	updated_at   INTEGER NOT NULL,
+	expires_at   INTEGER,
+	idle_timeout INTEGER NOT NULL DEFAULT 0,
+	last_active  INTEGER NOT NULL,
+	labels       TEXT
+);
+INSERT INTO sandboxes_new (id, tenant_id, runtime, image, status, spec, state, error,
+	created_at, updated_at, expires_at, idle_timeout, last_active, labels)
+SELECT id, tenant_id, runtime, image, status, spec, state, error,
+	created_at, updated_at, expires_at, idle_timeout, last_active, labels FROM sandboxes;
+DROP TABLE sandboxes;
+ALTER TABLE sandboxes_new RENAME TO sandboxes;
+CREATE INDEX sandboxes_tenant ON sandboxes (tenant_id, created_at);
+`},
 }

@@ -243,7 +243,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	}
 	_, err := s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		sb.ID, sb.TenantID, sb.Runtime, sb.Image, sb.Status, jsonArg(sb.Spec), jsonArg(sb.State), sb.Error,
+		sb.ID, tenantArg(sb.TenantID), sb.Runtime, sb.Image, sb.Status, jsonArg(sb.Spec), jsonArg(sb.State), sb.Error,
 		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), expires, int64(sb.IdleTimeout), toNanos(sb.LastActive), labels)
 	if err != nil {
 		if isFK(err) {
@@ -258,7 +258,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 func (s *Store) GetSandbox(ctx context.Context, tenantID, id string) (*store.Sandbox, error) {
 	var row *sql.Row
 	if tenantID == "" {
-		row = s.r.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id)
+		row = s.r.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ? AND tenant_id IS NOT NULL`, id)
 	} else {
 		row = s.r.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ? AND tenant_id = ?`, id, tenantID)
 	}
@@ -277,10 +277,10 @@ func (s *Store) ListSandboxes(ctx context.Context, tenantID string) ([]*store.Sa
 // ListSandboxesLabeled implements store.Store: one EXISTS over the row's
 // labels object per label asked for.
 func (s *Store) ListSandboxesLabeled(ctx context.Context, tenantID string, labels map[string]string) ([]*store.Sandbox, error) {
-	var where []string
+	where := []string{"tenant_id IS NOT NULL"}
 	var args []any
 	if tenantID != "" {
-		where = append(where, "tenant_id = ?")
+		where = []string{"tenant_id = ?"}
 		args = append(args, tenantID)
 	}
 	keys := make([]string, 0, len(labels))
@@ -292,10 +292,7 @@ func (s *Store) ListSandboxesLabeled(ctx context.Context, tenantID string, label
 		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.labels) AS l WHERE l.key = ? AND l.type = 'text' AND l.value = ?)")
 		args = append(args, k, labels[k])
 	}
-	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
-	if len(where) > 0 {
-		q += ` WHERE ` + strings.Join(where, " AND ")
-	}
+	q := `SELECT ` + sandboxCols + ` FROM sandboxes WHERE ` + strings.Join(where, " AND ")
 	rows, err := s.r.QueryContext(ctx, q+` ORDER BY created_at, id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes of tenant %q: %w", tenantID, err)
@@ -327,7 +324,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		q += ` AND tenant_id = ?`
 		args = append(args, sb.TenantID)
 	}
-	q += ` RETURNING tenant_id, created_at, last_active`
+	q += ` RETURNING COALESCE(tenant_id, ''), created_at, last_active`
 	var tenant string
 	var created, active int64
 	if err := s.w.QueryRowContext(ctx, q, args...).Scan(&tenant, &created, &active); err != nil {
@@ -338,6 +335,71 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	sb.UpdatedAt = updated
 	sb.LastActive = fromNanos(active)
 	return nil
+}
+
+// ListUnownedSandboxes implements store.Store.
+func (s *Store) ListUnownedSandboxes(ctx context.Context) ([]*store.Sandbox, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE tenant_id IS NULL ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes of no tenant: %w", err)
+	}
+	out, err := scanAll(rows, scanSandbox)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes of no tenant: %w", err)
+	}
+	return out, nil
+}
+
+// BindSandbox implements store.Store: one UPDATE of the row while it has
+// no tenant, so two binds of one row cannot both succeed.
+func (s *Store) BindSandbox(ctx context.Context, sb *store.Sandbox) error {
+	if sb.TenantID == "" {
+		return fmt.Errorf("bind sandbox %q: no tenant given: %w", sb.ID, store.ErrNotFound)
+	}
+	if err := checkJSON(sb.Spec, sb.State); err != nil {
+		return fmt.Errorf("bind sandbox %q: %w", sb.ID, err)
+	}
+	if sb.CreatedAt.IsZero() {
+		sb.CreatedAt = now()
+	}
+	sb.CreatedAt = store.NormTime(sb.CreatedAt)
+	sb.UpdatedAt = store.NormTime(now())
+	if sb.LastActive.IsZero() {
+		sb.LastActive = sb.CreatedAt
+	}
+	sb.LastActive = store.NormTime(sb.LastActive)
+	expires := normPtr(&sb.ExpiresAt)
+	var labels any
+	if len(sb.Labels) > 0 {
+		b, err := json.Marshal(sb.Labels)
+		if err != nil {
+			return fmt.Errorf("bind sandbox %q: labels: %w", sb.ID, err)
+		}
+		labels = string(b)
+	}
+	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET tenant_id = ?, runtime = ?, image = ?, status = ?, spec = ?, state = ?, error = ?,
+		created_at = ?, updated_at = ?, expires_at = ?, idle_timeout = ?, last_active = ?, labels = ?
+		WHERE id = ? AND tenant_id IS NULL`,
+		sb.TenantID, sb.Runtime, sb.Image, sb.Status, jsonArg(sb.Spec), jsonArg(sb.State), sb.Error,
+		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), expires, int64(sb.IdleTimeout), toNanos(sb.LastActive), labels, sb.ID)
+	if err != nil {
+		if isFK(err) {
+			return fmt.Errorf("bind sandbox %q: tenant %q: %w", sb.ID, sb.TenantID, store.ErrNotFound)
+		}
+		return fmt.Errorf("bind sandbox %q: %w", sb.ID, mapErr(err))
+	}
+	if err := wantOneRow(res); err != nil {
+		return fmt.Errorf("bind sandbox %q: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// tenantArg is a sandbox's tenant_id: NULL for no tenant.
+func tenantArg(id string) any {
+	if id == "" {
+		return nil
+	}
+	return id
 }
 
 // TouchSandbox implements store.Store.
@@ -368,13 +430,14 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 
 func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var sb store.Sandbox
-	var spec, state, labels sql.NullString
+	var tenant, spec, state, labels sql.NullString
 	var created, updated, idle, active int64
 	var expires sql.NullInt64
-	if err := r.Scan(&sb.ID, &sb.TenantID, &sb.Runtime, &sb.Image, &sb.Status, &spec, &state, &sb.Error,
+	if err := r.Scan(&sb.ID, &tenant, &sb.Runtime, &sb.Image, &sb.Status, &spec, &state, &sb.Error,
 		&created, &updated, &expires, &idle, &active, &labels); err != nil {
 		return nil, err
 	}
+	sb.TenantID = tenant.String
 	if labels.Valid && labels.String != "" {
 		if err := json.Unmarshal([]byte(labels.String), &sb.Labels); err != nil {
 			return nil, fmt.Errorf("sandbox %q: labels: %w", sb.ID, err)

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -42,6 +43,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"SandboxTouch", testSandboxTouch},
 		{"SandboxDelete", testSandboxDelete},
 		{"SandboxLabels", testSandboxLabels},
+		{"SandboxUnowned", testSandboxUnowned},
 		{"Events", testEvents},
 		{"EventPaging", testEventPaging},
 		{"EventBatch", testEventBatch},
@@ -456,6 +458,70 @@ func testSandboxErrors(t *testing.T, s store.Store) {
 	bad.Spec = json.RawMessage(`{not json`)
 	if err := s.CreateSandbox(ctx(t), bad); err == nil {
 		t.Error("CreateSandbox with invalid JSON spec succeeded")
+	}
+}
+
+// testSandboxUnowned: a row of no tenant (a pooled sandbox) is no one's
+// until BindSandbox gives it a tenant, once.
+func testSandboxUnowned(t *testing.T, s store.Store) {
+	mustTenant(t, s, "t1")
+	mustSandbox(t, s, "a1", "t1")
+	p := newSandbox("p1", "")
+	p.Status = "pooled"
+	if err := s.CreateSandbox(ctx(t), p); err != nil {
+		t.Fatalf("CreateSandbox(no tenant): %v", err)
+	}
+	for _, tenant := range []string{"", "t1"} {
+		_, err := s.GetSandbox(ctx(t), tenant, "p1")
+		wantErr(t, fmt.Sprintf("GetSandbox(%q, p1 of no tenant)", tenant), err, store.ErrNotFound)
+		rs, err := s.ListSandboxes(ctx(t), tenant)
+		if err != nil || !slices.Equal(sandboxIDs(rs), []string{"a1"}) {
+			t.Errorf("ListSandboxes(%q) = %v, %v; want [a1]", tenant, sandboxIDs(rs), err)
+		}
+		rs, err = s.ListSandboxesLabeled(ctx(t), tenant, nil)
+		if err != nil || !slices.Equal(sandboxIDs(rs), []string{"a1"}) {
+			t.Errorf("ListSandboxesLabeled(%q) = %v, %v; want [a1]", tenant, sandboxIDs(rs), err)
+		}
+	}
+	rs, err := s.ListUnownedSandboxes(ctx(t))
+	if err != nil || !slices.Equal(sandboxIDs(rs), []string{"p1"}) {
+		t.Fatalf("ListUnownedSandboxes = %v, %v; want [p1]", sandboxIDs(rs), err)
+	}
+	if d := sandboxDiff(rs[0], p); d != "" {
+		t.Errorf("ListUnownedSandboxes: %s", d)
+	}
+	// An update by id reaches it (the runtime's state, recorded by make).
+	p.State = json.RawMessage(`{"runtime":"container"}`)
+	if err := s.UpdateSandbox(ctx(t), p); err != nil {
+		t.Fatalf("UpdateSandbox(no tenant): %v", err)
+	}
+	if p.TenantID != "" {
+		t.Errorf("UpdateSandbox gave the row tenant %q", p.TenantID)
+	}
+	// Binding: unknown tenant, no tenant, missing row.
+	b := newSandbox("p1", "ghost")
+	wantErr(t, "BindSandbox(unknown tenant)", s.BindSandbox(ctx(t), b), store.ErrNotFound)
+	wantErr(t, "BindSandbox(no tenant)", s.BindSandbox(ctx(t), newSandbox("p1", "")), store.ErrNotFound)
+	wantErr(t, "BindSandbox(missing)", s.BindSandbox(ctx(t), newSandbox("nope", "t1")), store.ErrNotFound)
+	wantErr(t, "BindSandbox(a row of a tenant)", s.BindSandbox(ctx(t), newSandbox("a1", "t1")), store.ErrNotFound)
+
+	b = newSandbox("p1", "t1")
+	b.Status, b.Labels = "running", map[string]string{"k": "v"}
+	b.State = p.State
+	b.CreatedAt = base.Add(time.Hour)
+	if err := s.BindSandbox(ctx(t), b); err != nil {
+		t.Fatalf("BindSandbox: %v", err)
+	}
+	got, err := s.GetSandbox(ctx(t), "t1", "p1")
+	if err != nil {
+		t.Fatalf("GetSandbox(t1, p1) after bind: %v", err)
+	}
+	if d := sandboxDiff(got, b); d != "" {
+		t.Errorf("GetSandbox after bind: %s", d)
+	}
+	wantErr(t, "BindSandbox(twice)", s.BindSandbox(ctx(t), newSandbox("p1", "t1")), store.ErrNotFound)
+	if rs, err := s.ListUnownedSandboxes(ctx(t)); err != nil || len(rs) != 0 {
+		t.Errorf("ListUnownedSandboxes after bind = %v, %v; want none", sandboxIDs(rs), err)
 	}
 }
 
