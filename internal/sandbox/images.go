@@ -99,7 +99,8 @@ func (m *Manager) PruneImageRefs(ctx context.Context) error {
 //     references, releases them and prunes its own at start; a sandbox it
 //     is making has a reference before it has a record);
 //   - the home has a store: whether the store (read-only) has the sandbox
-//     in a state other than destroyed or failed, or the home's pool files
+//     in a state other than destroyed or failed (pooled rows count), or an
+//     older layout's pool files
 //     name it;
 //   - anything else (no store, an unreadable one): yes.
 func ImageRefAlive(stateDir, id string) bool {
@@ -111,7 +112,7 @@ func ImageRefAlive(stateDir, id string) bool {
 		c.Close()
 		return true
 	}
-	for _, p := range PoolIDs(stateDir) {
+	for _, p := range LegacyPoolIDs(stateDir) {
 		if p == id {
 			return true
 		}
