@@ -20,6 +20,7 @@ import (
 	"github.com/cagebox/cagebox/internal/gateway"
 	"github.com/cagebox/cagebox/internal/pool"
 	"github.com/cagebox/cagebox/internal/rootfs"
+	"github.com/cagebox/cagebox/internal/statedir"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/isolation"
 )
@@ -64,7 +65,7 @@ type poolRecord struct {
 func (m *Manager) poolDir() string { return filepath.Join(m.cfg.StateDir, "pool") }
 
 func (m *Manager) writePoolRecord(r *poolRecord) error {
-	if err := os.MkdirAll(m.poolDir(), 0o700); err != nil {
+	if err := statedir.Make(m.poolDir()); err != nil {
 		return fmt.Errorf("pool record: %w", err)
 	}
 	b, _ := json.Marshal(r)
