@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -441,7 +442,8 @@ func TestControllerDeployment(t *testing.T) {
 func TestNamespaced(t *testing.T) {
 	for _, obj := range manifests(t) {
 		switch o := obj.(type) {
-		case *apiextensionsv1.CustomResourceDefinition, *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *corev1.Namespace:
+		case *apiextensionsv1.CustomResourceDefinition, *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *corev1.Namespace,
+			*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
 		default:
 			m, ok := o.(interface{ GetNamespace() string })
 			if !ok || m.GetNamespace() != fleet.DefaultNamespace {

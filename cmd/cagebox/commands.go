@@ -25,6 +25,7 @@ import (
 	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/sandbox"
+	"github.com/cagebox/cagebox/internal/statedir"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/qemu"
@@ -51,7 +52,7 @@ func (g *globals) ensureDaemon(ctx context.Context) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(g.home, 0o700); err != nil {
+	if err := statedir.Make(g.home); err != nil {
 		return nil, fmt.Errorf("create %s: %w", g.home, err)
 	}
 	logPath := filepath.Join(g.home, "daemon.log")

@@ -29,7 +29,10 @@ func cpCmd(g *globals) *cobra.Command {
 under ./out (created if missing). What the sandbox sends is treated as
 hostile: nothing is written outside ./out (no absolute names, no .., nothing
 through a symlink), device nodes are refused, and size and entry count are
-bounded.
+bounded. Nor does it decide modes or owners: ./out and directories already
+under it keep their modes; what is created takes only the archive's
+permission bits (never setuid, setgid or sticky) masked by your umask, and
+is owned by the user running cagebox.
 
 Copy into a sandbox: cagebox cp ./src ID:/work writes the contents of ./src
 (or the file ./src) under /work. Symlinks are copied as links; device nodes,

@@ -38,6 +38,7 @@ import (
 	"github.com/cagebox/cagebox/internal/pool"
 	"github.com/cagebox/cagebox/internal/safedial"
 	"github.com/cagebox/cagebox/internal/sandbox"
+	"github.com/cagebox/cagebox/internal/statedir"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/store/sqlite"
 	"github.com/cagebox/cagebox/internal/vault"
@@ -242,8 +243,16 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		defer e2bl.Close()
 	}
-	if err := os.MkdirAll(cfg.Home, 0o700); err != nil {
-		return fmt.Errorf("create home %s: %w", cfg.Home, err)
+	// The home and its state directories are 0700: image trees hold
+	// root-owned and setuid files no local user may reach. An older
+	// release, an `image build` before the first start, or an operator's
+	// mkdir may have left them wider.
+	repaired, err := statedir.RepairHome(cfg.Home)
+	for _, r := range repaired {
+		log.Warn("state directory was open to other users: narrowed", "dir", r.Dir, "was", r.Was.Perm().String(), "now", statedir.Mode.String())
+	}
+	if err != nil {
+		return fmt.Errorf("home %s: %w", cfg.Home, err)
 	}
 	// One daemon per set of host network resources: the nftables table and
 	// the interface prefix are taken host-wide before anything is touched.
@@ -410,7 +419,7 @@ func Run(ctx context.Context, cfg Config) error {
 		DefaultTimeout: cfg.DefaultTimeout, DefaultRuntime: cfg.DefaultRuntime,
 		Events: events, Pools: cfg.Pools, PoolMemory: poolMemory(cfg.PoolMemory), OnCreate: met.ObserveCreate,
 	})
-	if err := os.MkdirAll(filepath.Join(cfg.Home, "sandboxes"), 0o700); err != nil {
+	if err := statedir.Make(filepath.Join(cfg.Home, "sandboxes")); err != nil {
 		return err
 	}
 	keep, ours, err := keepSandbox(ctx, st)

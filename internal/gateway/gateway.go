@@ -31,6 +31,7 @@ import (
 	"github.com/cagebox/cagebox/internal/livepolicy"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/resolver"
+	"github.com/cagebox/cagebox/internal/statedir"
 )
 
 // Defaults.
@@ -342,7 +343,7 @@ func (g *Gateway) Attach(ctx context.Context, id, tenant string, doc *policy.Doc
 		if err != nil {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
-		if err := os.MkdirAll(filepath.Dir(g.caPath(id)), 0o700); err != nil {
+		if err := statedir.Make(filepath.Dir(g.caPath(id))); err != nil {
 			return nil, err
 		}
 		if err := os.WriteFile(g.caPath(id), pem, 0o600); err != nil {
@@ -503,7 +504,7 @@ func (g *Gateway) journalName(a *Attachment, name string) {
 		return
 	}
 	p := g.namesPath(a.ID)
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+	if err := statedir.Make(filepath.Dir(p)); err != nil {
 		g.log.Warn("journal synthetic name", "sandbox", a.ID, "err", err)
 		return
 	}

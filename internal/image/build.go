@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cagebox/cagebox/internal/statedir"
 )
 
 // DefaultPackages are added to the debootstrap minbase set for the default
@@ -137,7 +139,7 @@ func (c *Cache) Build(ctx context.Context, opts BuildOptions) (*Image, error) {
 // On any failure the temporary directory is unmounted and deleted. The
 // caller holds the name's lock.
 func (c *Cache) buildInto(ctx context.Context, name string, fill func(tmp, rootfs string) error) (err error) {
-	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+	if err := statedir.Make(c.Dir); err != nil {
 		return fmt.Errorf("create image cache: %w", err)
 	}
 	tmp, err := os.MkdirTemp(c.Dir, ".build-"+name+"-")
@@ -151,7 +153,7 @@ func (c *Cache) buildInto(ctx context.Context, name string, fill func(tmp, rootf
 			}
 		}
 	}()
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	if err := os.Chmod(tmp, 0o700); err != nil {
 		return fmt.Errorf("build image %q: %w", name, err)
 	}
 	rootfs := filepath.Join(tmp, rootfsDir)

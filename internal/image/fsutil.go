@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cagebox/cagebox/internal/statedir"
 )
 
 // lock takes the per-name lock file, waiting until ctx is done.
@@ -33,7 +35,7 @@ func (c *Cache) lock(ctx context.Context, name string) (unlock func(), err error
 
 // tryLock takes the per-name lock file or fails with ErrBusy.
 func (c *Cache) tryLock(name string) (unlock func(), err error) {
-	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+	if err := statedir.Make(c.Dir); err != nil {
 		return nil, fmt.Errorf("create image cache: %w", err)
 	}
 	f, err := os.OpenFile(filepath.Join(c.Dir, ".lock-"+name), os.O_RDWR|os.O_CREATE, 0o644)

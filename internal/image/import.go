@@ -17,6 +17,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/cagebox/cagebox/internal/statedir"
 )
 
 // ImportOptions configure Cache.Import.
@@ -53,7 +55,7 @@ func (c *Cache) Import(ctx context.Context, r io.Reader, opts ImportOptions) (*I
 		log = slog.New(slog.DiscardHandler)
 	}
 	start := time.Now()
-	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+	if err := statedir.Make(c.Dir); err != nil {
 		return nil, fmt.Errorf("create image cache: %w", err)
 	}
 	spool, err := os.MkdirTemp(c.Dir, ".import-")

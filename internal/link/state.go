@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/cagebox/cagebox/internal/statedir"
 )
 
 const (
@@ -65,7 +67,7 @@ func (m *Manager) saveLocked() error {
 		return fmt.Errorf("link: encode state: %w", err)
 	}
 	dir := filepath.Dir(m.statePath)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := statedir.Make(dir); err != nil {
 		return fmt.Errorf("link: save state: %w", err)
 	}
 	f, err := os.CreateTemp(dir, stateFile+".tmp*")

@@ -13,6 +13,7 @@ import (
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/mounts"
+	"github.com/cagebox/cagebox/internal/statedir"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/isolation"
 )
@@ -251,7 +252,7 @@ func (m *Manager) CreateVolume(ctx context.Context, tenant *store.Tenant, req *a
 		return nil, err
 	}
 	p := m.volumePath(tenant.ID, req.Name)
-	err = os.MkdirAll(filepath.Dir(p), 0o700)
+	err = statedir.Make(filepath.Dir(p))
 	if err == nil {
 		// A file left by a create that crashed between the two steps.
 		_ = os.Remove(p)

@@ -11,6 +11,15 @@
 // hard links to anything outside are refused; device nodes and FIFOs are
 // refused; the total size and the number of entries are bounded. The
 // archive/tar and os packages alone check none of this, hence this package.
+//
+// Nor does the archive decide modes or owners beyond what a plain mkdir and
+// open would: only the permission bits (0777) of an entry are used, masked
+// by the process's umask (setuid, setgid and sticky are dropped, so a
+// root-run extraction never makes a setuid-root file); ownership is the
+// extracting process's (no chown to the archive's ids); and the
+// destination directory itself and directories that existed before are
+// never chmodded or touched — only what the extraction created takes the
+// archive's (masked) mode and time.
 package tarx
 
 import (
@@ -55,9 +64,10 @@ type Stats struct {
 
 // Extract writes the tar stream r under dir, creating dir if needed. It
 // stops at the first refused entry or error; what was written before
-// stays. Files are created with the archive's permission bits (setuid,
-// setgid and sticky included; umask does not apply) and modification
-// times; ownership is the caller's.
+// stays. Files and directories it creates take the archive's permission
+// bits (0777 only) masked by the umask, and its modification times;
+// ownership is the caller's; the root entry ("./") and directories that
+// already exist keep their mode and times.
 func Extract(r io.Reader, dir string, lim Limits) (Stats, error) {
 	var st Stats
 	if lim.MaxBytes <= 0 {
@@ -109,9 +119,13 @@ func Extract(r io.Reader, dir string, lim Limits) (Stats, error) {
 	return st, nil
 }
 
+// pendingDir is a directory the extraction created, whose final mode
+// (chmod: when it differs from the one it was made with) and time are set
+// after its entries.
 type pendingDir struct {
 	name  string
 	mode  uint32
+	chmod bool
 	mtime time.Time
 }
 
@@ -154,7 +168,8 @@ func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
 	if err != nil {
 		return err
 	}
-	mode := uint32(hdr.Mode) & 0o7777
+	// Permission bits only: never setuid, setgid or sticky.
+	mode := uint32(hdr.Mode) & 0o777
 	switch hdr.Typeflag {
 	case tar.TypeXGlobalHeader, tar.TypeXHeader, tar.TypeGNULongName, tar.TypeGNULongLink:
 		return nil // metadata archive/tar has applied
@@ -165,8 +180,7 @@ func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
 	}
 	if name == "" {
 		if hdr.Typeflag == tar.TypeDir {
-			x.dirs = append(x.dirs, pendingDir{name: "", mode: mode, mtime: hdr.ModTime})
-			return nil
+			return nil // dir itself: its mode is its owner's, not the archive's
 		}
 		return fmt.Errorf("%w: the root entry %s is not a directory", ErrUnsafe, safeName(hdr.Name))
 	}
@@ -178,33 +192,41 @@ func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
 	defer x.closeDir(pfd)
 	switch hdr.Typeflag {
 	case tar.TypeDir:
-		if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
-			if err != unix.EEXIST {
-				return fmt.Errorf("mkdir %s: %w", safeName(hdr.Name), err)
-			}
-			var s unix.Stat_t
-			if err := unix.Fstatat(pfd, base, &s, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-				return fmt.Errorf("stat %s: %w", safeName(hdr.Name), err)
-			}
+		// Owner rwx until the end, so that the directory's own entries
+		// can be written; the kernel applies the umask.
+		merr := unix.Mkdirat(pfd, base, mode|0o700)
+		if merr != nil && merr != unix.EEXIST {
+			return fmt.Errorf("mkdir %s: %w", safeName(hdr.Name), merr)
+		}
+		var s unix.Stat_t
+		if err := unix.Fstatat(pfd, base, &s, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("stat %s: %w", safeName(hdr.Name), err)
+		}
+		if merr == unix.EEXIST {
 			if s.Mode&unix.S_IFMT != unix.S_IFDIR {
 				return fmt.Errorf("%w: %s is a directory in the archive but exists as another kind of file", ErrUnsafe, safeName(hdr.Name))
 			}
+			return nil // not ours: its mode and times stay
 		}
-		x.dirs = append(x.dirs, pendingDir{name: name, mode: mode, mtime: hdr.ModTime})
+		// (mode|0700) &^ umask is what the kernel made; mode &^ umask is
+		// the mode to end with.
+		made := s.Mode & 0o777
+		final := made &^ (0o700 &^ mode)
+		x.dirs = append(x.dirs, pendingDir{name: name, mode: final, chmod: final != made, mtime: hdr.ModTime})
 		return nil
 	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse:
 		if err := removeNonDir(pfd, base); err != nil {
 			return fmt.Errorf("replace %s: %w", safeName(hdr.Name), err)
 		}
-		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		// Created with the archive's permission bits, which the kernel
+		// masks with the umask (a new file is writable through this
+		// descriptor even when its mode says read-only).
+		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 		if err != nil {
 			return fmt.Errorf("create %s: %w", safeName(hdr.Name), err)
 		}
 		f := os.NewFile(uintptr(fd), base)
 		_, err = io.CopyN(f, tr, hdr.Size)
-		if err == nil {
-			err = f.Chmod(fs.FileMode(mode&0o777) | modeBits(mode))
-		}
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
@@ -255,20 +277,6 @@ func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
 	return nil
 }
 
-func modeBits(m uint32) fs.FileMode {
-	var out fs.FileMode
-	if m&0o4000 != 0 {
-		out |= fs.ModeSetuid
-	}
-	if m&0o2000 != 0 {
-		out |= fs.ModeSetgid
-	}
-	if m&0o1000 != 0 {
-		out |= fs.ModeSticky
-	}
-	return out
-}
-
 // removeNonDir removes base in dirfd unless it is missing; a directory is
 // not removed (an error says so).
 func removeNonDir(dirfd int, base string) error {
@@ -283,25 +291,21 @@ func removeNonDir(dirfd int, base string) error {
 }
 
 func (x *extractor) finishDir(d pendingDir) error {
-	var fd int
-	var err error
-	if d.name == "" {
-		fd, err = unix.Openat(x.root, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	} else {
-		parent, base := path.Split(d.name)
-		var pfd int
-		if pfd, err = x.openDir(strings.TrimSuffix(parent, "/")); err != nil {
-			return fmt.Errorf("directory %s: %w", safeName(d.name), err)
-		}
-		fd, err = unix.Openat(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		x.closeDir(pfd)
+	parent, base := path.Split(d.name)
+	pfd, err := x.openDir(strings.TrimSuffix(parent, "/"))
+	if err != nil {
+		return fmt.Errorf("directory %s: %w", safeName(d.name), err)
 	}
+	fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	x.closeDir(pfd)
 	if err != nil {
 		return fmt.Errorf("directory %s: %w", safeName(d.name), err)
 	}
 	defer unix.Close(fd)
-	if err := unix.Fchmod(fd, d.mode&0o7777); err != nil {
-		return fmt.Errorf("chmod directory %s: %w", safeName(d.name), err)
+	if d.chmod {
+		if err := unix.Fchmod(fd, d.mode&0o777); err != nil {
+			return fmt.Errorf("chmod directory %s: %w", safeName(d.name), err)
+		}
 	}
 	if !d.mtime.IsZero() {
 		tv := unix.NsecToTimeval(d.mtime.UnixNano())

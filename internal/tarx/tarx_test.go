@@ -4,10 +4,12 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -258,5 +260,75 @@ func TestCreateSkipsDevicesAndFile(t *testing.T) {
 	h, err := tr.Next()
 	if err != nil || h.Name != "f" || h.Size != 1 {
 		t.Fatalf("single file: %+v %v", h, err)
+	}
+}
+
+// TestExtractDoesNotTrustModes: an archive cannot chmod the destination or
+// directories that were there before, cannot make setuid, setgid or sticky
+// files (not even under a zero umask), does not get past the umask, and
+// does not choose owners.
+func TestExtractDoesNotTrustModes(t *testing.T) {
+	for _, umask := range []int{0, 0o027} {
+		t.Run(fmt.Sprintf("umask %03o", umask), func(t *testing.T) {
+			old := syscall.Umask(umask)
+			defer syscall.Umask(old)
+			dest := filepath.Join(t.TempDir(), "out")
+			if err := os.MkdirAll(filepath.Join(dest, "keep"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(dest, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			for _, h := range []*tar.Header{
+				{Name: "./", Typeflag: tar.TypeDir, Mode: 0o7777},
+				{Name: "keep/", Typeflag: tar.TypeDir, Mode: 0o4777},
+				{Name: "keep/suid", Typeflag: tar.TypeReg, Mode: 0o4755, Uid: 0, Gid: 0, Size: 1},
+				{Name: "sgid", Typeflag: tar.TypeReg, Mode: 0o2777, Uid: 1234, Gid: 1234, Size: 1},
+				{Name: "new/", Typeflag: tar.TypeDir, Mode: 0o1777},
+				{Name: "new/ro/", Typeflag: tar.TypeDir, Mode: 0o6555},
+				{Name: "new/ro/f", Typeflag: tar.TypeReg, Mode: 0o444, Size: 1},
+			} {
+				h.ModTime = time.Unix(1700000000, 0)
+				if err := tw.WriteHeader(h); err != nil {
+					t.Fatal(err)
+				}
+				if h.Size > 0 {
+					tw.Write([]byte("x"))
+				}
+			}
+			if err := tw.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Extract(&buf, dest, Limits{}); err != nil {
+				t.Fatal(err)
+			}
+			defer os.Chmod(filepath.Join(dest, "new", "ro"), 0o755)
+			m := fs.FileMode(umask)
+			for p, want := range map[string]fs.FileMode{
+				"":          fs.ModeDir | 0o750,
+				"keep":      fs.ModeDir | 0o700,
+				"keep/suid": 0o755 &^ m,
+				"sgid":      0o777 &^ m,
+				"new":       fs.ModeDir | 0o777&^m,
+				"new/ro":    fs.ModeDir | 0o555&^m,
+				"new/ro/f":  0o444 &^ m,
+			} {
+				fi, err := os.Lstat(filepath.Join(dest, p))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if fi.Mode() != want {
+					t.Errorf("%q: mode %v, want %v", p, fi.Mode(), want)
+				}
+				if st := fi.Sys().(*syscall.Stat_t); int(st.Uid) != os.Getuid() || int(st.Gid) != os.Getgid() {
+					t.Errorf("%q: owner %d:%d, want the process's", p, st.Uid, st.Gid)
+				}
+			}
+			if fi, _ := os.Stat(filepath.Join(dest, "new")); !fi.ModTime().Equal(time.Unix(1700000000, 0)) {
+				t.Errorf("a directory made by the extraction has time %v, want the archive's", fi.ModTime())
+			}
+		})
 	}
 }

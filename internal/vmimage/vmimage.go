@@ -33,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cagebox/cagebox/internal/image"
+	"github.com/cagebox/cagebox/internal/statedir"
 )
 
 // Artifacts are the host files one VM boots from.
@@ -70,7 +71,7 @@ func (c *Cache) check() error {
 
 // lock takes an exclusive flock on Dir/.NAME.lock, waiting for ctx.
 func (c *Cache) lock(ctx context.Context, name string) (func(), error) {
-	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+	if err := statedir.Make(c.Dir); err != nil {
 		return nil, fmt.Errorf("create vm cache %s: %w", c.Dir, err)
 	}
 	f, err := os.OpenFile(filepath.Join(c.Dir, "."+name+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
@@ -159,7 +160,7 @@ func (c *Cache) Initrd(ctx context.Context, agentPath string) (string, error) {
 	if _, err := os.Stat(out); err == nil {
 		return out, nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := statedir.Make(dir); err != nil {
 		return "", fmt.Errorf("create %s: %w", dir, err)
 	}
 	mods := make([]Module, len(k.Modules))
@@ -226,7 +227,7 @@ func (c *Cache) RootDisk(ctx context.Context, rootfs string) (string, error) {
 	if _, err := os.Stat(out); err == nil {
 		return out, nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := statedir.Make(dir); err != nil {
 		return "", fmt.Errorf("create %s: %w", dir, err)
 	}
 	start := time.Now()

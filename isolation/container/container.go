@@ -19,6 +19,7 @@ import (
 
 	"github.com/cagebox/cagebox/internal/cgroups"
 	"github.com/cagebox/cagebox/internal/cleanup"
+	"github.com/cagebox/cagebox/internal/statedir"
 	"github.com/cagebox/cagebox/internal/syscallaudit"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/oci"
@@ -151,7 +152,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 		if spec.Audit.Sink == nil {
 			return nil, errors.New("container: audit needs a sink")
 		}
-		if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		if err := statedir.Make(spec.StateDir); err != nil {
 			return nil, fmt.Errorf("create state dir: %w", err)
 		}
 		listener := filepath.Join(spec.StateDir, oci.AuditListener)

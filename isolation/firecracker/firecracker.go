@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cagebox/cagebox/internal/statedir"
 	"github.com/cagebox/cagebox/internal/vmproc"
 	"io"
 	"log/slog"
@@ -275,7 +276,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	}
 	s.sd.UID = uid
 
-	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+	if err := statedir.Make(spec.StateDir); err != nil {
 		return nil, fmt.Errorf("firecracker: state dir: %w", err)
 	}
 	arts, err := rt.cache.Artifacts(ctx, spec.RootFS, spec.AgentPath)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/internal/cleanup"
+	"github.com/cagebox/cagebox/internal/statedir"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/oci"
 )
@@ -92,7 +93,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(rt.stateRoot, 0o700); err != nil {
+	if err := statedir.Make(rt.stateRoot); err != nil {
 		return nil, fmt.Errorf("create runsc state root: %w", err)
 	}
 	sb := &Sandbox{Sandbox: base, token: spec.AgentToken}

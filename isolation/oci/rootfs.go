@@ -14,6 +14,7 @@ import (
 	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/rootfs"
+	"github.com/cagebox/cagebox/internal/statedir"
 	"github.com/cagebox/cagebox/isolation"
 )
 
@@ -33,7 +34,7 @@ const (
 // the guest's files written into it, and the run dir (WriteRunDir) at
 // runDir. Each step's undo goes on undo; it returns the root's path.
 func PrepareRoot(spec *isolation.Spec, runDir string, undo *cleanup.Stack) (string, error) {
-	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+	if err := statedir.Make(spec.StateDir); err != nil {
 		return "", fmt.Errorf("create state dir: %w", err)
 	}
 	undo.Add(func() { _ = os.RemoveAll(spec.StateDir) })

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cagebox/cagebox/internal/rootfs"
+	"github.com/cagebox/cagebox/internal/statedir"
 	"github.com/cagebox/cagebox/isolation"
 )
 
@@ -168,7 +169,7 @@ func intPtr(i int) *int { return &i }
 
 // WriteBundle writes config.json into dir (created 0700).
 func WriteBundle(dir string, sp *specs.Spec) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := statedir.Make(dir); err != nil {
 		return fmt.Errorf("create bundle dir: %w", err)
 	}
 	b, err := json.MarshalIndent(sp, "", "  ")
@@ -184,7 +185,7 @@ func WriteBundle(dir string, sp *specs.Spec) error {
 // WriteRunDir fills the directory mounted at GuestRunDir: the agent's token
 // (which the agent unlinks after reading) and its base environment.
 func WriteRunDir(dir string, s *isolation.Spec) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := statedir.Make(dir); err != nil {
 		return fmt.Errorf("create run dir: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, path.Base(rootfs.TokenFile)), []byte(s.AgentToken), 0o400); err != nil {

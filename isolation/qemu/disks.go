@@ -11,6 +11,7 @@ import (
 
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/internal/mounts"
+	"github.com/cagebox/cagebox/internal/statedir"
 	"github.com/cagebox/cagebox/isolation"
 )
 
@@ -101,7 +102,7 @@ func dirDisk(ctx context.Context, m isolation.Mount, stage, img string) (string,
 	if size > MaxDirDiskBytes {
 		return "", fmt.Errorf("qemu: mount %s: %d MiB is too much to copy into a microVM (at most %d MiB): use a volume", m.Name, size>>20, MaxDirDiskBytes>>20)
 	}
-	if err := os.MkdirAll(filepath.Dir(img), 0o700); err != nil {
+	if err := statedir.Make(filepath.Dir(img)); err != nil {
 		return "", err
 	}
 	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)

@@ -46,6 +46,7 @@ import (
 	"github.com/cagebox/cagebox/internal/cleanup"
 	"github.com/cagebox/cagebox/internal/kvm"
 	"github.com/cagebox/cagebox/internal/mounts"
+	"github.com/cagebox/cagebox/internal/statedir"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/internal/vmnet"
 	"github.com/cagebox/cagebox/internal/vmproc"
@@ -320,7 +321,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 			undo.Run()
 		}
 	}()
-	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+	if err := statedir.Make(spec.StateDir); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
 	undo.Add(func() { _ = os.RemoveAll(spec.StateDir) })

@@ -53,6 +53,7 @@ import (
 
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/internal/cgroups"
+	"github.com/cagebox/cagebox/internal/statedir"
 	"github.com/cagebox/cagebox/internal/vmimage"
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/internal/runlog"
@@ -355,7 +356,7 @@ var errBuildBusy = errors.New("another template build is running")
 // lockBuild takes the store's build lock (one build at a time, across
 // processes sharing the directory); with wait, it waits for ctx.
 func (rt *Runtime) lockBuild(ctx context.Context, wait bool) (func(), error) {
-	if err := os.MkdirAll(rt.tpl.dir, 0o700); err != nil {
+	if err := statedir.Make(rt.tpl.dir); err != nil {
 		return nil, fmt.Errorf("create template dir %s: %w", rt.tpl.dir, err)
 	}
 	f, err := os.OpenFile(filepath.Join(rt.tpl.dir, ".build.lock"), os.O_RDWR|os.O_CREATE, 0o600)

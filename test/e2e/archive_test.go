@@ -7,7 +7,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -124,4 +126,85 @@ func asClientError(err error, target **client.Error) bool {
 		*target = e
 	}
 	return ok
+}
+
+// TestCpDoesNotTrustGuestModes: a guest that makes its directory 1777 and
+// 0777, and files setuid, setgid and world-writable, cannot through
+// `cagebox cp ID:/dir LOCAL` chmod LOCAL or a directory already in it,
+// nor leave a setuid file or one wider than the CLI's umask on the host
+// (the CLI runs as root here: a setuid-root file would be a way in).
+func TestCpDoesNotTrustGuestModes(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	r := e.cli("", "create")
+	if r.code != 0 {
+		t.Fatalf("create: %s", r.stderr)
+	}
+	id := strings.TrimSpace(r.stdout)
+	r = e.cli("", "exec", id, "--", "sh", "-c", `set -e
+mkdir -p /work/x/keep /work/x/made
+echo s > /work/x/suid; echo g > /work/x/made/sgid; echo w > /work/x/keep/w
+chmod 4755 /work/x/suid; chmod 2777 /work/x/made/sgid; chmod 0777 /work/x/keep/w
+chmod 2777 /work/x/made; chmod 0777 /work/x/keep; chmod 1777 /work/x
+stat -c '%n %a' /work/x /work/x/keep /work/x/made /work/x/suid /work/x/made/sgid /work/x/keep/w`)
+	if r.code != 0 {
+		t.Fatalf("guest setup: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	for _, want := range []string{"/work/x 1777", "/work/x/suid 4755", "/work/x/made 2777", "/work/x/made/sgid 2777"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Fatalf("the guest could not make %q (so the test proves nothing):\n%s", want, r.stdout)
+		}
+	}
+
+	local := filepath.Join(t.TempDir(), "local")
+	if err := os.MkdirAll(filepath.Join(local, "keep"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(local, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.cli("", "cp", id+":/work/x", local); r.code != 0 {
+		t.Fatalf("cp down: code %d: %s", r.code, r.stderr)
+	}
+	umask := processUmask(t)
+	for p, want := range map[string]fs.FileMode{
+		"":          fs.ModeDir | 0o750,
+		"keep":      fs.ModeDir | 0o700,
+		"made":      fs.ModeDir | 0o777&^umask,
+		"suid":      0o755 &^ umask,
+		"made/sgid": 0o777 &^ umask,
+		"keep/w":    0o777 &^ umask,
+	} {
+		fi, err := os.Lstat(filepath.Join(local, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode() != want {
+			t.Errorf("%q: mode %v, want %v", p, fi.Mode(), want)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); int(st.Uid) != os.Getuid() {
+			t.Errorf("%q: owner %d, want the CLI's user %d", p, st.Uid, os.Getuid())
+		}
+	}
+}
+
+// processUmask reads this process's umask (which the CLI inherits) without
+// changing it.
+func processUmask(t *testing.T) fs.FileMode {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Umask:"); ok {
+			m, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fs.FileMode(m)
+		}
+	}
+	t.Fatal("no Umask in /proc/self/status")
+	return 0
 }

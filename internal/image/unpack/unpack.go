@@ -18,10 +18,12 @@
 // inside the root. Device nodes, fifos and sockets are dropped and counted
 // (a guest gets its /dev from the runtime; an image has no business
 // shipping nodes to the host's filesystem). Extended attributes, file
-// capabilities among them, are dropped too. Setuid and setgid bits are kept
-// (images such as ones with sudo need them); the caller makes the image
-// directory reachable by root only, so no host user can run them from the
-// cache, and guests run them under no_new_privs without capabilities.
+// capabilities among them, are dropped too, and so are the setuid and setgid
+// bits of files: every guest process runs under no_new_privs without
+// capabilities (the agent sets it in every runtime; isolationtest checks
+// it), so they would grant nothing in a guest, and on the host they would
+// be setuid-root binaries in the cache (whose directories are 0700 too:
+// package statedir).
 //
 // OCI whiteouts (.wh.NAME) remove NAME from the layers below; an opaque
 // directory (.wh..wh..opq) hides everything below it that an earlier layer
@@ -450,9 +452,9 @@ func (u *Unpacker) meta(pfd int, base string, hdr *tar.Header, fd int) error {
 			return fmt.Errorf("%s: chown: %w", hdr.Name, err)
 		}
 	}
-	// After chown, which clears setuid/setgid bits.
+	// After chown; never setuid or setgid (the package doc says why).
 	if fd >= 0 {
-		if err := unix.Fchmod(fd, uint32(hdr.Mode&0o7777)); err != nil {
+		if err := unix.Fchmod(fd, uint32(hdr.Mode&0o1777)); err != nil {
 			return fmt.Errorf("%s: chmod: %w", hdr.Name, err)
 		}
 	}

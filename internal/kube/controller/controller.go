@@ -299,7 +299,10 @@ func (c *Controller) reconcileLease(ctx context.Context, req reconcile.Request) 
 		if _, ok := l.Labels[fleet.NodeLabel]; !ok {
 			return reconcile.Result{}, nil
 		}
-		n = nodeFromLease(&l)
+		if n = nodeFromLease(&l); n.Name == "" {
+			c.log.Warn("ignoring a node lease whose name, node label and holder disagree", "lease", req.Name)
+			return reconcile.Result{}, nil
+		}
 	case client.IgnoreNotFound(err) == nil:
 		n = Node{Name: strings.TrimPrefix(req.Name, fleet.LeasePrefix)}
 	default:

@@ -32,11 +32,29 @@ func (n Node) Live(now time.Time) bool {
 	return n.Endpoint != "" && now.Before(n.Expires)
 }
 
-// nodeFromLease reads a node's Lease.
+// leaseNode is the node a Lease speaks for, or "" when its claims
+// disagree: its name must be fleet.LeaseName of its fleet.NodeLabel, and
+// its holder (when set) that node. A node agent can write only its own
+// Lease (deploy/node-lease-policy.yaml checks its credential's node), so
+// a Lease that names another node than the one its name says was not
+// written by that node's agent and draws no sandboxes to anyone.
+func leaseNode(l *coordinationv1.Lease) string {
+	node := l.Labels[fleet.NodeLabel]
+	if node == "" || l.Name != fleet.LeaseName(node) {
+		return ""
+	}
+	if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != node {
+		return ""
+	}
+	return node
+}
+
+// nodeFromLease reads a node's Lease (Name "" for a Lease whose identity
+// claims disagree: leaseNode).
 func nodeFromLease(l *coordinationv1.Lease) Node {
-	n := Node{Name: l.Labels[fleet.NodeLabel]}
-	if n.Name == "" && l.Spec.HolderIdentity != nil {
-		n.Name = *l.Spec.HolderIdentity
+	n := Node{Name: leaseNode(l)}
+	if n.Name == "" {
+		return n
 	}
 	n.Endpoint = l.Annotations[fleet.AnnEndpoint]
 	n.Ingress = l.Annotations[fleet.AnnIngress]
@@ -115,7 +133,11 @@ func (r *registry) Node(ctx context.Context, name string) (Node, bool, error) {
 		}
 		return Node{}, false, fmt.Errorf("node lease %s: %w", name, err)
 	}
-	return nodeFromLease(&l), true, nil
+	n := nodeFromLease(&l)
+	if n.Name != name {
+		return Node{}, false, nil // not what the node's agent wrote
+	}
+	return n, true, nil
 }
 
 // recordPlacement counts p against node until its next capacity report.
