@@ -100,8 +100,7 @@ func (m *Manager) PruneImageRefs(ctx context.Context) error {
 //     is making has a reference before it has a record);
 //   - the home has a store: whether the store (read-only) has the sandbox
 //     in a state other than destroyed or failed (pooled rows count), or an
-//     older layout's pool files
-//     name it;
+//     older layout's pool files name it;
 //   - anything else (no store, an unreadable one): yes.
 func ImageRefAlive(stateDir, id string) bool {
 	home := filepath.Dir(stateDir)
