@@ -395,6 +395,11 @@ func (s *Server) addRelay(w http.ResponseWriter, r *http.Request, t *store.Tenan
 			return err
 		}
 		if err := credentials.CheckToward(r.Context(), s.relays.v, sb.Tenant, req.TokenSecret, t); err != nil {
+			if errors.Is(err, errdefs.ErrNotFound) {
+				// The request names a secret that is not there: a bad
+				// request (400), as it always was, not a missing route.
+				return fmt.Errorf("%w: relay %s: token_secret: %v", errdefs.ErrInvalid, req.Name, err)
+			}
 			return fmt.Errorf("relay %s: %w", req.Name, err)
 		}
 	}

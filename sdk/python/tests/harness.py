@@ -184,7 +184,7 @@ class Daemon:
              "--listen", f"127.0.0.1:{self.port}", "--tls-cert", cert, "--tls-key", key, "--resolve", f"{UPSTREAM_HOST}:80=127.0.0.1:{up_port}",
              "--mount-root", self.mount_root,
              "--ingress", f"127.0.0.1:{free_port()}", "--ingress-domain", "sdk.test",
-             "--relay-discord-url", "ws://127.0.0.1:9/"],
+             "--relay-discord-url", "wss://gateway.discord.gg:9/", "--resolve", "gateway.discord.gg:9=127.0.0.1:9"],
             env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.client = cagebox.Cagebox(home=self.home, timeout=120)

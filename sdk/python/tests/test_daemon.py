@@ -297,7 +297,9 @@ class TestWebhooks(DaemonTest):
 
 class TestRelays(DaemonTest):
     def test_add_list_remove(self):
-        self.cb.secrets.put("SDK_BOT", "bot." + "d" * 32, ["discord.com"])
+        # A bot token goes only to Discord's hosts (the gateway is *.discord.gg)
+        # and to the WebSocket relay's host below.
+        self.cb.secrets.put("SDK_BOT", "bot." + "d" * 32, ["discord.com", "*.discord.gg", "relay.invalid"])
         self.addCleanup(lambda: self.cb.secrets.delete("SDK_BOT"))
         sb = self.new()
         r = sb.add_relay("discord", 8080, "SDK_BOT", path="/discord", intents=513)

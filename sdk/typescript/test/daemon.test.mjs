@@ -365,7 +365,9 @@ describe("against a real daemon", { skip: reason || false }, () => {
   });
 
   it("relays: add, list, remove", async () => {
-    await cb.secrets.put("SDK_BOT_JS", "bot." + "e".repeat(32), ["discord.com"]);
+    // A bot token goes only to Discord's hosts (the gateway is *.discord.gg)
+    // and to the WebSocket relay's host below.
+    await cb.secrets.put("SDK_BOT_JS", "bot." + "e".repeat(32), ["discord.com", "*.discord.gg", "relay.invalid"]);
     try {
       await cb.withSandbox({ image: "busybox" }, async (sb) => {
         const r = await sb.addRelay("discord", 8080, "SDK_BOT_JS", { path: "/discord", intents: 513 });

@@ -156,7 +156,7 @@ export class Daemon {
       "--home", this.home, "daemon", "--agent", path.join(this.bin, "cagebox-agent"), "--default-runtime", "container",
       "--listen", `127.0.0.1:${this.port}`, "--tls-cert", pki.cert, "--tls-key", pki.key, "--resolve", `${UPSTREAM_HOST}:80=127.0.0.1:${upPort}`,
       "--mount-root", this.mountRoot,
-      "--ingress", `127.0.0.1:${await freePort()}`, "--ingress-domain", "sdk.test", "--relay-discord-url", "ws://127.0.0.1:9/",
+      "--ingress", `127.0.0.1:${await freePort()}`, "--ingress-domain", "sdk.test", "--relay-discord-url", "wss://gateway.discord.gg:9/", "--resolve", "gateway.discord.gg:9=127.0.0.1:9",
     ], { env: this.env, stdio: ["ignore", log, log] });
     fs.closeSync(log);
     this.exited = new Promise((r) => this.proc.on("exit", r));
