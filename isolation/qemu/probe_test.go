@@ -75,7 +75,9 @@ func simulatedRuntime(t *testing.T, kvmScript string, timeout time.Duration) *Ru
 	t.Helper()
 	base := testRuntime(t)
 	forgetProbes(t)
-	return New(Options{Dir: base.cache.Dir, Binary: fakeQEMU(t, kvmScript), Device: "/dev/null", ProbeTimeout: timeout})
+	// Cold boots: a background template build would outlive the test
+	// (its run directory left in /tmp when the test binary exits).
+	return New(Options{Dir: base.cache.Dir, Binary: fakeQEMU(t, kvmScript), Device: "/dev/null", ProbeTimeout: timeout, DisableTemplates: true})
 }
 
 // TestKVMProbeFallbackOnAbort simulates the paravirtual nested KVM where
