@@ -218,10 +218,12 @@ func scanAPIKey(r scanner) (*store.APIKey, error) {
 const sandboxCols = `id, tenant_id, runtime, image, status, spec, state, error,
 	created_at, updated_at, expires_at, idle_timeout, last_active, labels`
 
-// CreateSandbox implements store.Store.
-func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
+// prepareSandbox checks a row's JSON and normalises its times (created
+// and last active default to now) for an insert or a bind; it returns the
+// expiry and the labels' JSON (nil for none) as the columns take them.
+func prepareSandbox(sb *store.Sandbox) (expires, labels any, err error) {
 	if err := checkJSON(sb.Spec, sb.State); err != nil {
-		return fmt.Errorf("create sandbox %q: %w", sb.ID, err)
+		return nil, nil, err
 	}
 	if sb.CreatedAt.IsZero() {
 		sb.CreatedAt = now()
@@ -232,16 +234,23 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		sb.LastActive = sb.CreatedAt
 	}
 	sb.LastActive = store.NormTime(sb.LastActive)
-	expires := normPtr(&sb.ExpiresAt)
-	var labels any
 	if len(sb.Labels) > 0 {
 		b, err := json.Marshal(sb.Labels)
 		if err != nil {
-			return fmt.Errorf("create sandbox %q: labels: %w", sb.ID, err)
+			return nil, nil, fmt.Errorf("labels: %w", err)
 		}
 		labels = string(b)
 	}
-	_, err := s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`)
+	return normPtr(&sb.ExpiresAt), labels, nil
+}
+
+// CreateSandbox implements store.Store.
+func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	expires, labels, err := prepareSandbox(sb)
+	if err != nil {
+		return fmt.Errorf("create sandbox %q: %w", sb.ID, err)
+	}
+	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, tenantArg(sb.TenantID), sb.Runtime, sb.Image, sb.Status, jsonArg(sb.Spec), jsonArg(sb.State), sb.Error,
 		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), expires, int64(sb.IdleTimeout), toNanos(sb.LastActive), labels)
@@ -356,26 +365,9 @@ func (s *Store) BindSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if sb.TenantID == "" {
 		return fmt.Errorf("bind sandbox %q: no tenant given: %w", sb.ID, store.ErrNotFound)
 	}
-	if err := checkJSON(sb.Spec, sb.State); err != nil {
+	expires, labels, err := prepareSandbox(sb)
+	if err != nil {
 		return fmt.Errorf("bind sandbox %q: %w", sb.ID, err)
-	}
-	if sb.CreatedAt.IsZero() {
-		sb.CreatedAt = now()
-	}
-	sb.CreatedAt = store.NormTime(sb.CreatedAt)
-	sb.UpdatedAt = store.NormTime(now())
-	if sb.LastActive.IsZero() {
-		sb.LastActive = sb.CreatedAt
-	}
-	sb.LastActive = store.NormTime(sb.LastActive)
-	expires := normPtr(&sb.ExpiresAt)
-	var labels any
-	if len(sb.Labels) > 0 {
-		b, err := json.Marshal(sb.Labels)
-		if err != nil {
-			return fmt.Errorf("bind sandbox %q: labels: %w", sb.ID, err)
-		}
-		labels = string(b)
 	}
 	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET tenant_id = ?, runtime = ?, image = ?, status = ?, spec = ?, state = ?, error = ?,
 		created_at = ?, updated_at = ?, expires_at = ?, idle_timeout = ?, last_active = ?, labels = ?
