@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/cagebox/cagebox/internal/hexdigit"
 )
 
 // The matcher is written by hand rather than built from regexp or an
@@ -199,8 +201,8 @@ func flexMatch(t []byte, i int, real string, eof bool, units []unit) (end int, u
 			if j+3 > len(t) {
 				return more()
 			}
-			if isHex(t[j+1]) && isHex(t[j+2]) {
-				if unhex(t[j+1])<<4|unhex(t[j+2]) == b {
+			if hexdigit.Is(t[j+1]) && hexdigit.Is(t[j+2]) {
+				if hexdigit.Val(t[j+1])<<4|hexdigit.Val(t[j+2]) == b {
 					units = append(units, unit{form: uPct, cas: hexCase(t[j+1], t[j+2])})
 					j += 3
 					p++
@@ -210,7 +212,7 @@ func flexMatch(t []byte, i int, real string, eof bool, units []unit) (end int, u
 					if j+5 > len(t) {
 						return more()
 					}
-					if isHex(t[j+3]) && isHex(t[j+4]) && unhex(t[j+3])<<4|unhex(t[j+4]) == b {
+					if hexdigit.Is(t[j+3]) && hexdigit.Is(t[j+4]) && hexdigit.Val(t[j+3])<<4|hexdigit.Val(t[j+4]) == b {
 						units = append(units, unit{form: uPct25, cas: hexCase(t[j+3], t[j+4])})
 						j += 5
 						p++
@@ -228,10 +230,10 @@ func flexMatch(t []byte, i int, real string, eof bool, units []unit) (end int, u
 				if j+6 > len(t) {
 					return more()
 				}
-				if !isHex(t[j+2]) || !isHex(t[j+3]) || !isHex(t[j+4]) || !isHex(t[j+5]) {
+				if !hexdigit.Is(t[j+2]) || !hexdigit.Is(t[j+3]) || !hexdigit.Is(t[j+4]) || !hexdigit.Is(t[j+5]) {
 					return 0, units, noMatch
 				}
-				r := rune(unhex(t[j+2]))<<12 | rune(unhex(t[j+3]))<<8 | rune(unhex(t[j+4]))<<4 | rune(unhex(t[j+5]))
+				r := rune(hexdigit.Val(t[j+2]))<<12 | rune(hexdigit.Val(t[j+3]))<<8 | rune(hexdigit.Val(t[j+4]))<<4 | rune(hexdigit.Val(t[j+5]))
 				want, size := rune(b), 1
 				if b >= utf8.RuneSelf {
 					want, size = utf8.DecodeRuneInString(real[p:])
@@ -246,7 +248,7 @@ func flexMatch(t []byte, i int, real string, eof bool, units []unit) (end int, u
 				if j+4 > len(t) {
 					return more()
 				}
-				if !isHex(t[j+2]) || !isHex(t[j+3]) || unhex(t[j+2])<<4|unhex(t[j+3]) != b {
+				if !hexdigit.Is(t[j+2]) || !hexdigit.Is(t[j+3]) || hexdigit.Val(t[j+2])<<4|hexdigit.Val(t[j+3]) != b {
 					return 0, units, noMatch
 				}
 				units = append(units, unit{form: uJSx, cas: hexCase(t[j+2], t[j+3])})
@@ -370,21 +372,6 @@ func init() {
 }
 
 func isB64Char(c byte) bool { return b64Val[0][c] >= 0 || b64Val[1][c] >= 0 }
-
-func isHex(c byte) bool {
-	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0'
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10
-	default:
-		return c - 'A' + 10
-	}
-}
 
 // b64Replace rewrites a base64 core match: the real value's bits, put
 // `align` bytes into a 3-byte group, are replaced by the mask's, in the

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"testing/iotest"
 
+	"github.com/cagebox/cagebox/internal/hexdigit"
 	"github.com/cagebox/cagebox/internal/substitute"
 )
 
@@ -139,16 +140,16 @@ func decodeMixed(s string) string {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
-		case c == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]):
-			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
+		case c == '%' && i+2 < len(s) && hexdigit.Is(s[i+1]) && hexdigit.Is(s[i+2]):
+			b.WriteByte(hexdigit.Val(s[i+1])<<4 | hexdigit.Val(s[i+2]))
 			i += 2
 			continue
-		case c == '\\' && i+5 < len(s) && s[i+1] == 'u' && isHex(s[i+2]) && isHex(s[i+3]) && isHex(s[i+4]) && isHex(s[i+5]):
-			b.WriteRune(rune(unhex(s[i+2]))<<12 | rune(unhex(s[i+3]))<<8 | rune(unhex(s[i+4]))<<4 | rune(unhex(s[i+5])))
+		case c == '\\' && i+5 < len(s) && s[i+1] == 'u' && hexdigit.Is(s[i+2]) && hexdigit.Is(s[i+3]) && hexdigit.Is(s[i+4]) && hexdigit.Is(s[i+5]):
+			b.WriteRune(rune(hexdigit.Val(s[i+2]))<<12 | rune(hexdigit.Val(s[i+3]))<<8 | rune(hexdigit.Val(s[i+4]))<<4 | rune(hexdigit.Val(s[i+5])))
 			i += 5
 			continue
-		case c == '\\' && i+3 < len(s) && s[i+1] == 'x' && isHex(s[i+2]) && isHex(s[i+3]):
-			b.WriteByte(unhex(s[i+2])<<4 | unhex(s[i+3]))
+		case c == '\\' && i+3 < len(s) && s[i+1] == 'x' && hexdigit.Is(s[i+2]) && hexdigit.Is(s[i+3]):
+			b.WriteByte(hexdigit.Val(s[i+2])<<4 | hexdigit.Val(s[i+3]))
 			i += 3
 			continue
 		case c == '\\' && i+1 < len(s) && strings.IndexByte(`/\"'`, s[i+1]) >= 0:

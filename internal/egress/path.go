@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/cagebox/cagebox/internal/hexdigit"
 )
 
 const (
@@ -57,10 +59,10 @@ func canonicalPath(wire string) (canon, problem string) {
 		c := wire[i]
 		switch {
 		case c == '%':
-			if i+2 >= len(wire) || !isHexDigit(wire[i+1]) || !isHexDigit(wire[i+2]) {
+			if i+2 >= len(wire) || !hexdigit.Is(wire[i+1]) || !hexdigit.Is(wire[i+2]) {
 				return "", "the request path has a malformed percent-escape"
 			}
-			v := unhexDigit(wire[i+1])<<4 | unhexDigit(wire[i+2])
+			v := hexdigit.Val(wire[i+1])<<4 | hexdigit.Val(wire[i+2])
 			i += 2
 			if isUnreserved(v) {
 				b.WriteByte(v)
@@ -88,20 +90,6 @@ func setPath(u *url.URL, canon, decoded string) {
 
 func isUnreserved(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~'
-}
-
-func isHexDigit(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-func unhexDigit(c byte) byte {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0'
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10
-	}
-	return c - 'A' + 10
 }
 
 func writeEscape(b *strings.Builder, c byte) {

@@ -6,6 +6,8 @@ import (
 	"path"
 	"strings"
 	"unicode"
+
+	"github.com/cagebox/cagebox/internal/hexdigit"
 )
 
 // reqPath is a request path in the canonical form decisions are made on,
@@ -58,7 +60,7 @@ func isAmbiguousPath(dec string) bool {
 		return true
 	}
 	for i := strings.IndexByte(dec, '%'); i >= 0; {
-		if i+2 < len(dec) && isHex(dec[i+1]) && isHex(dec[i+2]) {
+		if i+2 < len(dec) && hexdigit.Is(dec[i+1]) && hexdigit.Is(dec[i+2]) {
 			return true
 		}
 		j := strings.IndexByte(dec[i+1:], '%')
@@ -75,10 +77,6 @@ func isAmbiguousPath(dec string) bool {
 		}
 	}
 	return false
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 // segmentReadings returns the path's readings (see reqPath), case-folded

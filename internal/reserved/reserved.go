@@ -21,6 +21,8 @@ package reserved
 import (
 	"net/http"
 	"strings"
+
+	"github.com/cagebox/cagebox/internal/hexdigit"
 )
 
 // The prefixes of cagebox's own names.
@@ -75,28 +77,14 @@ func unescape(s string) string {
 		switch c := s[i]; {
 		case c == '+':
 			b.WriteByte(' ')
-		case c == '%' && i+2 < len(s) && ishex(s[i+1]) && ishex(s[i+2]):
-			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
+		case c == '%' && i+2 < len(s) && hexdigit.Is(s[i+1]) && hexdigit.Is(s[i+2]):
+			b.WriteByte(hexdigit.Val(s[i+1])<<4 | hexdigit.Val(s[i+2]))
 			i += 2
 		default:
 			b.WriteByte(c)
 		}
 	}
 	return b.String()
-}
-
-func ishex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0'
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10
-	}
-	return c - 'A' + 10
 }
 
 // StripHeaders removes every header of cagebox's from h.

@@ -4,6 +4,8 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"strings"
+
+	"github.com/cagebox/cagebox/internal/hexdigit"
 )
 
 // hit says in which forms a placeholder was found.
@@ -154,8 +156,8 @@ func pctDecode(s string) string {
 		b.Grow(len(s))
 		changed := false
 		for i := 0; i < len(s); i++ {
-			if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
-				b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
+			if s[i] == '%' && i+2 < len(s) && hexdigit.Is(s[i+1]) && hexdigit.Is(s[i+2]) {
+				b.WriteByte(hexdigit.Val(s[i+1])<<4 | hexdigit.Val(s[i+2]))
 				i += 2
 				changed = true
 				continue
@@ -183,15 +185,15 @@ func jsUnescape(s string) string {
 		}
 		switch n := s[i+1]; n {
 		case 'u':
-			if i+5 < len(s) && isHex(s[i+2]) && isHex(s[i+3]) && isHex(s[i+4]) && isHex(s[i+5]) {
-				r := rune(unhex(s[i+2]))<<12 | rune(unhex(s[i+3]))<<8 | rune(unhex(s[i+4]))<<4 | rune(unhex(s[i+5]))
+			if i+5 < len(s) && hexdigit.Is(s[i+2]) && hexdigit.Is(s[i+3]) && hexdigit.Is(s[i+4]) && hexdigit.Is(s[i+5]) {
+				r := rune(hexdigit.Val(s[i+2]))<<12 | rune(hexdigit.Val(s[i+3]))<<8 | rune(hexdigit.Val(s[i+4]))<<4 | rune(hexdigit.Val(s[i+5]))
 				b.WriteRune(r)
 				i += 5
 				continue
 			}
 		case 'x':
-			if i+3 < len(s) && isHex(s[i+2]) && isHex(s[i+3]) {
-				b.WriteByte(unhex(s[i+2])<<4 | unhex(s[i+3]))
+			if i+3 < len(s) && hexdigit.Is(s[i+2]) && hexdigit.Is(s[i+3]) {
+				b.WriteByte(hexdigit.Val(s[i+2])<<4 | hexdigit.Val(s[i+3]))
 				i += 3
 				continue
 			}
@@ -215,19 +217,4 @@ func jsUnescape(s string) string {
 		b.WriteByte(c)
 	}
 	return b.String()
-}
-
-func isHex(c byte) bool {
-	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0'
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10
-	default:
-		return c - 'A' + 10
-	}
 }
