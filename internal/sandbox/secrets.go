@@ -8,6 +8,7 @@ import (
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/credentials"
 	"github.com/cagebox/cagebox/internal/errdefs"
+	"github.com/cagebox/cagebox/internal/store"
 )
 
 // ModeEnv is the binding mode that puts the real value in the guest.
@@ -40,13 +41,9 @@ func (m *Manager) dropInline(tenant string, bound []boundSecret) {
 // an inline value is deleted from the vault. The guest's environment keeps
 // the (now useless) placeholder.
 func (m *Manager) Unbind(ctx context.Context, tenant, id, name string) (*api.Sandbox, error) {
-	r, err := m.cfg.Store.GetSandbox(ctx, tenant, id)
+	r, sr, err := m.boundRecord(ctx, tenant, id)
 	if err != nil {
-		return nil, notFound(id, err)
-	}
-	var sr specRecord
-	if err := json.Unmarshal(r.Spec, &sr); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		return nil, err
 	}
 	var kept []boundSecret
 	var gone *boundSecret
@@ -82,13 +79,9 @@ func (m *Manager) Unbind(ctx context.Context, tenant, id, name string) (*api.San
 // go to one of them as well as to one of the secret's own hosts
 // (credentials.Toward.Bound).
 func (m *Manager) SecretHosts(ctx context.Context, tenant, id, name string) ([]string, error) {
-	r, err := m.cfg.Store.GetSandbox(ctx, tenant, id)
+	_, sr, err := m.boundRecord(ctx, tenant, id)
 	if err != nil {
-		return nil, notFound(id, err)
-	}
-	var sr specRecord
-	if err := json.Unmarshal(r.Spec, &sr); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		return nil, err
 	}
 	var hosts []string
 	for _, b := range sr.Secrets {
@@ -97,4 +90,18 @@ func (m *Manager) SecretHosts(ctx context.Context, tenant, id, name string) ([]s
 		}
 	}
 	return hosts, nil
+}
+
+// boundRecord reads a sandbox's row and its spec record (the bindings
+// Unbind and SecretHosts look at).
+func (m *Manager) boundRecord(ctx context.Context, tenant, id string) (*store.Sandbox, *specRecord, error) {
+	r, err := m.cfg.Store.GetSandbox(ctx, tenant, id)
+	if err != nil {
+		return nil, nil, notFound(id, err)
+	}
+	var sr specRecord
+	if err := json.Unmarshal(r.Spec, &sr); err != nil {
+		return nil, nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return r, &sr, nil
 }
