@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/cagebox/cagebox/api"
@@ -28,11 +27,8 @@ func (s *Server) initConsole(mux *http.ServeMux) {
 		HashKey:     HashKey,
 		// Not on the ingress domain's names: a guest's page at PORT-ID.D
 		// would share the console's cookies (cookies ignore ports).
-		Foreign: func(h string) bool {
-			d := s.ingressDomain
-			return d != "" && (h == d || strings.HasSuffix(h, "."+d))
-		},
-		Log: s.log.With("part", "console"),
+		Foreign: func(h string) bool { return underDomain(s.ingressDomain, h) },
+		Log:     s.log.With("part", "console"),
 		Lookup: func(ctx context.Context, h []byte) (string, error) {
 			k, err := s.store.APIKeyByHash(ctx, h)
 			if err != nil {

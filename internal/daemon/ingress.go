@@ -193,11 +193,16 @@ func notUnderIngress(ic IngressConfig, h http.Handler) http.Handler {
 		if hh, _, err := net.SplitHostPort(host); err == nil {
 			host = hh
 		}
-		host = strings.TrimSuffix(host, ".")
-		if host == d || strings.HasSuffix(host, "."+d) {
+		if underDomain(d, strings.TrimSuffix(host, ".")) {
 			http.Error(w, "this is the cagebox API, which is not served under the ingress domain "+d+" (sandboxes' pages live there): use the API's own host name", http.StatusMisdirectedRequest)
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// underDomain reports whether host (lower case, no port or trailing dot)
+// is the ingress domain d or a name below it; "" d is no domain.
+func underDomain(d, host string) bool {
+	return d != "" && (host == d || strings.HasSuffix(host, "."+d))
 }
