@@ -4,12 +4,18 @@ BIN := bin
 
 .PHONY: build test test-runtimes test-short bench demo clean
 
+# bin/cagebox is the CLI (-tags lite: no daemon, runtimes or Kubernetes code
+# linked, so it starts in milliseconds); bin/cagebox-server is the full build
+# of the same command tree, which the CLI execs for `daemon`, `node`,
+# `controller` and the other host-side commands (cmd/cagebox/hostcmds.go).
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/cagebox-agent ./cmd/cagebox-agent
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/cagebox ./cmd/cagebox
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/cagebox-server ./cmd/cagebox
+	CGO_ENABLED=0 $(GO) build -trimpath -tags lite -o $(BIN)/cagebox ./cmd/cagebox
 
 test: build
 	$(GO) vet ./...
+	$(GO) vet -tags lite ./cmd/cagebox
 	$(GO) test -count=1 -timeout 40m ./...
 	$(MAKE) -s test-runtimes
 

@@ -44,7 +44,7 @@ func auditBench(agentPath string, rounds int, names string) {
 	daemon.RegisterRuntimes(home)
 	stop := startBenchDaemon(home, agentPath, nil)
 	defer stop()
-	c := client.Unix(daemon.SocketPath(home))
+	c := client.Unix(client.SocketPath(home))
 	fmt.Printf("cagebox syscall audit — %d CPUs, image busybox, workload: sh -c '%s', median of %d\n\n", numCPU(), auditWorkload, rounds)
 	fmt.Printf("  %-10s %-20s %9s %10s %7s  %s\n", "runtime", "--audit", "off (s)", "audit (s)", "ratio", "audited sandbox")
 	for _, name := range strings.Split(names, ",") {

@@ -129,7 +129,7 @@ func ingressBench(agentPath string, latN int, dur time.Duration, conc int) {
 	stop := func() { cancel(); <-done }
 	onFail(stop)
 	defer stop()
-	c := client.Unix(daemon.SocketPath(home))
+	c := client.Unix(client.SocketPath(home))
 
 	gc := newGuestCert()
 	sb := startGuest(c, srvBin, "", gc)

@@ -8,6 +8,9 @@
 //     daemon API and directly over the agent protocol;
 //   - with -only audit, the cost of syscall audit (audit.go): an
 //     exec-heavy workload with and without --audit, per runtime;
+//   - with -only cli, the CLI's own cost (cli.go): `cagebox --version` of
+//     the CLI beside the full build, and `cagebox run -- true` from a warm
+//     pool beside podman, pair by pair;
 //   - with -only snapshot, the qemu runtime's VM templates (snapshot.go):
 //     restore vs cold boot to first exec, memory of many sandboxes, and
 //     the template's build time and size.
@@ -45,7 +48,7 @@ func main() {
 	n := flag.Int("n", 30, "cold starts per side")
 	execN := flag.Int("exec", 300, "exec round trips")
 	agent := flag.String("agent", "bin/cagebox-agent", "static cagebox-agent binary")
-	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\", \"policy\", \"pool\", \"snapshot\", \"ingress\" or \"audit\"")
+	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\", \"policy\", \"pool\", \"cli\", \"snapshot\", \"ingress\" or \"audit\"")
 	sustained := flag.Int("sustained", 200, "pool: `cagebox run -- true` back to back per runtime")
 	egressDur := flag.Duration("egress-time", 4*time.Second, "egress: load duration per client kind")
 	egressConc := flag.Int("egress-conc", 16, "egress: concurrent clients")
@@ -79,6 +82,10 @@ func main() {
 	}
 	if *only == "pool" {
 		poolBench(agentPath, *n, *vmN, *sustained, *runtimes)
+		return
+	}
+	if *only == "cli" {
+		cliBench(agentPath, *n)
 		return
 	}
 	if *only == "snapshot" {
@@ -130,7 +137,7 @@ func main() {
 	case err := <-done:
 		fail(err)
 	}
-	c := client.Unix(daemon.SocketPath(home))
+	c := client.Unix(client.SocketPath(home))
 	rt := container.New(container.Options{StateRoot: filepath.Join(home, "oci")})
 
 	fmt.Printf("cagebox bench — %d CPUs, image busybox (%d KiB)\n\n", numCPU(), img.SizeBytes>>10)

@@ -72,7 +72,7 @@ func poolBench(agentPath string, n, vmN, sustained int, names string) {
 	}
 	stop := startBenchDaemon(home, agentPath, targets)
 	defer stop()
-	c := client.Unix(daemon.SocketPath(home))
+	c := client.Unix(client.SocketPath(home))
 	fmt.Printf("cagebox warm pools — %d CPUs, image busybox, pool size 4 per runtime\n\n", numCPU())
 
 	fmt.Println("create → first exec of `true` (API; removal off the path), per runtime")
@@ -157,45 +157,7 @@ func poolBench(agentPath string, n, vmN, sustained int, names string) {
 		fmt.Println("the CLI comparison with podman needs the container runtime (-runtimes container,…)")
 		return
 	}
-	podman, err := exec.LookPath("podman")
-	if err != nil {
-		fmt.Println("podman is not installed (scripts/bench.sh installs it): the CLI comparison is skipped")
-		return
-	}
-	const tag = "localhost/cagebox-bench-busybox:latest"
-	imp := exec.Command("sh", "-c", "tar -C "+img.Path+" -c . | "+podman+" import - "+tag)
-	if out, err := imp.CombinedOutput(); err != nil {
-		fmt.Printf("podman import failed: %v: %s\n", err, out)
-		return
-	}
-	defer exec.Command(podman, "rmi", "-f", tag).Run()
-	podmanRun := func() time.Duration {
-		cmd := exec.Command(podman, "run", "--rm", "--network", "none", "--runtime", "runc",
-			// podman's default rlimits exceed what some hosts allow a
-			// container (a low hard limit fails runc's setrlimit).
-			"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", tag, "true")
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		t0 := time.Now()
-		if err := cmd.Run(); err != nil {
-			fail(fmt.Errorf("podman run: %v: %s", err, out.String()))
-		}
-		return time.Since(t0)
-	}
-	podmanRun() // warm podman's storage once
-	waitReady(c, pool.ClassOf("container", "default", isolation.Resources{}).String(), 4)
-	var cb, pm []time.Duration
-	for i := 0; i < n; i++ {
-		// The pool refills between pairs, as it would between a user's
-		// commands.
-		waitReady(c, pool.ClassOf("container", "default", isolation.Resources{}).String(), 4)
-		cb = append(cb, run("--runtime", "container", "--", "true"))
-		pm = append(pm, podmanRun())
-	}
-	fmt.Printf("the whole CLI, pair by pair (n = %d): goal ≤ 0.25× podman\n", n)
-	fmt.Printf("  %-60s p50 %9s  p99 %9s\n", "cagebox run --runtime container -- true (pool hit, full gateway)", ms(pct(cb, 50)), ms(pct(cb, 99)))
-	fmt.Printf("  %-60s p50 %9s  p99 %9s\n", "podman run --rm --network none --runtime runc (same rootfs)", ms(pct(pm, 50)), ms(pct(pm, 99)))
-	fmt.Printf("  %-60s p50 %8.2fx  p99 %8.2fx\n", "ratio cagebox/podman", ratio(pct(cb, 50), pct(pm, 50)), ratio(pct(cb, 99), pct(pm, 99)))
+	cliVsPodman(c, run, img.Path, n, 0.25)
 }
 
 // machineVMDir is the machine's VM cache (kernel, initramfs) if setup
@@ -274,4 +236,50 @@ func createExec(c *client.Client, req *api.CreateSandboxRequest, remove func(con
 		fail(err)
 	}
 	return d
+}
+
+// cliVsPodman times `cagebox run --runtime container -- true` (run, a pool
+// hit: the container pool of c is refilled between pairs) against `podman
+// run --rm --network none` (runc) of the same rootfs, pair by pair, and
+// prints both and their ratio beside goal.
+func cliVsPodman(c *client.Client, run func(args ...string) time.Duration, rootfs string, n int, goal float64) {
+	podman, err := exec.LookPath("podman")
+	if err != nil {
+		fmt.Println("podman is not installed (scripts/bench.sh installs it): the CLI comparison is skipped")
+		return
+	}
+	const tag = "localhost/cagebox-bench-busybox:latest"
+	imp := exec.Command("sh", "-c", "tar -C "+rootfs+" -c . | "+podman+" import - "+tag)
+	if out, err := imp.CombinedOutput(); err != nil {
+		fmt.Printf("podman import failed: %v: %s\n", err, out)
+		return
+	}
+	defer exec.Command(podman, "rmi", "-f", tag).Run()
+	podmanRun := func() time.Duration {
+		cmd := exec.Command(podman, "run", "--rm", "--network", "none", "--runtime", "runc",
+			// podman's default rlimits exceed what some hosts allow a
+			// container (a low hard limit fails runc's setrlimit).
+			"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", tag, "true")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		t0 := time.Now()
+		if err := cmd.Run(); err != nil {
+			fail(fmt.Errorf("podman run: %v: %s", err, out.String()))
+		}
+		return time.Since(t0)
+	}
+	podmanRun() // warm podman's storage once
+	waitReady(c, pool.ClassOf("container", "default", isolation.Resources{}).String(), 4)
+	var cb, pm []time.Duration
+	for i := 0; i < n; i++ {
+		// The pool refills between pairs, as it would between a user's
+		// commands.
+		waitReady(c, pool.ClassOf("container", "default", isolation.Resources{}).String(), 4)
+		cb = append(cb, run("--runtime", "container", "--", "true"))
+		pm = append(pm, podmanRun())
+	}
+	fmt.Printf("the whole CLI, pair by pair (n = %d): goal ≤ %.2f× podman\n", n, goal)
+	fmt.Printf("  %-60s p50 %9s  p99 %9s\n", "cagebox run --runtime container -- true (pool hit, full gateway)", ms(pct(cb, 50)), ms(pct(cb, 99)))
+	fmt.Printf("  %-60s p50 %9s  p99 %9s\n", "podman run --rm --network none --runtime runc (same rootfs)", ms(pct(pm, 50)), ms(pct(pm, 99)))
+	fmt.Printf("  %-60s p50 %8.2fx  p99 %8.2fx\n", "ratio cagebox/podman", ratio(pct(cb, 50), pct(pm, 50)), ratio(pct(cb, 99), pct(pm, 99)))
 }

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/cagebox/cagebox/api"
@@ -27,6 +28,9 @@ type Client struct {
 	key  string
 	http *http.Client
 }
+
+// SocketPath is the daemon's unix socket in its home directory.
+func SocketPath(home string) string { return filepath.Join(home, "cagebox.sock") }
 
 // Unix returns a client for the daemon's unix socket (admin tenant).
 func Unix(sock string) *Client {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,22 +19,16 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/client"
-	"github.com/cagebox/cagebox/internal/daemon"
-	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/mounts"
 	"github.com/cagebox/cagebox/internal/policy"
-	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/statedir"
-	"github.com/cagebox/cagebox/internal/vmimage"
-	"github.com/cagebox/cagebox/isolation"
-	"github.com/cagebox/cagebox/isolation/qemu"
 )
 
 func (g *globals) client() *client.Client {
 	if g.tcp != nil {
 		return g.tcp
 	}
-	return client.Unix(daemon.SocketPath(g.home))
+	return client.Unix(client.SocketPath(g.home))
 }
 
 // ensureDaemon starts a daemon in the background when none answers on the
@@ -48,7 +41,7 @@ func (g *globals) ensureDaemon(ctx context.Context) (*client.Client, error) {
 	if err == nil || g.host != "" {
 		return c, err
 	}
-	self, err := os.Executable()
+	self, err := daemonExecutable()
 	if err != nil {
 		return nil, err
 	}
@@ -85,85 +78,6 @@ func (g *globals) ensureDaemon(ctx context.Context) (*client.Client, error) {
 		}
 	}
 	return nil, fmt.Errorf("the daemon did not answer within 20s; see %s", logPath)
-}
-
-// eventConfig checks the daemon's event flags.
-func eventConfig(retention string, rate float64, burst int) (daemon.EventConfig, error) {
-	var c daemon.EventConfig
-	keep, err := parseRetention(retention)
-	if err != nil {
-		return c, err
-	}
-	c.Retention = keep
-	switch {
-	case rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0):
-		return c, fmt.Errorf("--event-rate: %v is not a number of events a second (0 turns the limit off)", rate)
-	case rate == 0:
-		c.Rate = -1
-	default:
-		c.Rate = rate
-	}
-	if burst < 1 {
-		return c, fmt.Errorf("--event-burst: %d: want at least 1", burst)
-	}
-	c.Burst = burst
-	return c, nil
-}
-
-// parseRetention parses a duration such as 36h, or whole days such as 7d
-// (time.ParseDuration has no days); 0 means forever.
-func parseRetention(s string) (time.Duration, error) {
-	bad := fmt.Errorf("--event-retention: %q is not a duration such as 7d or 36h (0 keeps events forever)", s)
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.Atoi(days)
-		if err != nil || n < 0 || n > 100*365 {
-			return 0, bad
-		}
-		return time.Duration(n) * 24 * time.Hour, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		return 0, bad
-	}
-	return d, nil
-}
-
-// prepareVM makes the microVM artifacts of img (see package vmimage):
-// fetches the pinned guest kernel if needed, builds the initramfs around the
-// agent and packs the image as ext4, so that the first VM sandbox of the
-// image starts without that work.
-func prepareVM(ctx context.Context, g *globals, img *image.Image, mode string) error {
-	switch mode {
-	case "no", "false":
-		return nil
-	case "auto":
-		if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-			return nil
-		}
-	case "yes", "true":
-	default:
-		return fmt.Errorf("--vm %q: use yes, no or auto", mode)
-	}
-	agent := os.Getenv("CAGEBOX_AGENT")
-	if agent == "" {
-		agent = defaultAgentPath()
-	}
-	start := time.Now()
-	vc := &vmimage.Cache{Dir: filepath.Join(g.home, "vm"), Progress: os.Stderr}
-	a, err := vc.Prepare(ctx, img, agent)
-	if err != nil {
-		return fmt.Errorf("vm artifacts of image %s: %w", img.Name, err)
-	}
-	fmt.Fprintf(os.Stderr, "vm artifacts of %s ready in %s (kernel %s, disk %s)\n", img.Name, time.Since(start).Round(time.Millisecond), vmimage.KernelRelease, filepath.Base(a.RootDisk))
-	return nil
-}
-
-func defaultAgentPath() string {
-	self, err := os.Executable()
-	if err != nil {
-		return "cagebox-agent"
-	}
-	return filepath.Join(filepath.Dir(self), "cagebox-agent")
 }
 
 type createFlags struct {
@@ -424,59 +338,6 @@ func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
 		}
 	}
 	return req, nil
-}
-
-// limitFlags are the daemon's bounds on the work one request, or one
-// sandbox's requests, make the egress gateway do (zero: the defaults).
-type limitFlags struct {
-	scanBytes, scanBody, inflight string
-	scanTime, bodyIdle, bodyTotal time.Duration
-	upstreamConns                 int
-}
-
-func (l *limitFlags) register(cmd *cobra.Command) {
-	f := cmd.Flags()
-	f.StringVar(&l.scanBytes, "exfil-scan-bytes", "", "bytes of request text the exfil scan examines per request, decoded forms included (default 1M)")
-	f.StringVar(&l.scanBody, "exfil-scan-body", "", "request body bytes read ahead and scanned (default 64K); --exfil block refuses longer bodies")
-	f.DurationVar(&l.scanTime, "exfil-scan-time", 0, "time the exfil scan may take per request (default 250ms); past it --exfil block refuses")
-	f.StringVar(&l.inflight, "max-inflight-bytes", "", "request body bytes a sandbox's requests may hold in the gateway at once (default 64M); over it: 503")
-	f.IntVar(&l.upstreamConns, "max-upstream-conns", 0, "open upstream connections per sandbox (default 128); past it a request waits 2s, then 503")
-	f.DurationVar(&l.bodyIdle, "body-idle-timeout", 0, "longest wait for more of a request body (default 30s); past it: 408")
-	f.DurationVar(&l.bodyTotal, "body-timeout", 0, "longest time to receive a whole request body (default 10m); past it: 408")
-}
-
-func (l *limitFlags) apply(n *daemon.NetworkConfig) error {
-	size := func(flag, v string) (int64, error) {
-		if v == "" {
-			return 0, nil
-		}
-		s, err := parseSize(v)
-		if err != nil {
-			return 0, fmt.Errorf("--%s: %w", flag, err)
-		}
-		return s, nil
-	}
-	var err error
-	if n.ExfilScan.Bytes, err = size("exfil-scan-bytes", l.scanBytes); err != nil {
-		return err
-	}
-	if n.ExfilScan.Body, err = size("exfil-scan-body", l.scanBody); err != nil {
-		return err
-	}
-	if n.Limits.InFlightBytes, err = size("max-inflight-bytes", l.inflight); err != nil {
-		return err
-	}
-	for flag, d := range map[string]time.Duration{"exfil-scan-time": l.scanTime, "body-idle-timeout": l.bodyIdle, "body-timeout": l.bodyTotal} {
-		if d < 0 {
-			return fmt.Errorf("--%s: %s is negative", flag, d)
-		}
-	}
-	if l.upstreamConns < 0 {
-		return fmt.Errorf("--max-upstream-conns: %d is negative", l.upstreamConns)
-	}
-	n.ExfilScan.Time = l.scanTime
-	n.Limits.BodyIdleTimeout, n.Limits.BodyTimeout, n.Limits.UpstreamConns = l.bodyIdle, l.bodyTotal, l.upstreamConns
-	return nil
 }
 
 // parseSize parses 512M, 2G, 1.5GiB, 65536 (bytes).
@@ -785,9 +646,7 @@ func runtimesCmd(g *globals) *cobra.Command {
 				}
 			} else {
 				// No daemon: describe this host directly.
-				daemon.RegisterRuntimes(g.home)
-				def, _ := isolation.Pick("auto", isolation.Namespaces)
-				l = daemon.RuntimeList(isolation.Namespaces, def)
+				l = localRuntimes(g.home)
 			}
 			return printList(asJSON, l, []string{"NAME", "CLASS", "AVAILABLE", "DETAIL"}, func(r api.Runtime) []string {
 				avail := "yes"
@@ -811,119 +670,8 @@ func runtimesCmd(g *globals) *cobra.Command {
 
 func imageCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Manage guest images"}
-	var force bool
-	var pkgs []string
-	var vm string
-	build := &cobra.Command{
-		Use:   "build [NAME]",
-		Short: "Build a guest image (default: the Debian image \"default\"; \"busybox\": a tiny test image)",
-		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			name := "default"
-			if len(args) == 1 {
-				name = args[0]
-			}
-			cache := &image.Cache{Dir: filepath.Join(g.home, "images")}
-			start := time.Now()
-			var img *image.Image
-			var err error
-			if name == "busybox" {
-				img, err = cache.BuildBusybox(cmd.Context(), name)
-			} else {
-				img, err = cache.Build(cmd.Context(), image.BuildOptions{Name: name, Packages: pkgs, Progress: os.Stderr, Force: force})
-			}
-			if err != nil {
-				return err
-			}
-			if name == "busybox" { // debootstrap builds report their own progress and result
-				fmt.Fprintf(os.Stderr, "image %s ready in %s (%d KiB, %s)\n", img.Name, time.Since(start).Round(time.Millisecond), img.SizeBytes>>10, img.Digest)
-			}
-			return prepareVM(cmd.Context(), g, img, vm)
-		},
-	}
-	build.Flags().BoolVar(&force, "force", false, "rebuild even if the image exists")
-	build.Flags().StringVar(&vm, "vm", "auto", "also make the image's microVM artifacts (guest kernel, initramfs, ext4 disk): yes, no, or auto (when qemu-system-x86_64 is installed)")
-	build.Flags().StringSliceVar(&pkgs, "packages", nil, "Debian packages to install (default: sh, coreutils, curl, python3, ca-certificates, procps)")
-	var lsJSON bool
-	ls := &cobra.Command{
-		Use:   "ls",
-		Short: "List cached images, and the microVM templates made from them",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cache := &image.Cache{Dir: filepath.Join(g.home, "images")}
-			// IN USE counts live sandboxes only: references of homes or
-			// sandboxes that are gone are dropped first.
-			if _, err := cache.PruneOrphans(sandbox.ImageRefAlive); err != nil {
-				fmt.Fprintf(os.Stderr, "warning: pruning image references: %v\n", err)
-			}
-			l, err := cache.List()
-			if err != nil {
-				return err
-			}
-			// Templates: booted, saved microVMs that qemu sandboxes are
-			// restored from (isolation/qemu, template.go).
-			tpls, err := qemu.New(qemu.Options{Dir: filepath.Join(g.home, "vm")}).Templates()
-			if err != nil {
-				return err
-			}
-			if lsJSON {
-				if l == nil {
-					l = []*image.Image{}
-				}
-				if tpls == nil {
-					tpls = []qemu.Template{}
-				}
-				return printJSON(struct {
-					Images    []*image.Image  `json:"images"`
-					Templates []qemu.Template `json:"templates"`
-				}{l, tpls})
-			}
-			if err := printList(false, l, []string{"NAME", "SIZE", "CREATED", "DIGEST", "IN USE"}, func(i *image.Image) []string {
-				d := i.Digest
-				if len(d) > 19 {
-					d = d[:19]
-				}
-				h, _ := cache.Holders(i.Name)
-				return []string{i.Name, fmt.Sprintf("%dMiB", i.SizeBytes>>20), i.CreatedAt.Local().Format(time.DateTime), d, fmt.Sprint(len(h))}
-			}); err != nil || len(tpls) == 0 {
-				return err
-			}
-			fmt.Println("\nmicroVM templates (qemu sandboxes restore from them; rebuilt when an input changes):")
-			return printList(false, tpls, []string{"TEMPLATE", "IMAGE", "MEMORY", "CPUS", "NET", "DISK", "BUILT IN", "CREATED", "STATE"}, func(t qemu.Template) []string {
-				state := "ready"
-				if t.Stale {
-					state = "stale (removed at the next daemon start)"
-				}
-				return []string{t.Digest[:min(12, len(t.Digest))], t.Image, fmt.Sprintf("%dMiB", t.MemoryBytes>>20), fmt.Sprint(t.CPUs), fmt.Sprint(t.NIC),
-					fmt.Sprintf("%dMiB", t.SizeBytes>>20), t.BuildTime.Round(100 * time.Millisecond).String(), t.Created.Local().Format(time.DateTime), state}
-			})
-		},
-	}
-	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON: images and templates")
-	rm := &cobra.Command{
-		Use:   "rm NAME",
-		Short: "Remove a cached image (refused while sandboxes use it)",
-		Long: `Remove a cached image. An image that is the root filesystem of sandboxes
-that still exist (running, paused, stopped or pooled) is not removed: the error
-names them. Rebuilding an image with --force while sandboxes use it keeps their
-tree until the last of them is removed; new sandboxes get the new one.`,
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cache := &image.Cache{Dir: filepath.Join(g.home, "images")}
-			// Only sandboxes that exist hold an image: references of
-			// removed homes or of sandboxes a killed daemon never released
-			// are dropped first.
-			if _, err := cache.PruneOrphans(sandbox.ImageRefAlive); err != nil {
-				fmt.Fprintf(os.Stderr, "warning: pruning image references: %v\n", err)
-			}
-			if err := cache.Remove(args[0]); err != nil {
-				return err
-			}
-			fmt.Fprintf(os.Stderr, "removed image %s\n", args[0])
-			return nil
-		},
-	}
-	cmd.AddCommand(build, ls, rm, imagePullCmd(g), imageImportCmd(g))
+	cmd.AddCommand(imageHostCmds(g)...)
+	cmd.AddCommand(imagePullCmd(g), imageImportCmd(g))
 	return cmd
 }
 

@@ -1,3 +1,5 @@
+//go:build !lite
+
 package main
 
 import (
@@ -26,8 +28,8 @@ func controllerCmd(g *globals) *cobra.Command {
 	var resync time.Duration
 	var leaderElect bool
 	cmd := &cobra.Command{
-		Use:   "controller",
-		Short: "Run the Kubernetes controller: agent-sandbox Sandboxes, SandboxClaims and SandboxWarmPools on cagebox nodes",
+		Use:   docController.use,
+		Short: docController.short,
 		Long: `Run the fleet controller. It reconciles the agent-sandbox API objects
 (agents.x-k8s.io Sandbox; extensions.agents.x-k8s.io SandboxTemplate,
 SandboxClaim, SandboxWarmPool, v1beta1) onto the cagebox node agents that

@@ -1,10 +1,16 @@
+//go:build !lite
+
 package main
 
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -41,8 +47,8 @@ type daemonFlags struct {
 func daemonCmd(g *globals) *cobra.Command {
 	var f daemonFlags
 	cmd := &cobra.Command{
-		Use:   "daemon",
-		Short: "Run the cagebox daemon",
+		Use:   docDaemon.use,
+		Short: docDaemon.short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config(g)
@@ -185,4 +191,123 @@ func (f *daemonFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringArrayVar(&f.pools, "pool", nil, "keep warm sandboxes that creates claim: RUNTIME:IMAGE[:MEMORY]=N, comma-separated or repeated, e.g. container:busybox=4,qemu:default:1g=2 (a create matches a pool when its runtime, image and resources equal the pool's; others are made cold; PUT /v1/pools replaces them at runtime)")
 	cmd.Flags().StringVar(&f.poolMem, "pool-memory", "", "memory the pools' ready sandboxes may hold together (their memory limits), e.g. 4g (default a quarter of the host's memory)")
 	cmd.Flags().IntVar(&f.eventBurst, "event-burst", audit.DefaultBurst, "events a sandbox may emit at once above --event-rate")
+}
+
+// eventConfig checks the daemon's event flags.
+func eventConfig(retention string, rate float64, burst int) (daemon.EventConfig, error) {
+	var c daemon.EventConfig
+	keep, err := parseRetention(retention)
+	if err != nil {
+		return c, err
+	}
+	c.Retention = keep
+	switch {
+	case rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0):
+		return c, fmt.Errorf("--event-rate: %v is not a number of events a second (0 turns the limit off)", rate)
+	case rate == 0:
+		c.Rate = -1
+	default:
+		c.Rate = rate
+	}
+	if burst < 1 {
+		return c, fmt.Errorf("--event-burst: %d: want at least 1", burst)
+	}
+	c.Burst = burst
+	return c, nil
+}
+
+// parseRetention parses a duration such as 36h, or whole days such as 7d
+// (time.ParseDuration has no days); 0 means forever.
+func parseRetention(s string) (time.Duration, error) {
+	bad := fmt.Errorf("--event-retention: %q is not a duration such as 7d or 36h (0 keeps events forever)", s)
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n < 0 || n > 100*365 {
+			return 0, bad
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, bad
+	}
+	return d, nil
+}
+
+// limitFlags are the daemon's bounds on the work one request, or one
+// sandbox's requests, make the egress gateway do (zero: the defaults).
+type limitFlags struct {
+	scanBytes, scanBody, inflight string
+	scanTime, bodyIdle, bodyTotal time.Duration
+	upstreamConns                 int
+}
+
+func (l *limitFlags) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&l.scanBytes, "exfil-scan-bytes", "", "bytes of request text the exfil scan examines per request, decoded forms included (default 1M)")
+	f.StringVar(&l.scanBody, "exfil-scan-body", "", "request body bytes read ahead and scanned (default 64K); --exfil block refuses longer bodies")
+	f.DurationVar(&l.scanTime, "exfil-scan-time", 0, "time the exfil scan may take per request (default 250ms); past it --exfil block refuses")
+	f.StringVar(&l.inflight, "max-inflight-bytes", "", "request body bytes a sandbox's requests may hold in the gateway at once (default 64M); over it: 503")
+	f.IntVar(&l.upstreamConns, "max-upstream-conns", 0, "open upstream connections per sandbox (default 128); past it a request waits 2s, then 503")
+	f.DurationVar(&l.bodyIdle, "body-idle-timeout", 0, "longest wait for more of a request body (default 30s); past it: 408")
+	f.DurationVar(&l.bodyTotal, "body-timeout", 0, "longest time to receive a whole request body (default 10m); past it: 408")
+}
+
+func (l *limitFlags) apply(n *daemon.NetworkConfig) error {
+	size := func(flag, v string) (int64, error) {
+		if v == "" {
+			return 0, nil
+		}
+		s, err := parseSize(v)
+		if err != nil {
+			return 0, fmt.Errorf("--%s: %w", flag, err)
+		}
+		return s, nil
+	}
+	var err error
+	if n.ExfilScan.Bytes, err = size("exfil-scan-bytes", l.scanBytes); err != nil {
+		return err
+	}
+	if n.ExfilScan.Body, err = size("exfil-scan-body", l.scanBody); err != nil {
+		return err
+	}
+	if n.Limits.InFlightBytes, err = size("max-inflight-bytes", l.inflight); err != nil {
+		return err
+	}
+	for flag, d := range map[string]time.Duration{"exfil-scan-time": l.scanTime, "body-idle-timeout": l.bodyIdle, "body-timeout": l.bodyTotal} {
+		if d < 0 {
+			return fmt.Errorf("--%s: %s is negative", flag, d)
+		}
+	}
+	if l.upstreamConns < 0 {
+		return fmt.Errorf("--max-upstream-conns: %d is negative", l.upstreamConns)
+	}
+	n.ExfilScan.Time = l.scanTime
+	n.Limits.BodyIdleTimeout, n.Limits.BodyTimeout, n.Limits.UpstreamConns = l.bodyIdle, l.bodyTotal, l.upstreamConns
+	return nil
+}
+
+func defaultAgentPath() string {
+	self, err := os.Executable()
+	if err != nil {
+		return "cagebox-agent"
+	}
+	return filepath.Join(filepath.Dir(self), "cagebox-agent")
+}
+
+// ingressFlags are the daemon's --ingress* flags.
+type ingressFlags struct {
+	cfg        daemon.IngressConfig
+	maxBodyStr string
+}
+
+func (f *ingressFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.cfg.Addr, "ingress", "", "serve sandboxes' published ports (cagebox port add) over HTTPS on this address, e.g. 0.0.0.0:443; needs --ingress-domain")
+	cmd.Flags().StringVar(&f.cfg.Domain, "ingress-domain", "", "ingress domain D: port P of sandbox ID is https://P-ID.D/ (point *.D at this host), or https://D/s/ID/P/")
+	cmd.Flags().StringVar(&f.cfg.Cert, "ingress-cert", "", "certificate (PEM, with its chain) for D and *.D; default: one signed by the daemon's own CA, $CAGEBOX_HOME/ingress/ca.pem (trust it with curl --cacert)")
+	cmd.Flags().StringVar(&f.cfg.Key, "ingress-key", "", "private key (PEM) of --ingress-cert")
+	cmd.Flags().StringVar(&f.maxBodyStr, "ingress-max-body", "100M", "largest request body through ingress (413 beyond), e.g. 100M")
+	cmd.Flags().Float64Var(&f.cfg.Rate, "ingress-rate", 100, "requests a second each published port takes (burst 2×; a sandbox's ports together 4×); over it 429; negative = no limit")
+	cmd.Flags().IntVar(&f.cfg.PublicPort, "ingress-public-port", 0, "port in the URLs the daemon hands out (default: the --ingress port; set it behind a port-forward)")
+	cmd.Flags().StringVar(&f.cfg.PlainAddr, "ingress-plain", "", "also serve ingress over plain HTTP on this loopback address, for a TLS-terminating proxy on this host (it must keep the Host header), e.g. 127.0.0.1:8080")
 }

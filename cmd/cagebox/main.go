@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -57,6 +58,7 @@ func newRoot() *cobra.Command {
 		Short:         "Run untrusted code in sandboxes whose credentials never enter the guest",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version(),
 	}
 	home := os.Getenv("CAGEBOX_HOME")
 	if home == "" {
@@ -78,8 +80,6 @@ func newRoot() *cobra.Command {
 		return nil
 	}
 	root.AddCommand(
-		daemonCmd(g),
-		nodeCmd(g),
 		runCmd(g),
 		createCmd(g),
 		execCmd(g),
@@ -109,7 +109,35 @@ func newRoot() *cobra.Command {
 		portCmd(g),
 		webhookCmd(g),
 		relayCmd(g),
-		controllerCmd(g),
 	)
+	root.AddCommand(hostCommands(g)...)
 	return root
+}
+
+// version is the module's version and the commit it was built from, as
+// the Go toolchain recorded them (go version -m shows the same).
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if rev != "" {
+		v += " (" + rev + dirty + ")"
+	}
+	return v
 }

@@ -1,3 +1,5 @@
+//go:build !lite
+
 package main
 
 import (
@@ -36,8 +38,8 @@ func nodeCmd(g *globals) *cobra.Command {
 	var df daemonFlags
 	var nf nodeFlags
 	cmd := &cobra.Command{
-		Use:   "node",
-		Short: "Run the daemon as a Kubernetes fleet node (announced by a Lease; driven by `cagebox controller`)",
+		Use:   docNode.use,
+		Short: docNode.short,
 		Long: `Run the cagebox daemon as a node of a fleet on Kubernetes (a DaemonSet pod,
 privileged, host network). It serves the API on --listen to the fleet's admin
 key (--admin-key-file) and keeps a coordination.k8s.io Lease named
@@ -65,7 +67,7 @@ expire: a node restarted within --lease-duration keeps its sandboxes in place.`,
 				return err
 			}
 			acfg.Logger = cfg.Logger
-			sock := client.Unix(daemon.SocketPath(cfg.Home))
+			sock := client.Unix(client.SocketPath(cfg.Home))
 			acfg.Capacity = func(ctx context.Context) fleet.Capacity {
 				c, err := daemon.NodeCapacity(ctx, sock)
 				if err != nil {

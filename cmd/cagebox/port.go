@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cagebox/cagebox/api"
-	"github.com/cagebox/cagebox/internal/daemon"
 )
 
 // parsePublish parses --publish PORT[:public].
@@ -147,21 +146,4 @@ func portCmd(g *globals) *cobra.Command {
 	urlc.Flags().StringVar(&urlTTL, "ttl", "1h", "how long the URL works, e.g. 10m (publishing the port again revokes it sooner)")
 	cmd.AddCommand(add, rm, ls, urlc)
 	return cmd
-}
-
-// ingressFlags are the daemon's --ingress* flags.
-type ingressFlags struct {
-	cfg        daemon.IngressConfig
-	maxBodyStr string
-}
-
-func (f *ingressFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.cfg.Addr, "ingress", "", "serve sandboxes' published ports (cagebox port add) over HTTPS on this address, e.g. 0.0.0.0:443; needs --ingress-domain")
-	cmd.Flags().StringVar(&f.cfg.Domain, "ingress-domain", "", "ingress domain D: port P of sandbox ID is https://P-ID.D/ (point *.D at this host), or https://D/s/ID/P/")
-	cmd.Flags().StringVar(&f.cfg.Cert, "ingress-cert", "", "certificate (PEM, with its chain) for D and *.D; default: one signed by the daemon's own CA, $CAGEBOX_HOME/ingress/ca.pem (trust it with curl --cacert)")
-	cmd.Flags().StringVar(&f.cfg.Key, "ingress-key", "", "private key (PEM) of --ingress-cert")
-	cmd.Flags().StringVar(&f.maxBodyStr, "ingress-max-body", "100M", "largest request body through ingress (413 beyond), e.g. 100M")
-	cmd.Flags().Float64Var(&f.cfg.Rate, "ingress-rate", 100, "requests a second each published port takes (burst 2×; a sandbox's ports together 4×); over it 429; negative = no limit")
-	cmd.Flags().IntVar(&f.cfg.PublicPort, "ingress-public-port", 0, "port in the URLs the daemon hands out (default: the --ingress port; set it behind a port-forward)")
-	cmd.Flags().StringVar(&f.cfg.PlainAddr, "ingress-plain", "", "also serve ingress over plain HTTP on this loopback address, for a TLS-terminating proxy on this host (it must keep the Host header), e.g. 127.0.0.1:8080")
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/client"
-	"github.com/cagebox/cagebox/internal/daemon"
 )
 
 // secretValue reads a value from exactly one source; never from argv (it
@@ -156,8 +155,8 @@ func secretCmd(g *globals) *cobra.Command {
 	}
 	var keyFile string
 	rotateKey := &cobra.Command{
-		Use:   "rotate-master-key",
-		Short: "Re-seal every secret under a new master key (stop the daemon first)",
+		Use:   docRotateKey.use,
+		Short: docRotateKey.short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			hctx, cancel := context.WithTimeout(cmd.Context(), time.Second)
@@ -166,7 +165,7 @@ func secretCmd(g *globals) *cobra.Command {
 			if err == nil {
 				return errors.New("a daemon is running on this home: stop it first (its vault holds the old key)")
 			}
-			id, n, err := daemon.RotateMasterKey(cmd.Context(), g.home, keyFile)
+			id, n, err := rotateMasterKey(cmd.Context(), g.home, keyFile)
 			if err != nil {
 				return err
 			}

@@ -38,6 +38,10 @@ type options struct {
 
 // Where things go in the images.
 const (
+	// serverBin is the full build (make build's bin/cagebox-server):
+	// every command in-process, so the images need no second binary; it
+	// is installed as cagebox.
+	serverBin = "cagebox-server"
 	binPath   = "usr/local/bin/cagebox"
 	agentPath = "usr/local/bin/cagebox-agent"
 	nonroot   = 65532
@@ -84,7 +88,7 @@ func build(o options) (v1.Image, error) {
 }
 
 func controllerImage(o options) (v1.Image, error) {
-	bin := filepath.Join(o.binDir, "cagebox")
+	bin := filepath.Join(o.binDir, serverBin)
 	arch, err := staticBinary(bin)
 	if err != nil {
 		return nil, err
@@ -101,7 +105,7 @@ func controllerImage(o options) (v1.Image, error) {
 	base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
 	img, err := mutate.Append(base, mutate.Addendum{Layer: layer, MediaType: types.OCILayer, History: v1.History{
-		Created: v1.Time{Time: o.created}, CreatedBy: "deploy/image -kind controller", Comment: "bin/cagebox",
+		Created: v1.Time{Time: o.created}, CreatedBy: "deploy/image -kind controller", Comment: "bin/cagebox-server as cagebox",
 	}})
 	if err != nil {
 		return nil, err
@@ -126,7 +130,7 @@ func controllerImage(o options) (v1.Image, error) {
 }
 
 func nodeImage(o options) (v1.Image, error) {
-	bin := filepath.Join(o.binDir, "cagebox")
+	bin := filepath.Join(o.binDir, serverBin)
 	agent := filepath.Join(o.binDir, "cagebox-agent")
 	arch, err := staticBinary(bin)
 	if err != nil {
@@ -171,7 +175,7 @@ func nodeImage(o options) (v1.Image, error) {
 		lt = types.DockerLayer
 	}
 	img, err := mutate.Append(base, mutate.Addendum{Layer: layer, MediaType: lt, History: v1.History{
-		Created: v1.Time{Time: o.created}, CreatedBy: "deploy/image -kind node", Comment: "bin/cagebox, bin/cagebox-agent",
+		Created: v1.Time{Time: o.created}, CreatedBy: "deploy/image -kind node", Comment: "bin/cagebox-server as cagebox, bin/cagebox-agent",
 	}})
 	if err != nil {
 		return nil, err

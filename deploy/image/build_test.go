@@ -21,7 +21,7 @@ import (
 	"github.com/cagebox/cagebox/internal/tarx"
 )
 
-// binDir builds a small static program as both cagebox and cagebox-agent
+// binDir builds a small static program as both cagebox-server and cagebox-agent
 // (building the real ones takes minutes on a shared machine; the image
 // builder treats them as opaque files).
 func binDir(t *testing.T) string {
@@ -32,7 +32,7 @@ func binDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	for _, name := range []string{"cagebox", "cagebox-agent"} {
+	for _, name := range []string{serverBin, "cagebox-agent"} {
 		cmd := exec.Command(gobin, "build", "-trimpath", "-o", filepath.Join(dir, name), src)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
 		cmd.Dir = dir
@@ -139,7 +139,7 @@ func TestControllerImage(t *testing.T) {
 			t.Errorf("a shell in the controller image: %s", n)
 		}
 	}
-	src, _ := os.ReadFile(filepath.Join(bins, "cagebox"))
+	src, _ := os.ReadFile(filepath.Join(bins, serverBin))
 	if h := hdrs["usr/local/bin/cagebox"]; h.Mode != 0o755 || h.Uid != 0 || !bytes.Equal(data["usr/local/bin/cagebox"], src) {
 		t.Errorf("cagebox: mode %o uid %d, %d bytes (want %d)", h.Mode, h.Uid, len(data["usr/local/bin/cagebox"]), len(src))
 	}
@@ -182,7 +182,7 @@ func TestRefusesDynamicBinary(t *testing.T) {
 		t.Skip("no dynamically linked /bin/true here to try")
 	}
 	b, _ := os.ReadFile(dyn)
-	if err := os.WriteFile(filepath.Join(dir, "cagebox"), b, 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, serverBin), b, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	_, err := run(options{kind: "controller", binDir: dir, out: filepath.Join(dir, "x.tar"), tag: "x:y", format: "oci"})

@@ -7,9 +7,10 @@
 //	go run ./deploy/image -kind node -base-rootfs /srv/node-rootfs -out cagebox-node.tar
 //	go run ./deploy/image -kind node -base-image debian-node.tar -out cagebox-node.tar
 //
-// The controller image is bin/cagebox alone (static) on an empty base:
+// The controller image is bin/cagebox-server (the full build of cmd/cagebox,
+// installed as cagebox) alone (static) on an empty base:
 // no shell, no package manager, user 65532, entrypoint `cagebox
-// controller`. The node image is bin/cagebox and bin/cagebox-agent on a
+// controller`. The node image is the same binary and bin/cagebox-agent on a
 // base that brings the runtimes and tools the daemon drives (runc, crun,
 // runsc, qemu-system-x86, nftables, iproute2, e2fsprogs, debootstrap,
 // busybox-static, xz-utils, ca-certificates, openssl: docs/kubernetes.md;
@@ -29,7 +30,7 @@ import (
 func main() {
 	var o options
 	flag.StringVar(&o.kind, "kind", "", "controller or node")
-	flag.StringVar(&o.binDir, "bin", "bin", "directory with cagebox (and, for node, cagebox-agent), built static (make build)")
+	flag.StringVar(&o.binDir, "bin", "bin", "directory with cagebox-server (and, for node, cagebox-agent), built static (make build)")
 	flag.StringVar(&o.baseRootfs, "base-rootfs", "", "node: a root file system directory to build on (one layer)")
 	flag.StringVar(&o.baseImage, "base-image", "", "node: a base image tarball to build on (docker archive or OCI archive)")
 	flag.StringVar(&o.out, "out", "", "output file (default cagebox-KIND.tar)")

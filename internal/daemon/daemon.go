@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/client"
 	"github.com/cagebox/cagebox/internal/audit"
 	"github.com/cagebox/cagebox/internal/console"
 	"github.com/cagebox/cagebox/internal/credentials"
@@ -180,9 +181,6 @@ func ParseHostAddr(s string) (netip.Prefix, error) {
 	return p.Masked(), nil
 }
 
-// SocketPath is the API's unix socket under home.
-func SocketPath(home string) string { return filepath.Join(home, "cagebox.sock") }
-
 // RegisterRuntimes registers the runtimes built into this binary.
 func RegisterRuntimes(home string) {
 	if _, ok := isolation.Lookup(container.Name); !ok {
@@ -263,7 +261,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer hostLock.Release()
 	// Another daemon of this home (with other network names) is refused
 	// before anything is touched.
-	sock := SocketPath(cfg.Home)
+	sock := client.SocketPath(cfg.Home)
 	if err := removeStaleSocket(sock); err != nil {
 		return err
 	}

@@ -193,7 +193,8 @@ func (e *env) stopDaemon(sig syscall.Signal) {
 	e.daemon = nil
 }
 
-// daemonsOf lists the pids of `cagebox --home HOME daemon` processes.
+// daemonsOf lists the pids of `cagebox --home HOME daemon` (and
+// `cagebox-server … daemon`) processes.
 func daemonsOf(home string) []int {
 	ents, _ := os.ReadDir("/proc")
 	var pids []int
@@ -216,7 +217,9 @@ func daemonsOf(home string) []int {
 				ofHome = true
 			}
 		}
-		if isDaemon && ofHome && filepath.Base(args[0]) == "cagebox" {
+		// The CLI execs cagebox-server for `daemon` (same pid), and starts
+		// it directly when it starts a daemon itself.
+		if b := filepath.Base(args[0]); isDaemon && ofHome && (b == "cagebox" || b == "cagebox-server") {
 			pids = append(pids, pid)
 		}
 	}
