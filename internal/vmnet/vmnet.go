@@ -17,7 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cagebox/cagebox/internal/cleanup"
-	"github.com/cagebox/cagebox/isolation"
 )
 
 // TapName is the TAP device's name inside the sandbox's namespace.
@@ -111,18 +110,28 @@ func openTap(owner int) (*os.File, error) {
 	return os.NewFile(uintptr(fd), "tap"), nil
 }
 
-// Setup joins a new TAP (TapName) to the spec's guest interface. It
-// returns the record for Teardown and the TAP's descriptor (for QEMU to
-// inherit; see openTap for owner). On failure it undoes what it did.
-func Setup(spec *isolation.Spec, owner int) (_ *Link, _ *os.File, err error) {
-	if !spec.GuestAddr.Is4() || !spec.Gateway.Is4() || !spec.Prefix.IsValid() {
+// Guest is the routed link a VM's TAP is joined to: the sandbox's network
+// namespace, its guest interface and the link's addresses (an
+// isolation.Spec's network fields; this package sits below isolation and
+// does not import it).
+type Guest struct {
+	NetNS, GuestIf string
+	Addr, Gateway  netip.Addr
+	Prefix         netip.Prefix
+}
+
+// Setup joins a new TAP (TapName) to g's guest interface. It returns the
+// record for Teardown and the TAP's descriptor (for QEMU to inherit; see
+// openTap for owner). On failure it undoes what it did.
+func Setup(g Guest, owner int) (_ *Link, _ *os.File, err error) {
+	if !g.Addr.Is4() || !g.Gateway.Is4() || !g.Prefix.IsValid() {
 		return nil, nil, fmt.Errorf("vmnet: spec has a network namespace but no IPv4 guest address, gateway and prefix")
 	}
 	gn := &Link{
-		NetNS:   spec.NetNS,
-		GuestIf: spec.GuestIf,
-		Addr:    netip.PrefixFrom(spec.GuestAddr, spec.Prefix.Bits()).String(),
-		Gateway: spec.Gateway.String(),
+		NetNS:   g.NetNS,
+		GuestIf: g.GuestIf,
+		Addr:    netip.PrefixFrom(g.Addr, g.Prefix.Bits()).String(),
+		Gateway: g.Gateway.String(),
 	}
 	if gn.GuestIf == "" {
 		gn.GuestIf = "eth0"
@@ -134,24 +143,24 @@ func Setup(spec *isolation.Spec, owner int) (_ *Link, _ *os.File, err error) {
 		}
 	}()
 	var tap *os.File
-	if err := InNetNS(spec.NetNS, func() (err error) { tap, err = openTap(owner); return err }); err != nil {
+	if err := InNetNS(g.NetNS, func() (err error) { tap, err = openTap(owner); return err }); err != nil {
 		return nil, nil, err
 	}
 	undo.Add(func() { tap.Close() })
 
-	ns, err := netns.GetFromPath(spec.NetNS)
+	ns, err := netns.GetFromPath(g.NetNS)
 	if err != nil {
-		return nil, nil, fmt.Errorf("open netns %s: %w", spec.NetNS, err)
+		return nil, nil, fmt.Errorf("open netns %s: %w", g.NetNS, err)
 	}
 	defer ns.Close()
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
-		return nil, nil, fmt.Errorf("netlink in %s: %w", spec.NetNS, err)
+		return nil, nil, fmt.Errorf("netlink in %s: %w", g.NetNS, err)
 	}
 	defer h.Close()
 	veth, err := h.LinkByName(gn.GuestIf)
 	if err != nil {
-		return nil, nil, fmt.Errorf("find %s in %s: %w", gn.GuestIf, spec.NetNS, err)
+		return nil, nil, fmt.Errorf("find %s in %s: %w", gn.GuestIf, g.NetNS, err)
 	}
 	tl, err := h.LinkByName(TapName)
 	if err != nil {

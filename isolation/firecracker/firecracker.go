@@ -19,8 +19,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/cagebox/cagebox/internal/statedir"
-	"github.com/cagebox/cagebox/internal/vmproc"
 	"io"
 	"log/slog"
 	"net"
@@ -32,6 +30,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cagebox/cagebox/internal/statedir"
+	"github.com/cagebox/cagebox/internal/vmproc"
 
 	sdk "github.com/firecracker-microvm/firecracker-go-sdk"
 	"github.com/firecracker-microvm/firecracker-go-sdk/client/models"
@@ -311,7 +312,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	}
 	mac := ""
 	if spec.NetNS != "" {
-		ln, tap, err := vmnet.Setup(spec, int(uid))
+		ln, tap, err := vmnet.Setup(guestOf(spec), int(uid))
 		if err != nil {
 			return nil, fmt.Errorf("firecracker: network: %w", err)
 		}
@@ -637,4 +638,10 @@ func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.S
 		s.log.Warn("recover: clean up a sandbox whose VMM is gone", "err", err)
 	}
 	return nil, fmt.Errorf("firecracker %s: %w", st.ID, isolation.ErrGone)
+}
+
+// guestOf is the spec's routed link, for vmnet.Setup (which sits below
+// isolation and takes its fields, not the spec).
+func guestOf(spec *isolation.Spec) vmnet.Guest {
+	return vmnet.Guest{NetNS: spec.NetNS, GuestIf: spec.GuestIf, Addr: spec.GuestAddr, Gateway: spec.Gateway, Prefix: spec.Prefix}
 }

@@ -506,7 +506,7 @@ func TestTapRedirect(t *testing.T) {
 	spec := &isolation.Spec{ID: "sb-fc", NetNS: nsPath, GuestIf: "eth0", GuestAddr: netip.MustParseAddr("10.253.2.2"),
 		Gateway: netip.MustParseAddr("10.253.2.1"), Prefix: netip.MustParsePrefix("10.253.2.0/30")}
 	uid := DefaultUIDBase + 11
-	ln, tap, err := vmnet.Setup(spec, uid)
+	ln, tap, err := vmnet.Setup(guestOf(spec), uid)
 	if err != nil {
 		t.Fatal(err)
 	}

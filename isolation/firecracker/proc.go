@@ -3,13 +3,14 @@ package firecracker
 import (
 	"context"
 	"fmt"
-	"github.com/cagebox/cagebox/internal/vmproc"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cagebox/cagebox/internal/vmproc"
 
 	"golang.org/x/sys/unix"
 

@@ -227,14 +227,14 @@ func (s *Sandbox) wake(ctx context.Context) (err error) {
 	}
 	if gn := s.sd.Net; gn != nil {
 		// The TAP went with QEMU: a new one, joined to the same link.
-		spec, err := linkSpec(gn)
+		g, err := linkGuest(gn)
 		if err != nil {
 			return fmt.Errorf("qemu: resume: %w", err)
 		}
 		if err := gn.Teardown(); err != nil {
 			return fmt.Errorf("qemu: resume: network: %w", err)
 		}
-		ngn, tap, err := vmnet.Setup(spec, -1)
+		ngn, tap, err := vmnet.Setup(g, -1)
 		if err != nil {
 			return fmt.Errorf("qemu: resume: network: %w", err)
 		}
@@ -265,17 +265,17 @@ func (s *Sandbox) wake(ctx context.Context) (err error) {
 	return nil
 }
 
-// linkSpec is the spec's network part that made gn (for vmnet.Setup).
-func linkSpec(gn *vmnet.Link) (*isolation.Spec, error) {
+// linkGuest is the link that made gn (for vmnet.Setup).
+func linkGuest(gn *vmnet.Link) (vmnet.Guest, error) {
 	pfx, err := netip.ParsePrefix(gn.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("link record: %w", err)
+		return vmnet.Guest{}, fmt.Errorf("link record: %w", err)
 	}
 	gw, err := netip.ParseAddr(gn.Gateway)
 	if err != nil {
-		return nil, fmt.Errorf("link record: %w", err)
+		return vmnet.Guest{}, fmt.Errorf("link record: %w", err)
 	}
-	return &isolation.Spec{NetNS: gn.NetNS, GuestIf: gn.GuestIf, GuestAddr: pfx.Addr(), Gateway: gw, Prefix: pfx.Masked()}, nil
+	return vmnet.Guest{NetNS: gn.NetNS, GuestIf: gn.GuestIf, Addr: pfx.Addr(), Gateway: gw, Prefix: pfx.Masked()}, nil
 }
 
 // linkOrCopy makes dst the same file as src: a hard link, or a copy

@@ -445,7 +445,7 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 	vc := &vmConfig{KVM: p.kvm, MemoryMiB: memMiB, CPUs: int(math.Ceil(res.CPUs))}
 	var np *netParams
 	if spec.NetNS != "" {
-		gn, tap, err := vmnet.Setup(spec, -1)
+		gn, tap, err := vmnet.Setup(guestOf(spec), -1)
 		if err != nil {
 			return nil, fmt.Errorf("qemu: network: %w", err)
 		}
@@ -885,4 +885,9 @@ func (rt *Runtime) Recover(ctx context.Context, st isolation.State) (isolation.S
 	}
 	_ = s.Destroy(ctx)
 	return nil, fmt.Errorf("qemu vm %s: %w", st.ID, isolation.ErrGone)
+}
+
+// guestOf is the spec's routed link, for vmnet.Setup.
+func guestOf(spec *isolation.Spec) vmnet.Guest {
+	return vmnet.Guest{NetNS: spec.NetNS, GuestIf: spec.GuestIf, Addr: spec.GuestAddr, Gateway: spec.Gateway, Prefix: spec.Prefix}
 }
