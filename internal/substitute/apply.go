@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -87,6 +88,12 @@ func (o *occ) where() string {
 	add(o.path, "path")
 	add(o.body, "body")
 	return strings.Join(w, "; ")
+}
+
+// opened is what a binding's Real returned for a request.
+type opened struct {
+	real []byte
+	err  error
 }
 
 // sub is one substitution: a placeholder and its real value.
@@ -265,6 +272,25 @@ func (s *Set) ApplyReport(r *http.Request, host string, tlsIntercepted bool, rep
 		complete = false
 	}
 
+	// The values the request may use here are opened now, each Real
+	// judging host by its secret's current hosts: a binding its secret
+	// no longer lets go to host is treated from here on as one not bound
+	// to it (refused with an alert where its placeholder occurs, nothing
+	// injected where it does not).
+	values := make([]opened, len(list))
+	notBound := make([]string, len(list))
+	for i, e := range list {
+		if !allowed[i] || (!found[i].any() && e.injKey == "") {
+			continue
+		}
+		real, err := e.b.Real(host)
+		if errors.Is(err, ErrNotBound) {
+			allowed[i], notBound[i] = false, err.Error()
+			continue
+		}
+		values[i] = opened{real: real, err: err}
+	}
+
 	refuse := func(e *entry, reason string, alert bool) (*Result, error) {
 		restore(r, head, !complete)
 		res.Refusal = &Refusal{Rule: "secret:" + e.name, Reason: reason}
@@ -279,6 +305,8 @@ func (s *Set) ApplyReport(r *http.Request, host string, tlsIntercepted bool, rep
 		switch {
 		case !e.bound(host):
 			return refuse(e, fmt.Sprintf("placeholder for %s sent to %s (bound to %s; found %s)", e.name, host, e.hostList(), o.where()), true)
+		case notBound[i] != "":
+			return refuse(e, fmt.Sprintf("placeholder for %s sent to %s (%s; found %s)", e.name, host, notBound[i], o.where()), true)
 		case !tlsIntercepted:
 			return refuse(e, fmt.Sprintf("placeholder for %s sent to %s over plain HTTP (substitution needs intercepted TLS; found %s)", e.name, host, o.where()), true)
 		case o.path != 0:
@@ -306,7 +334,7 @@ func (s *Set) ApplyReport(r *http.Request, host string, tlsIntercepted bool, rep
 		if !inHeader && !inQuery && !inBody {
 			continue
 		}
-		real, err := e.b.Real()
+		real, err := values[i].real, values[i].err
 		if err != nil || len(real) == 0 {
 			return refuse(e, fmt.Sprintf("secret %s is unavailable (revoked, removed or unreadable); the request was not sent", e.name), false)
 		}
@@ -387,6 +415,7 @@ func (s *Set) ApplyReport(r *http.Request, host string, tlsIntercepted bool, rep
 			req:    r,
 			list:   list,
 			allow:  allowed,
+			unb:    notBound,
 			onlyCk: known,
 			report: report,
 		}
