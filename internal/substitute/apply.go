@@ -131,9 +131,12 @@ type sub struct {
 //     forwarded unchanged (worthless upstream), never substituted.
 //
 // A binding with Inject sets its header on every request to a bound host over
-// intercepted TLS. Real is called once per binding a request needs; its
-// error refuses the request. The real value is put in a header only if it has
-// no CR, LF or NUL.
+// intercepted TLS. Real is called once per binding bound to host over
+// intercepted TLS whose placeholder the request carries or that injects
+// (for a streamed body, when the placeholder first shows); its error
+// refuses the request, and one wrapping ErrNotBound makes host one the
+// binding does not name (see Binding.Real). The real value is put in a
+// header only if it has no CR, LF or NUL.
 //
 // Bodies: a body of known length up to the read-ahead bound
 // (max(ScanLimit, BodyLimit of the bindings bound here)) is read, checked and
