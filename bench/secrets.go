@@ -60,7 +60,7 @@ func secretsBench(dur time.Duration, conc, revokes int) {
 		fail(err)
 	}
 	set, err := substitute.NewSet(&substitute.Binding{Name: "GITHUB_TOKEN", Placeholder: ph, Hosts: []string{benchName},
-		Real: func() ([]byte, error) {
+		Real: func(string) ([]byte, error) {
 			s, _, err := v.Value(ctx, "bench", "GITHUB_TOKEN")
 			if err != nil {
 				return nil, err

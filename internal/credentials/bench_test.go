@@ -3,11 +3,19 @@ package credentials
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/internal/resign"
+	"github.com/cagebox/cagebox/internal/vault"
+	"github.com/cagebox/cagebox/internal/vault/sqlitebackend"
 )
 
 // The filter's own cost on a 1 MiB body (identity and gzip: decode, scrub,
@@ -95,4 +103,83 @@ func (e *eventReader) Read(p []byte) (int, error) {
 	n := copy(p, e.events[e.i])
 	e.i++
 	return n, nil
+}
+
+// The request half's cost per request with the daemon's vault (SQLite):
+// each swap and re-sign opens its value, and the secret's current record
+// with it (revocation, hosts), from vault.db.
+//
+//	go test -run '^$' -bench PipelineRequest -benchtime 2s ./internal/credentials
+func BenchmarkPipelineRequest(b *testing.B) {
+	be, err := sqlitebackend.Open(filepath.Join(b.TempDir(), "vault.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { be.Close() })
+	key, err := vault.GenerateKey()
+	if err != nil {
+		b.Fatal(err)
+	}
+	v := vault.New(be, key)
+	ctx := context.Background()
+	for name, val := range map[string]string{"GH": ghReal, "AWS": awsRealKey, "HOOK": hmacReal} {
+		if _, err := v.Put(ctx, tenant, name, []byte(val), []string{ghHost, otherHost}, ""); err != nil {
+			b.Fatal(err)
+		}
+	}
+	bound, env, undo, err := Bind(ctx, v, tenant, sandboxID, []api.SecretBinding{
+		{Name: "GH"},
+		{Name: "AWS", Mode: ModeSigV4},
+		{Name: "HOOK", Mode: ModeHMAC, HMAC: &api.HMACSigning{Algorithm: "sha256", Header: "X-Signature", Prefix: "sha256=", Encoding: "hex", Sign: []string{"method", "path", "body"}}},
+	})
+	if err != nil {
+		undo()
+		b.Fatal(err)
+	}
+	ph := map[string]string{}
+	for _, kv := range env {
+		k, val, _ := strings.Cut(kv, "=")
+		ph[k] = val
+	}
+	bs, err := Build(v, tenant, bound)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := New(Config{Exfil: ExfilOff}, nil)
+	p.Install(bs)
+	body := []byte(`{"event":"push"}`)
+	at := time.Now().UTC()
+	awsPH := resign.AWSCreds{AccessKeyID: ph["AWS_ACCESS_KEY_ID"], SecretAccessKey: ph["AWS_SECRET_ACCESS_KEY"]}
+	cases := []struct {
+		name string
+		req  func() *http.Request
+	}{
+		{"swap", func() *http.Request {
+			r := request("GET", ghHost, "/user", nil)
+			r.Header.Set("Authorization", "Bearer "+ph["GH"])
+			return r
+		}},
+		{"sigv4", func() *http.Request {
+			r := request("GET", ghHost, "/bucket/key", nil)
+			signAWSAt(b, r, awsPH, at)
+			return r
+		}},
+		{"hmac", func() *http.Request {
+			r := request("POST", ghHost, "/hook", body)
+			r.Header.Set("X-Signature", hmacSign([]byte(ph["HOOK"]), "POST", "/hook", body))
+			return r
+		}},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			for range b.N {
+				b.StopTimer()
+				r := c.req()
+				b.StartTimer()
+				if ref, _ := p.Request(r); ref != nil {
+					b.Fatal(ref.Reason)
+				}
+			}
+		})
+	}
 }

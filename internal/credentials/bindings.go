@@ -45,24 +45,28 @@ type Binding struct {
 
 // SigV4Binding: the guest signs with Placeholder; on requests to Hosts over
 // intercepted TLS the pipeline verifies that signature and re-signs with
-// the real key (Real, read per request).
+// the real key (Real, read per request for the request's host; an error
+// that is ErrNotBound refuses the request as one to a host Hosts do not
+// name).
 type SigV4Binding struct {
 	Name        string
 	Hosts       []string
 	Placeholder resign.AWSCreds
-	Real        func() (resign.AWSCreds, error)
+	Real        func(host string) (resign.AWSCreds, error)
 }
 
 // HMACBinding: the guest signs with a placeholder key as Signer describes;
 // on requests to Hosts over intercepted TLS the pipeline verifies that
-// signature and re-signs with the real key (Real, read per request).
+// signature and re-signs with the real key (Real, read per request for the
+// request's host; an error that is ErrNotBound treats the request as one
+// to a host Hosts do not name).
 type HMACBinding struct {
 	Name  string
 	Hosts []string
 	// Signer holds the configuration and the placeholder key; Real is
 	// filled in per request on a copy.
 	Signer *resign.HMAC
-	Real   func() ([]byte, error)
+	Real   func(host string) ([]byte, error)
 }
 
 // Bindings are a sandbox's bindings as the request path uses them.
@@ -124,7 +128,7 @@ func Bind(ctx context.Context, v *vault.Vault, tenant, sandboxID string, reqs []
 			return nil, nil, undo, fmt.Errorf("%w: %s: headers and query name places to swap a placeholder, which only mode proxy does", errdefs.ErrInvalid, field)
 		}
 		// Checked now, so a bad name is refused before anything is made.
-		if _, err := substitute.NewSet(&substitute.Binding{Name: b.Name, Placeholder: "cbx_check_placeholder", Real: func() ([]byte, error) { return nil, nil }, Headers: b.Headers, Query: b.Query}); err != nil {
+		if _, err := substitute.NewSet(&substitute.Binding{Name: b.Name, Placeholder: "cbx_check_placeholder", Real: func(string) ([]byte, error) { return nil, nil }, Headers: b.Headers, Query: b.Query}); err != nil {
 			return nil, nil, undo, fmt.Errorf("%w: %s: %v", errdefs.ErrInvalid, field, err)
 		}
 		bs := Binding{Name: b.Name, Body: b.Body, Mode: mode, HMAC: b.HMAC, Headers: b.Headers, Query: b.Query}
@@ -226,13 +230,17 @@ func parseAWS(v []byte) (resign.AWSCreds, bool) {
 
 // Build makes the request path's bindings of a sandbox's stored bindings.
 // Every real value is read from the vault on every request that needs it,
-// so a revoke or rotate applies to the very next one. The placeholders of
-// signing keys (hmac, the sigv4 secret) are guards: refused wherever a
+// with the secret's current record: a revoke or rotate applies to the very
+// next request, and so does a narrowing of the secret's hosts (a request
+// to a host of the binding that the secret's hosts no longer cover is
+// refused as one to a host the binding does not name). The placeholders
+// of signing keys (hmac, the sigv4 secret) are guards: refused wherever a
 // request carries them. Env-mode bindings have no part in it.
 func Build(v *vault.Vault, tenant string, bound []Binding) (*Bindings, error) {
-	real := func(name string) func() ([]byte, error) {
-		return func() ([]byte, error) {
-			val, err := openForRequest(context.Background(), v, tenant, name)
+	real := func(b Binding) func(host string) ([]byte, error) {
+		name, hosts := b.Secret, b.Hosts
+		return func(host string) ([]byte, error) {
+			val, err := openForRequest(context.Background(), v, tenant, name, hosts, host)
 			if err != nil {
 				return nil, err
 			}
@@ -246,16 +254,16 @@ func Build(v *vault.Vault, tenant string, bound []Binding) (*Bindings, error) {
 		case ModeProxy:
 			swaps = append(swaps, &substitute.Binding{
 				Name: b.Name, Placeholder: b.Placeholder, Hosts: b.Hosts, Body: b.Body, Inject: b.Inject,
-				Headers: b.Headers, Query: b.Query, Real: real(b.Secret),
+				Headers: b.Headers, Query: b.Query, Real: real(b),
 			})
 		case ModeSigV4:
 			swaps = append(swaps, &substitute.Binding{Name: b.Name, Placeholder: b.PlaceholderSecret, Guard: true})
-			name := b.Secret
+			name, hosts := b.Secret, b.Hosts
 			out.SigV4 = append(out.SigV4, &SigV4Binding{
 				Name: b.Name, Hosts: b.Hosts,
 				Placeholder: resign.AWSCreds{AccessKeyID: b.Placeholder, SecretAccessKey: b.PlaceholderSecret},
-				Real: func() (resign.AWSCreds, error) {
-					val, err := openForRequest(context.Background(), v, tenant, name)
+				Real: func(host string) (resign.AWSCreds, error) {
+					val, err := openForRequest(context.Background(), v, tenant, name, hosts, host)
 					if err != nil {
 						return resign.AWSCreds{}, err
 					}
@@ -272,7 +280,7 @@ func Build(v *vault.Vault, tenant string, bound []Binding) (*Bindings, error) {
 			out.HMAC = append(out.HMAC, &HMACBinding{
 				Name: b.Name, Hosts: b.Hosts,
 				Signer: hmacSigner(b.HMAC, []byte(b.Placeholder)),
-				Real:   real(b.Secret),
+				Real:   real(b),
 			})
 		}
 	}

@@ -9,7 +9,10 @@
 // record. Build turns them into the request path's Bindings: a
 // substitute.Set for placeholder swaps and guards, and SigV4Binding and
 // HMACBinding re-signers, each reading its real value from the vault on
-// every request, so a revoke or rotate applies to the very next one.
+// every request with the secret's current record, so a revoke, a rotate or
+// a narrowing of the secret's hosts applies to the very next one (a host
+// the secret no longer covers is treated as one the binding does not
+// name).
 //
 // Requests. A Pipeline per sandbox holds its Bindings (Install, Unbind) and
 // is the egress proxy's request hook (Request, wired by internal/gateway):

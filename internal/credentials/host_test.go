@@ -28,7 +28,7 @@ func TestResignHostsAgree(t *testing.T) {
 			t.Fatalf("%q: %v", tc.Pattern, err)
 		}
 		b := &Bindings{SigV4: []*SigV4Binding{{Name: "AWS", Hosts: hosts, Placeholder: ph,
-			Real: func() (resign.AWSCreds, error) {
+			Real: func(string) (resign.AWSCreds, error) {
 				return resign.AWSCreds{AccessKeyID: "AKIAREAL", SecretAccessKey: "real"}, nil
 			}}}}
 		r, _ := http.NewRequest("GET", "https://example.com/", nil)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/hostname"
+	"github.com/cagebox/cagebox/internal/substitute"
 	"github.com/cagebox/cagebox/internal/vault"
 )
 
@@ -26,8 +27,11 @@ import (
 //   - OpenToVerify: the value is a key the host checks an inbound
 //     signature with (webhook verification); it is written nowhere.
 //   - openForRequest (Build): the gateway swap and re-signing, where the
-//     request path checks each request's host against the binding and
-//     requires intercepted TLS before it asks for the value.
+//     request path requires intercepted TLS and a host of the binding
+//     before it asks for the value, and the opener checks that host again
+//     against the binding and the secret's hosts in the vault's current
+//     record, read with the value at every request: a secret narrowed or
+//     revoked since the sandbox bound it stops the next swap.
 //   - openToBind (Bind): a placeholder of the value's shape is made, and in
 //     mode env the value goes into the guest's environment — only for a
 //     secret stored with AllowEnv.
@@ -42,8 +46,10 @@ type Toward struct {
 	Bound []string
 }
 
-// ErrNotBound is a write a secret's binding does not allow.
-var ErrNotBound = errors.New("not bound")
+// ErrNotBound is a write a secret's binding does not allow. It is
+// substitute's, so that the request path's swap refuses such a value as it
+// refuses a host the binding does not name.
+var ErrNotBound = substitute.ErrNotBound
 
 // CheckToward reports whether the tenant's secret may be written toward
 // t, without opening it. Its errors wrap errdefs kinds and say what to do;
@@ -75,17 +81,37 @@ func towardAllowed(name string, hosts []string, t Toward) error {
 	if u.Scheme != "wss" && u.Scheme != "https" {
 		return fmt.Errorf("%w: %w: secret %s is sent only over TLS: use wss:// or https://, not %s://", errdefs.ErrInvalid, ErrNotBound, name, u.Scheme)
 	}
-	host := hostname.Canonical(u.Hostname())
-	if !hostname.MatchAny(hosts, host) {
-		return fmt.Errorf("%w: %w: secret %s is bound to hosts %s; the destination's host %s is not one of them: add it with `cagebox secret add %s --host %s …` (its hosts are replaced: name them all)",
-			errdefs.ErrDenied, ErrNotBound, name, strings.Join(hosts, ", "), host, name, host)
-	}
-	if t.Bound != nil && !hostname.MatchAny(t.Bound, host) {
-		return fmt.Errorf("%w: %w: the sandbox binds secret %s to hosts %s; the destination's host %s is not one of them",
-			errdefs.ErrDenied, ErrNotBound, name, strings.Join(t.Bound, ", "), host)
+	if err := hostAllowed(name, hosts, t.Bound, u.Hostname()); err != nil {
+		return fmt.Errorf("%w: %w: %w", errdefs.ErrDenied, ErrNotBound, err)
 	}
 	return nil
 }
+
+// hostAllowed is the rule's host half, which every opener that writes a
+// value toward a host applies to the record it opened: host is covered by
+// the secret's hosts and, when bound is not nil, by the sandbox's binding
+// of it. Its error is ErrNotBound (errors.Is) and names hosts, never a
+// value.
+func hostAllowed(name string, hosts, bound []string, host string) error {
+	host = hostname.Canonical(host)
+	if !hostname.MatchAny(hosts, host) {
+		return notBound(fmt.Sprintf("secret %s is bound to hosts %s; the destination's host %s is not one of them: add it with `cagebox secret add %s --host %s …` (its hosts are replaced: name them all)",
+			name, strings.Join(hosts, ", "), host, name, host))
+	}
+	if bound != nil && !hostname.MatchAny(bound, host) {
+		return notBound(fmt.Sprintf("the sandbox binds secret %s to hosts %s; the destination's host %s is not one of them",
+			name, strings.Join(bound, ", "), host))
+	}
+	return nil
+}
+
+// notBound is hostAllowed's error: its text says why, and it is
+// ErrNotBound.
+type notBound string
+
+func (e notBound) Error() string { return string(e) }
+
+func (notBound) Is(target error) bool { return target == ErrNotBound }
 
 // OpenToward opens the tenant's secret for writing toward t (see
 // CheckToward, whose rule it applies to the record it opens). The caller
@@ -121,10 +147,25 @@ func OpenToVerify(ctx context.Context, v *vault.Vault, tenant, name string) (vau
 
 // openForRequest opens a bound secret for the request path (Build): the
 // swap and the re-signers ask for it only for a request to a host of the
-// binding over intercepted TLS.
-func openForRequest(ctx context.Context, v *vault.Vault, tenant, name string) (vault.Secret, error) {
-	val, _, err := v.Value(ctx, tenant, name)
-	return val, err
+// binding (bound) over intercepted TLS, and it opens only if host is also
+// one of the secret's hosts in the record read with the value (the read
+// that refuses a revoked secret), so a secret narrowed since the sandbox
+// bound it stops going to the hosts taken from it at the next request.
+// Refused so, its error is ErrNotBound (errors.Is), which the swap and the
+// re-signers treat as a host the binding does not name.
+func openForRequest(ctx context.Context, v *vault.Vault, tenant, name string, bound []string, host string) (vault.Secret, error) {
+	if bound == nil {
+		bound = []string{} // a binding without hosts allows none
+	}
+	val, in, err := v.Value(ctx, tenant, name)
+	if err != nil {
+		return vault.Secret{}, err
+	}
+	if err := hostAllowed(name, in.Hosts, bound, host); err != nil {
+		val.Wipe()
+		return vault.Secret{}, err
+	}
+	return val, nil
 }
 
 // openToBind opens a secret while a sandbox is bound (Bind): the

@@ -324,7 +324,8 @@ func (p *Pipeline) refuse(r *http.Request, host, name string, kind api.EventKind
 
 // resignHMAC handles requests carrying an HMAC signature made with a
 // sandbox's placeholder key: re-signed with the real key for a bound host
-// over intercepted TLS; refused with an alert when such a signature heads
+// (one the secret's current hosts still cover, which Real checks) over
+// intercepted TLS; refused with an alert when such a signature heads
 // anywhere else; refused when it does not verify on a bound host. A
 // request without the binding's header passes untouched.
 func (p *Pipeline) resignHMAC(bs *Bindings, r *http.Request, host string, reals *Reals) *Refusal {
@@ -332,19 +333,30 @@ func (p *Pipeline) resignHMAC(bs *Bindings, r *http.Request, host string, reals 
 		if r.Header.Get(b.Signer.Header) == "" {
 			continue
 		}
-		if r.TLS == nil || !hostname.MatchAny(b.Hosts, host) {
+		bound := r.TLS != nil && hostname.MatchAny(b.Hosts, host)
+		why := "bound to " + strings.Join(b.Hosts, ", ")
+		var real []byte
+		if bound {
+			var err error
+			real, err = b.Real(host)
+			switch {
+			case errors.Is(err, ErrNotBound):
+				// The secret's hosts no longer cover host: as if the
+				// binding did not name it.
+				bound, why = false, err.Error()
+			case err != nil:
+				return p.refuse(r, host, b.Name, api.EventSecretRefused, fmt.Sprintf("%s cannot be used: %v", b.Name, err))
+			}
+		}
+		if !bound {
 			// Another header of the same name is none of our business;
 			// a signature made with our placeholder key is — but only
 			// worth an alert, so it is checked only when that is cheap:
 			// a signature over no body or a small one of known length.
 			if signsSmallBody(b.Signer, r) && b.Signer.Verify(r) == nil {
-				return p.refuse(r, host, b.Name, api.EventSecretAlert, fmt.Sprintf("request signed with the placeholder key of %s sent to %s (bound to %s)", b.Name, host, strings.Join(b.Hosts, ", ")))
+				return p.refuse(r, host, b.Name, api.EventSecretAlert, fmt.Sprintf("request signed with the placeholder key of %s sent to %s (%s)", b.Name, host, why))
 			}
 			continue
-		}
-		real, err := b.Real()
-		if err != nil {
-			return p.refuse(r, host, b.Name, api.EventSecretRefused, fmt.Sprintf("%s cannot be used: %v", b.Name, err))
 		}
 		s := *b.Signer
 		s.Real = real
@@ -363,9 +375,9 @@ func (p *Pipeline) resignHMAC(bs *Bindings, r *http.Request, host string, reals 
 }
 
 // resignSigV4 handles requests signed with a sandbox's placeholder AWS key:
-// re-signed with the real key for a bound host over intercepted TLS,
-// refused (with an alert) anywhere else or when the signature does not
-// verify. It runs before the generic swap, which must not touch them. With
+// re-signed with the real key for a bound host (one the secret's current
+// hosts still cover, which Real checks) over intercepted TLS, refused
+// (with an alert) anywhere else or when the signature does not verify. It runs before the generic swap, which must not touch them. With
 // headersOnly it only refuses what the headers show (the placeholder key
 // headed for a host it is not bound to) and reads no body; otherwise every
 // real-key output it puts in is recorded in reals for the response scrub.
@@ -384,7 +396,12 @@ func (p *Pipeline) resignSigV4(bs *Bindings, r *http.Request, host string, reals
 		if headersOnly {
 			return nil
 		}
-		real, err := b.Real()
+		real, err := b.Real(host)
+		if errors.Is(err, ErrNotBound) {
+			// The secret's hosts no longer cover host: as if the
+			// binding did not name it.
+			return p.refuse(r, host, b.Name, api.EventSecretAlert, fmt.Sprintf("AWS request signed with the placeholder key of %s sent to %s (%v)", b.Name, host, err))
+		}
 		if err != nil {
 			return p.refuse(r, host, b.Name, api.EventSecretRefused, fmt.Sprintf("%s cannot be used: %v", b.Name, err))
 		}

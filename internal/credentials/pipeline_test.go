@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -52,6 +53,13 @@ type pipelineEnv struct {
 // (sigv4) and HOOK (hmac) in an in-memory vault and binds all three.
 func newPipelineEnv(t *testing.T, cfg Config) *pipelineEnv {
 	t.Helper()
+	return newPipelineEnvHosts(t, cfg, ghHost)
+}
+
+// newPipelineEnvHosts is newPipelineEnv with the secrets stored (and so
+// bound) for hosts.
+func newPipelineEnvHosts(t *testing.T, cfg Config, hosts ...string) *pipelineEnv {
+	t.Helper()
 	key, err := vault.GenerateKey()
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +67,7 @@ func newPipelineEnv(t *testing.T, cfg Config) *pipelineEnv {
 	e := &pipelineEnv{t: t, v: vault.New(vault.NewMemBackend(), key), env: map[string]string{}}
 	ctx := context.Background()
 	for name, val := range map[string]string{"GH": ghReal, "AWS": awsRealKey, "HOOK": hmacReal} {
-		if _, err := e.v.Put(ctx, tenant, name, []byte(val), []string{ghHost}, ""); err != nil {
+		if _, err := e.v.Put(ctx, tenant, name, []byte(val), hosts, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -207,7 +215,7 @@ func TestPipelineDeniedAlert(t *testing.T) {
 	}
 }
 
-func signAWSAt(t *testing.T, r *http.Request, creds resign.AWSCreds, at time.Time) {
+func signAWSAt(t testing.TB, r *http.Request, creds resign.AWSCreds, at time.Time) {
 	t.Helper()
 	const payload = "UNSIGNED-PAYLOAD"
 	r.Header.Set("X-Amz-Content-Sha256", payload)
@@ -385,6 +393,162 @@ func TestPipelineRevocation(t *testing.T) {
 	}
 	if n := len(e.take("secret.refused")); n < 3 {
 		t.Fatalf("%d secret.refused, want one per request", n)
+	}
+}
+
+// TestPipelineHostsNarrowed: a sandbox bound a secret toward two hosts;
+// the secret is stored again with one of them (`cagebox secret add NAME
+// --host …` replaces its hosts). From the very next request, without a
+// rebuild, the host taken away gets no real value — placeholder swap,
+// SigV4 and HMAC re-signing alike — and is refused as a host the binding
+// does not name (403 by the binding's rule, secret.alert); the remaining
+// host still gets the real value. Neither a refusal nor an event carries
+// a real value.
+func TestPipelineHostsNarrowed(t *testing.T) {
+	e := newPipelineEnvHosts(t, Config{Exfil: ExfilOff}, ghHost, otherHost)
+	ctx := context.Background()
+	ph := resign.AWSCreds{AccessKeyID: e.env["AWS_ACCESS_KEY_ID"], SecretAccessKey: e.env["AWS_SECRET_ACCESS_KEY"]}
+	real, _ := parseAWS([]byte(awsRealKey))
+	body := []byte(`{"event":"push"}`)
+	gh := func(host string) (*http.Request, *Refusal) {
+		r := e.ghRequest(host)
+		ref, _ := e.p.Request(r)
+		return r, ref
+	}
+	aws := func(host string) (*http.Request, *Refusal) {
+		r := request("GET", host, "/bucket/key", nil)
+		signAWSAt(t, r, ph, time.Now().UTC())
+		ref, _ := e.p.Request(r)
+		return r, ref
+	}
+	hook := func(host string) (*http.Request, *Refusal) {
+		r := request("POST", host, "/hook", body)
+		r.Header.Set("X-Signature", hmacSign([]byte(e.env["HOOK"]), "POST", "/hook", body))
+		ref, _ := e.p.Request(r)
+		return r, ref
+	}
+	swapped := func(what, host string, r *http.Request, ref *Refusal) {
+		t.Helper()
+		switch {
+		case ref != nil:
+			t.Errorf("%s to %s: refused: %+v", what, host, ref)
+		case what == "GH" && r.Header.Get("Authorization") != "Bearer "+ghReal,
+			what == "AWS" && !strings.Contains(r.Header.Get("Authorization"), real.AccessKeyID),
+			what == "HOOK" && r.Header.Get("X-Signature") != hmacSign([]byte(hmacReal), "POST", "/hook", body):
+			t.Errorf("%s to %s: no real value put in", what, host)
+		}
+	}
+	for _, host := range []string{ghHost, otherHost} {
+		r, ref := gh(host)
+		swapped("GH", host, r, ref)
+		r, ref = aws(host)
+		swapped("AWS", host, r, ref)
+		r, ref = hook(host)
+		swapped("HOOK", host, r, ref)
+	}
+	e.take("secret.used")
+
+	// Narrowed to ghHost, the way `cagebox secret add` does it: same value,
+	// fewer hosts.
+	for name, val := range map[string]string{"GH": ghReal, "AWS": awsRealKey, "HOOK": hmacReal} {
+		if _, err := e.v.Put(ctx, tenant, name, []byte(val), []string{ghHost}, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		send func(string) (*http.Request, *Refusal)
+		kept func(*http.Request) bool // the guest's own credential left as it was
+	}{
+		{"GH", gh, func(r *http.Request) bool { return r.Header.Get("Authorization") == "Bearer "+e.env["GH"] }},
+		{"AWS", aws, func(r *http.Request) bool {
+			return strings.Contains(r.Header.Get("Authorization"), ph.AccessKeyID) && !strings.Contains(r.Header.Get("Authorization"), real.AccessKeyID)
+		}},
+		{"HOOK", hook, func(r *http.Request) bool {
+			return r.Header.Get("X-Signature") == hmacSign([]byte(e.env["HOOK"]), "POST", "/hook", body)
+		}},
+	} {
+		r, ref := c.send(otherHost)
+		if ref == nil || ref.Rule != "secret:"+c.name || ref.Status != 0 || !strings.Contains(ref.Reason, "sent to "+otherHost) || !strings.Contains(ref.Reason, "bound to hosts "+ghHost) {
+			t.Errorf("%s to the host taken away: %+v, want a 403 by secret:%s naming the secret's hosts", c.name, ref, c.name)
+		}
+		if !c.kept(r) {
+			t.Errorf("%s to the host taken away: the request was changed: %q", c.name, r.Header)
+		}
+		if al := e.take("secret.alert"); len(al) != 1 || al[0].Data["rule"] != "secret:"+c.name || al[0].Data["host"] != otherHost {
+			t.Errorf("%s to the host taken away: alerts %+v", c.name, al)
+		}
+		if used := e.take("secret.used"); len(used) != 0 {
+			t.Errorf("%s to the host taken away: secret.used %+v", c.name, used)
+		}
+		if ref != nil {
+			for _, v := range []string{ghReal, hmacReal, real.AccessKeyID, real.SecretAccessKey} {
+				if strings.Contains(ref.Reason, v) {
+					t.Errorf("%s: a real value in the refusal %q", c.name, ref.Reason)
+				}
+			}
+		}
+		// The host it keeps still gets it.
+		r, ref = c.send(ghHost)
+		swapped(c.name, ghHost, r, ref)
+		if used := e.take("secret.used"); len(used) != 1 {
+			t.Errorf("%s to the host kept: secret.used %+v", c.name, used)
+		}
+	}
+	e.mu.Lock()
+	all := fmt.Sprint(e.events)
+	e.mu.Unlock()
+	for _, v := range []string{ghReal, hmacReal, real.AccessKeyID, real.SecretAccessKey} {
+		if strings.Contains(all, v) {
+			t.Errorf("a real value in an event: %s", all)
+		}
+	}
+}
+
+// TestPipelineHostsNarrowedInject: a secret with an inject header, bound
+// toward two hosts and narrowed to one, is no longer injected into
+// requests to the other (which go on without it, as to any host its
+// binding does not name), and still is into requests to the one it keeps.
+func TestPipelineHostsNarrowedInject(t *testing.T) {
+	key, err := vault.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := vault.New(vault.NewMemBackend(), key)
+	ctx := context.Background()
+	const inject = "Authorization: Bearer {value}"
+	if _, err := v.Put(ctx, tenant, "INJ", []byte(ghReal), []string{ghHost, otherHost}, inject); err != nil {
+		t.Fatal(err)
+	}
+	bound, _, undo, err := Bind(ctx, v, tenant, sandboxID, []api.SecretBinding{{Name: "INJ"}})
+	if err != nil {
+		undo()
+		t.Fatal(err)
+	}
+	b, err := Build(v, tenant, bound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := New(Config{Exfil: ExfilOff}, nil)
+	p.Install(b)
+	send := func(host string) string {
+		r := request("GET", host, "/", nil)
+		if ref, _ := p.Request(r); ref != nil {
+			t.Fatalf("%s: refused %+v", host, ref)
+		}
+		return r.Header.Get("Authorization")
+	}
+	if got := send(otherHost); got != "Bearer "+ghReal {
+		t.Fatalf("before narrowing: %q injected", got)
+	}
+	if _, err := v.Put(ctx, tenant, "INJ", []byte(ghReal), []string{ghHost}, inject); err != nil {
+		t.Fatal(err)
+	}
+	if got := send(otherHost); got != "" {
+		t.Errorf("to the host taken away: Authorization %q injected", got)
+	}
+	if got := send(ghHost); got != "Bearer "+ghReal {
+		t.Errorf("to the host kept: Authorization %q", got)
 	}
 }
 

@@ -358,7 +358,7 @@ func sha256Hex(b []byte) string {
 func TestSigV4RefusedFromHeaders(t *testing.T) {
 	h := newGWHarness(t, harnessConfig{Limits: harnessLimits{BodyIdleTimeout: 300 * time.Millisecond}})
 	h.p.Install(&Bindings{SigV4: []*SigV4Binding{{Name: "AWS", Hosts: []string{"api.example.test"}, Placeholder: phAWS,
-		Real: func() (resign.AWSCreds, error) { return realAWS, nil }}}})
+		Real: func(string) (resign.AWSCreds, error) { return realAWS, nil }}}})
 	body := bytes.Repeat([]byte("z"), 1<<20)
 	r, _ := http.NewRequest("PUT", "https://other.example.test/bucket/key", bytes.NewReader(body))
 	signAWS(t, r, phAWS, sha256Hex(body))
@@ -378,7 +378,7 @@ func TestSigV4RefusedFromHeaders(t *testing.T) {
 func TestSigV4DeclaredHashStreamsThroughGateway(t *testing.T) {
 	h := newGWHarness(t, harnessConfig{Exfil: ExfilOff})
 	h.p.Install(&Bindings{SigV4: []*SigV4Binding{{Name: "AWS", Hosts: []string{"api.example.test"}, Placeholder: phAWS,
-		Real: func() (resign.AWSCreds, error) { return realAWS, nil }}}})
+		Real: func(string) (resign.AWSCreds, error) { return realAWS, nil }}}})
 	body := bytes.Repeat([]byte("z"), 1<<20)
 	pr, pw := io.Pipe()
 	r, _ := http.NewRequest("PUT", "https://api.example.test/bucket/key", pr)
@@ -431,7 +431,7 @@ func hmacBinding(maxBody int64) []*HMACBinding {
 	return []*HMACBinding{{Name: "HOOK", Hosts: []string{"api.example.test"},
 		Signer: &resign.HMAC{Algorithm: "sha256", Header: "X-Signature", Prefix: "sha256=", Encoding: "hex",
 			Canonical: []string{"method", "path", "body"}, Placeholder: []byte("placeholder-hmac-key"), MaxBody: maxBody},
-		Real: func() ([]byte, error) { return []byte("the-real-hmac-key"), nil }}}
+		Real: func(string) ([]byte, error) { return []byte("the-real-hmac-key"), nil }}}
 }
 
 // TestHMACUnboundHostNotBuffered: a request to a host the HMAC binding does

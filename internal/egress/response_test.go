@@ -253,7 +253,7 @@ func newScrubHarness(t testing.TB) *scrubHarness {
 	set, err := substitute.NewSet(&substitute.Binding{
 		Name: "API_KEY", Placeholder: ph, Hosts: []string{"reflect1.example.test", "reflect2.example.test"},
 		Query: []string{"key"}, Body: true,
-		Real: func() ([]byte, error) { return []byte(reflectReal), nil },
+		Real: func(string) ([]byte, error) { return []byte(reflectReal), nil },
 	})
 	if err != nil {
 		t.Fatal(err)

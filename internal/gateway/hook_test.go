@@ -29,7 +29,7 @@ func TestCredentialsHook(t *testing.T) {
 	p.Install(&credentials.Bindings{HMAC: []*credentials.HMACBinding{{Name: "HOOK", Hosts: []string{"api.example.test"},
 		Signer: &resign.HMAC{Algorithm: "sha256", Header: "X-Signature", Prefix: "sha256=", Encoding: "hex",
 			Canonical: []string{"method", "path", "body"}, Placeholder: []byte("placeholder-hmac-key"), MaxBody: 16},
-		Real: func() ([]byte, error) { return []byte("real"), nil }}}})
+		Real: func(string) ([]byte, error) { return []byte("real"), nil }}}})
 	g.atts["sb-1"] = &Attachment{ID: "sb-1", Credentials: p}
 	sb := &egress.Sandbox{ID: "sb-1"}
 

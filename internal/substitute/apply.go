@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -89,6 +90,12 @@ func (o *occ) where() string {
 	return strings.Join(w, "; ")
 }
 
+// opened is what a binding's Real returned for a request.
+type opened struct {
+	real []byte
+	err  error
+}
+
 // sub is one substitution: a placeholder and its real value.
 type sub struct {
 	e    *entry
@@ -124,9 +131,12 @@ type sub struct {
 //     forwarded unchanged (worthless upstream), never substituted.
 //
 // A binding with Inject sets its header on every request to a bound host over
-// intercepted TLS. Real is called once per binding a request needs; its
-// error refuses the request. The real value is put in a header only if it has
-// no CR, LF or NUL.
+// intercepted TLS. Real is called once per binding bound to host over
+// intercepted TLS whose placeholder the request carries or that injects
+// (for a streamed body, when the placeholder first shows); its error
+// refuses the request, and one wrapping ErrNotBound makes host one the
+// binding does not name (see Binding.Real). The real value is put in a
+// header only if it has no CR, LF or NUL.
 //
 // Bodies: a body of known length up to the read-ahead bound
 // (max(ScanLimit, BodyLimit of the bindings bound here)) is read, checked and
@@ -265,6 +275,25 @@ func (s *Set) ApplyReport(r *http.Request, host string, tlsIntercepted bool, rep
 		complete = false
 	}
 
+	// The values the request may use here are opened now, each Real
+	// judging host by its secret's current hosts: a binding its secret
+	// no longer lets go to host is treated from here on as one not bound
+	// to it (refused with an alert where its placeholder occurs, nothing
+	// injected where it does not).
+	values := make([]opened, len(list))
+	notBound := make([]string, len(list))
+	for i, e := range list {
+		if !allowed[i] || (!found[i].any() && e.injKey == "") {
+			continue
+		}
+		real, err := e.b.Real(host)
+		if errors.Is(err, ErrNotBound) {
+			allowed[i], notBound[i] = false, err.Error()
+			continue
+		}
+		values[i] = opened{real: real, err: err}
+	}
+
 	refuse := func(e *entry, reason string, alert bool) (*Result, error) {
 		restore(r, head, !complete)
 		res.Refusal = &Refusal{Rule: "secret:" + e.name, Reason: reason}
@@ -279,6 +308,8 @@ func (s *Set) ApplyReport(r *http.Request, host string, tlsIntercepted bool, rep
 		switch {
 		case !e.bound(host):
 			return refuse(e, fmt.Sprintf("placeholder for %s sent to %s (bound to %s; found %s)", e.name, host, e.hostList(), o.where()), true)
+		case notBound[i] != "":
+			return refuse(e, fmt.Sprintf("placeholder for %s sent to %s (%s; found %s)", e.name, host, notBound[i], o.where()), true)
 		case !tlsIntercepted:
 			return refuse(e, fmt.Sprintf("placeholder for %s sent to %s over plain HTTP (substitution needs intercepted TLS; found %s)", e.name, host, o.where()), true)
 		case o.path != 0:
@@ -306,7 +337,7 @@ func (s *Set) ApplyReport(r *http.Request, host string, tlsIntercepted bool, rep
 		if !inHeader && !inQuery && !inBody {
 			continue
 		}
-		real, err := e.b.Real()
+		real, err := values[i].real, values[i].err
 		if err != nil || len(real) == 0 {
 			return refuse(e, fmt.Sprintf("secret %s is unavailable (revoked, removed or unreadable); the request was not sent", e.name), false)
 		}
@@ -387,6 +418,7 @@ func (s *Set) ApplyReport(r *http.Request, host string, tlsIntercepted bool, rep
 			req:    r,
 			list:   list,
 			allow:  allowed,
+			unb:    notBound,
 			onlyCk: known,
 			report: report,
 		}

@@ -33,7 +33,7 @@ func newSecret(t testing.TB, name, real string) secret {
 
 func (s secret) binding(hosts ...string) *Binding {
 	real := s.real
-	return &Binding{Name: s.name, Placeholder: s.ph, Real: func() ([]byte, error) { return []byte(real), nil }, Hosts: hosts}
+	return &Binding{Name: s.name, Placeholder: s.ph, Real: func(string) ([]byte, error) { return []byte(real), nil }, Hosts: hosts}
 }
 
 func mustSet(t testing.TB, bs ...*Binding) *Set {
@@ -485,7 +485,7 @@ func TestRefusePathToBoundHost(t *testing.T) {
 func TestRealError(t *testing.T) {
 	gh := ghSecret(t)
 	b := gh.binding(boundHost)
-	b.Real = func() ([]byte, error) { return nil, errors.New("vault: secret revoked " + gh.real) }
+	b.Real = func(string) ([]byte, error) { return nil, errors.New("vault: secret revoked " + gh.real) }
 	up := newUpstream(t)
 	p := newProxy(t, mustSet(t, b), up, boundHost, true)
 	r, _ := http.NewRequest("GET", p.URL+"/user", nil)
@@ -517,7 +517,7 @@ func TestRemoveAndRotate(t *testing.T) {
 	var mu sync.Mutex
 	real := gh.real
 	b := gh.binding(boundHost)
-	b.Real = func() ([]byte, error) { mu.Lock(); defer mu.Unlock(); return []byte(real), nil }
+	b.Real = func(string) ([]byte, error) { mu.Lock(); defer mu.Unlock(); return []byte(real), nil }
 	set := mustSet(t, b)
 	up := newUpstream(t)
 	p := newProxy(t, set, up, boundHost, true)
@@ -669,4 +669,93 @@ func TestReasonDoesNotEchoPlaceholderHeaderName(t *testing.T) {
 		t.Fatal("not refused")
 	}
 	noLeak(t, gh, res.Refusal.Reason)
+}
+
+// TestRealNotBound: a Real that refuses the request's host (ErrNotBound:
+// the secret's hosts were narrowed since the binding was made) makes the
+// request one to a host the binding does not name: refused with an alert
+// wherever the placeholder occurs (a header, a misplaced header, a body
+// read ahead or streamed), nothing injected where it does not, and the real value
+// nowhere; the host Real still allows gets it.
+func TestRealNotBound(t *testing.T) {
+	const narrowed = "second.github.com"
+	gh := ghSecret(t)
+	var mu sync.Mutex
+	var asked []string
+	real := func(host string) ([]byte, error) {
+		mu.Lock()
+		asked = append(asked, host)
+		mu.Unlock()
+		if host != boundHost {
+			return nil, fmt.Errorf("%w: secret GITHUB_TOKEN is bound to hosts %s; the destination's host %s is not one of them", ErrNotBound, boundHost, host)
+		}
+		return []byte(gh.real), nil
+	}
+	b := gh.binding(boundHost, narrowed)
+	b.Real, b.Body, b.Inject = real, true, "X-Injected: Bearer {value}"
+	set := mustSet(t, b)
+	req := func(host string, body io.Reader, n int64) *http.Request {
+		r, _ := http.NewRequest("POST", "https://"+host+"/", body)
+		r.ContentLength = n
+		return r
+	}
+	wantAlert := func(what string, res *Result, err error) {
+		t.Helper()
+		if err != nil || res.Refusal == nil || !res.Alert || res.Refusal.Rule != "secret:GITHUB_TOKEN" ||
+			!strings.Contains(res.Refusal.Reason, "sent to "+narrowed) || !strings.Contains(res.Refusal.Reason, "not one of them") {
+			t.Fatalf("%s: %+v %v, want refused with an alert by secret:GITHUB_TOKEN", what, res, err)
+		}
+		noLeak(t, gh, res.Refusal.Reason)
+	}
+
+	// In an allowed header, and in one the binding does not allow (which
+	// to a host it names would be a plain refusal): an alert, as for a
+	// host it does not name.
+	for _, hdr := range []string{"Authorization", "X-Elsewhere"} {
+		r := req(narrowed, nil, 0)
+		r.Header.Set(hdr, "Bearer "+gh.ph)
+		res, err := set.Apply(r, narrowed, true)
+		wantAlert(hdr, res, err)
+		if r.Header.Get(hdr) != "Bearer "+gh.ph || r.Header.Get("X-Injected") != "" {
+			t.Fatalf("%s: request changed: %q", hdr, r.Header)
+		}
+	}
+	// No placeholder: nothing injected, the request goes on.
+	r := req(narrowed, nil, 0)
+	res, err := set.Apply(r, narrowed, true)
+	if err != nil || res.Refusal != nil || len(res.Replaced) != 0 || r.Header.Get("X-Injected") != "" {
+		t.Fatalf("no placeholder: %+v %v, X-Injected %q", res, err, r.Header.Get("X-Injected"))
+	}
+	// A streamed body: refused as it streams, with an alert, before any
+	// real value is written.
+	r = req(narrowed, iotest.OneByteReader(strings.NewReader("pre "+gh.ph+" post")), -1)
+	res, err = set.Apply(r, narrowed, true)
+	if err != nil || res.Refusal != nil {
+		t.Fatalf("streamed: %+v %v", res, err)
+	}
+	out, err := io.ReadAll(r.Body)
+	var re *RefusalError
+	if !errors.As(err, &re) || !re.Alert || re.Refusal.Rule != "secret:GITHUB_TOKEN" || !strings.Contains(re.Refusal.Reason, "not one of them") {
+		t.Fatalf("streamed: %v", err)
+	}
+	noLeak(t, gh, string(out), re.Refusal.Reason)
+	// A body of known length (read ahead): refused up front.
+	body := "x=" + gh.ph
+	res, err = set.Apply(req(narrowed, strings.NewReader(body), int64(len(body))), narrowed, true)
+	wantAlert("body", res, err)
+
+	// The host Real allows: swapped and injected.
+	r = req(boundHost, nil, 0)
+	r.Header.Set("Authorization", "Bearer "+gh.ph)
+	if res, err := set.Apply(r, boundHost, true); err != nil || res.Refusal != nil ||
+		r.Header.Get("Authorization") != "Bearer "+gh.real || r.Header.Get("X-Injected") != "Bearer "+gh.real {
+		t.Fatalf("host kept: %+v %v %q", res, err, r.Header)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, h := range asked {
+		if h != boundHost && h != narrowed {
+			t.Fatalf("Real asked for host %q", h)
+		}
+	}
 }

@@ -30,10 +30,17 @@ type Binding struct {
 	// Placeholder is what the guest holds instead of the real value (see
 	// NewPlaceholder). At least 12 characters.
 	Placeholder string
-	// Real fetches the real value. It is called on every request that needs
-	// it, so revocation and rotation take effect on the very next request; an
-	// error refuses the request.
-	Real func() ([]byte, error)
+	// Real fetches the real value for a request to host (canonical, one
+	// of Hosts). It is called on every request that needs it, so
+	// revocation and rotation take effect on the very next request; an
+	// error refuses the request. An error wrapping ErrNotBound means the
+	// value may not go to host now although Hosts name it (the secret's
+	// own hosts were narrowed since it was bound): the request is then
+	// treated as one to a host the binding does not name — refused with
+	// an alert where it carries the placeholder, left alone (nothing
+	// injected) where it does not — and the error's text, which names
+	// hosts and never a value, is part of the reason.
+	Real func(host string) ([]byte, error)
 	// Hosts are the names the real value may be sent to: exact
 	// ("api.github.com") or a wildcard ("*.github.com", any depth of
 	// subdomain, not the apex itself). Case-insensitive; no ports.
@@ -106,6 +113,10 @@ func NewSet(bs ...*Binding) (*Set, error) {
 
 // ErrInvalid marks a binding that cannot be used.
 var ErrInvalid = errors.New("invalid binding")
+
+// ErrNotBound, wrapped in the error of a Binding's Real, is a host the
+// value may not be sent to (see Binding.Real).
+var ErrNotBound = errors.New("not bound")
 
 // Add adds b, replacing any binding of the same name. The binding's fields
 // are read now; changing them afterwards has no effect (Add it again). A

@@ -164,7 +164,7 @@ func TestPlacesValidated(t *testing.T) {
 		{Query: []string{"a=b"}},
 		{Query: []string{""}},
 	} {
-		b.Name, b.Placeholder, b.Real, b.Hosts = "X", gh.ph, func() ([]byte, error) { return []byte(gh.real), nil }, []string{boundHost}
+		b.Name, b.Placeholder, b.Real, b.Hosts = "X", gh.ph, func(string) ([]byte, error) { return []byte(gh.real), nil }, []string{boundHost}
 		if _, err := NewSet(b); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%+v accepted: %v", b, err)
 		}

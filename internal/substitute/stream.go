@@ -2,6 +2,7 @@ package substitute
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -25,7 +26,8 @@ type stream struct {
 	req    *http.Request
 	list   []*entry
 	allow  []bool
-	onlyCk bool // a known-length body: check only, never substitute
+	unb    []string // why a binding its secret no longer lets go to host is not (see Binding.Real)
+	onlyCk bool     // a known-length body: check only, never substitute
 	report Report
 
 	reals     map[*entry]string
@@ -77,7 +79,12 @@ func (s *stream) fail(e *entry, reason string, alert bool) {
 	s.err = &RefusalError{Refusal: Refusal{Rule: "secret:" + e.name, Reason: reason}, Alert: alert}
 }
 
-func (s *stream) refuseFound(e *entry, h hit, where string) {
+func (s *stream) refuseFound(i int, h hit, where string) {
+	e := s.list[i]
+	if s.unb[i] != "" {
+		s.fail(e, fmt.Sprintf("placeholder for %s sent to %s (%s; found %s in %s)", e.name, s.host, s.unb[i], h, where), true)
+		return
+	}
 	if !e.bound(s.host) {
 		s.fail(e, fmt.Sprintf("placeholder for %s sent to %s (bound to %s; found %s in %s)", e.name, s.host, e.hostList(), h, where), true)
 		return
@@ -89,11 +96,15 @@ func (s *stream) overLimit(e *entry) {
 	s.fail(e, fmt.Sprintf("placeholder for %s in a streamed body past its %d-byte substitution limit", e.name, e.bodyLimit), false)
 }
 
-func (s *stream) real(e *entry) (string, bool) {
+func (s *stream) real(e *entry, where string) (string, bool) {
 	if v, ok := s.reals[e]; ok {
 		return v, true
 	}
-	real, err := e.b.Real()
+	real, err := e.b.Real(s.host)
+	if errors.Is(err, ErrNotBound) {
+		s.fail(e, fmt.Sprintf("placeholder for %s sent to %s (%v; found in %s)", e.name, s.host, err, where), true)
+		return "", false
+	}
 	if err != nil || len(real) == 0 {
 		s.fail(e, fmt.Sprintf("secret %s is unavailable (revoked, removed or unreadable); the request was aborted", e.name), false)
 		return "", false
@@ -118,7 +129,7 @@ func (s *stream) process(chunk []byte, eof bool) {
 			switch {
 			case h == 0:
 			case !s.allow[i]:
-				s.refuseFound(e, h, "body")
+				s.refuseFound(i, h, "body")
 				return
 			case !e.body:
 				s.fail(e, bodyPlace(e).reason(e), false)
@@ -159,7 +170,7 @@ func (s *stream) process(chunk []byte, eof bool) {
 				s.overLimit(e)
 				return
 			}
-			real, ok := s.real(e)
+			real, ok := s.real(e, "body")
 			if !ok {
 				return
 			}
@@ -220,7 +231,7 @@ func (s *stream) trailers() {
 					continue
 				}
 				if !s.allow[i] {
-					s.refuseFound(e, h, "a trailer")
+					s.refuseFound(i, h, "a trailer")
 					return
 				}
 				if !e.allowsHeader(k) {
@@ -234,7 +245,7 @@ func (s *stream) trailers() {
 				if h&hitLiteral == 0 {
 					continue
 				}
-				real, ok := s.real(e)
+				real, ok := s.real(e, "a trailer")
 				if !ok {
 					return
 				}

@@ -327,3 +327,93 @@ func TestSecretEnvModeRefused(t *testing.T) {
 		t.Error("the real value reached the daemon log")
 	}
 }
+
+// TestCredentialHostsNarrowed: a sandbox binds a stored secret whose hosts
+// are two upstream names; the secret is then stored again with only the
+// first (`cagebox secret add` replaces its hosts). From the next request
+// on, the running sandbox's placeholder toward the second name is refused
+// (403 by secret:NAME, secret.alert) and that upstream never sees the real
+// value, while the first name still gets it; neither the refusal, the
+// events nor the daemon log carry the value.
+func TestCredentialHostsNarrowed(t *testing.T) {
+	const first, second = "first.example.test", "second.example.test"
+	e := newDebianEnv(t)
+	up := newUpstream(t, first, second)
+	e.startDaemon(up.daemonArgs(first, second)...)
+	const real = "sk_live_NarrowedRealValue0000000000abcd"
+	valueEnv := []string{"CBX_NARROWED=" + real}
+	if r := e.cliEnv(valueEnv, "", "secret", "add", "API_KEY", "--host", first+","+second, "--from-env", "CBX_NARROWED"); r.code != 0 {
+		t.Fatalf("secret add: %+v", r)
+	}
+	r := e.cli("", "create", "--allow", first, "--allow", second, "--secret", "API_KEY=vault:API_KEY")
+	if r.code != 0 {
+		t.Fatalf("create: %+v", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	sh := func(script string) result { t.Helper(); return e.cli("", "exec", id, "--", "sh", "-c", script) }
+	last := func() string {
+		got := up.requests()
+		if len(got) == 0 {
+			return ""
+		}
+		return got[len(got)-1]
+	}
+	call := func(host, path string) result {
+		t.Helper()
+		return sh(`curl -sS -H "Authorization: Bearer $API_KEY" https://` + host + path)
+	}
+
+	// Bound toward both names: both get the real value.
+	for _, host := range []string{first, second} {
+		if r := call(host, "/before"); r.code != 0 || strings.Contains(r.stdout, "denied") {
+			t.Fatalf("%s before narrowing: %+v", host, r)
+		}
+		if got := last(); !strings.Contains(got, host+" /before") || !strings.Contains(got, "auth=Bearer "+real) {
+			t.Fatalf("%s before narrowing: upstream saw %q", host, got)
+		}
+	}
+
+	if r := e.cliEnv(valueEnv, "", "secret", "add", "API_KEY", "--host", first, "--from-env", "CBX_NARROWED"); r.code != 0 {
+		t.Fatalf("secret add (narrowed): %+v", r)
+	}
+	n := len(up.requests())
+	r = call(second, "/after")
+	if !strings.Contains(r.stdout, "denied") || !strings.Contains(r.stdout, `"rule":"secret:API_KEY"`) || strings.Contains(r.stdout+r.stderr, real) {
+		t.Errorf("placeholder toward the name taken away: %+v, want a 403 by secret:API_KEY", r)
+	}
+	for _, s := range up.requests()[n:] {
+		if strings.Contains(s, real) || strings.Contains(s, second) {
+			t.Errorf("the name taken away reached the upstream: %s", s)
+		}
+	}
+	if r := call(first, "/after"); r.code != 0 || strings.Contains(r.stdout, "denied") {
+		t.Errorf("%s after narrowing: %+v", first, r)
+	}
+	if got := last(); !strings.Contains(got, first+" /after") || !strings.Contains(got, "auth=Bearer "+real) {
+		t.Errorf("%s after narrowing: upstream saw %q", first, got)
+	}
+
+	evs, err := e.client().Events(context.Background(), id, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alerted := false
+	for _, ev := range evs {
+		b, _ := json.Marshal(ev)
+		if strings.Contains(string(b), real) {
+			t.Errorf("a real value in an event: %s", b)
+		}
+		var d struct{ Rule, Host string }
+		if ev.Kind == "secret.alert" && json.Unmarshal(b, &struct {
+			Data *struct{ Rule, Host string } `json:"data"`
+		}{&d}) == nil && d.Rule == "secret:API_KEY" && d.Host == second {
+			alerted = true
+		}
+	}
+	if !alerted {
+		t.Errorf("no secret.alert by secret:API_KEY for %s in %+v", second, evs)
+	}
+	if strings.Contains(e.logBuf.String(), real) {
+		t.Error("real value in the daemon log")
+	}
+}
