@@ -73,3 +73,38 @@ func TestReadmeListsEveryPackage(t *testing.T) {
 		}
 	}
 }
+
+// TestOptionalAbilitiesListed: every optional runtime or sandbox ability
+// (an exported interface of isolation/isolation.go besides Runtime and
+// Sandbox) is named in architecture.md's list, and the list names none
+// that is gone.
+func TestOptionalAbilitiesListed(t *testing.T) {
+	src, err := os.ReadFile("../isolation/isolation.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile("architecture.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(doc), "Optional abilities are small interfaces")
+	if i < 0 {
+		t.Fatal("architecture.md has no list of optional abilities (\"Optional abilities are small interfaces …\")")
+	}
+	para, _, _ := strings.Cut(string(doc[i:]), "\n\n")
+	have := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^type ([A-Z][A-Za-z]*) interface").FindAllStringSubmatch(string(src), -1) {
+		if m[1] == "Runtime" || m[1] == "Sandbox" {
+			continue
+		}
+		have[m[1]] = true
+		if !strings.Contains(para, "`"+m[1]+"`") {
+			t.Errorf("architecture.md's optional abilities do not name isolation.%s", m[1])
+		}
+	}
+	for _, m := range regexp.MustCompile("`([A-Z][A-Za-z]+)`").FindAllStringSubmatch(para, -1) {
+		if !have[m[1]] && m[1] != "Destroy" {
+			t.Errorf("architecture.md's optional abilities name %s, which isolation/isolation.go does not declare", m[1])
+		}
+	}
+}

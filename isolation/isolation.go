@@ -382,6 +382,19 @@ func Pick(name string, floor Class) (Runtime, error) {
 	return rt, nil
 }
 
+// Describer is implemented by runtimes that say how they run here (binary
+// and version, platform or accelerator), shown by `cagebox runtimes` and
+// logged at daemon start.
+type Describer interface {
+	Detail() string
+}
+
+// LogTailer is implemented by sandboxes whose guest log can be quoted in
+// an error (the end of the agent's log when its claim fails).
+type LogTailer interface {
+	LogTail() string
+}
+
 // LeakChecker is implemented by sandboxes that can list what of them is
 // left on the host (cgroups, mounts, state, processes); after Destroy the
 // list must be empty.

@@ -315,7 +315,7 @@ func Run(ctx context.Context, cfg Config) error {
 				return
 			}
 			attrs := []any{"runtime", rt.Name(), "class", rt.Class().String()}
-			if d, ok := rt.(interface{ Detail() string }); ok {
+			if d, ok := rt.(isolation.Describer); ok {
 				attrs = append(attrs, "detail", d.Detail())
 			}
 			if err := rt.Available(); err != nil {

@@ -288,7 +288,7 @@ func RuntimeList(floor isolation.Class, def isolation.Runtime) []api.Runtime {
 		} else if rt.Class() < floor {
 			a.Reason = fmt.Sprintf("below the isolation floor %s", floor)
 		}
-		if d, ok := rt.(interface{ Detail() string }); ok {
+		if d, ok := rt.(isolation.Describer); ok {
 			a.Detail = d.Detail()
 		}
 		a.Default = def != nil && def.Name() == rt.Name()

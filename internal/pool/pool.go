@@ -1,7 +1,8 @@
 // Package pool keeps warm sandboxes: per class (runtime, image, size) a
 // number of started, idle sandboxes with no tenant, network binding,
 // secrets or policy, which a create claims and then binds. It decides
-// what to fill and when — one fill at a time, after creates in progress,
+// what to fill and when — at most Config.Fills at once (default 2), after
+// creates in progress,
 // within a memory budget, backing off after failures — and counts hits,
 // misses and fills; making and destroying sandboxes is the Filler's (the
 // sandbox manager's) job. A pooled sandbox is handed out once and never

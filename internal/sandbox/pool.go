@@ -231,7 +231,7 @@ func (m *Manager) claimAgent(ctx context.Context, e *entry, cl *agentproto.Claim
 		return fmt.Errorf("claim the sandbox's agent: %w", err)
 	}
 	if err := c.Claim(ctx, cl); err != nil {
-		if lt, ok := e.sb.(interface{ LogTail() string }); ok {
+		if lt, ok := e.sb.(isolation.LogTailer); ok {
 			return fmt.Errorf("claim the sandbox's agent: %w (agent log: %s)", err, lt.LogTail())
 		}
 		return fmt.Errorf("claim the sandbox's agent: %w", err)
