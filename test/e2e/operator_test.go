@@ -179,3 +179,70 @@ func egressDenied(t *testing.T, e *env, id string, after int64, rule string) boo
 	}
 	return false
 }
+
+// TestOperatorPauseStands: what the operator pauses only the operator
+// resumes. Through the real CLI, the admin pauses a tenant's sandbox (one
+// whose idle action is pause, so an implicit wake would be easy); the
+// tenant's `cagebox resume` is refused with 403 saying only the operator
+// can resume it, and its exec does not wake the sandbox — before and
+// after a daemon restart. The admin's resume works; the tenant's own
+// pause is its own to resume.
+func TestOperatorPauseStands(t *testing.T) {
+	te := newTenantEnv(t, newEnv(t))
+	ctx := context.Background()
+	r := te.asAlpha("create", "--idle-timeout", "10m", "--idle-action", "pause")
+	if r.code != 0 {
+		t.Fatalf("alpha: create: %+v", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	status := func() *api.Sandbox {
+		t.Helper()
+		sb, err := te.client().Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	stands := func(when string) {
+		t.Helper()
+		if r := te.asAlpha("resume", id); r.code == 0 || !strings.Contains(r.stderr, "only the operator can resume it") {
+			t.Fatalf("%s: alpha's cagebox resume: %+v; want a refusal saying only the operator can resume it", when, r)
+		}
+		if code := te.alphaPost(t, "/v1/sandboxes/"+id+"/resume", ""); code != http.StatusForbidden {
+			t.Fatalf("%s: alpha's POST /v1/sandboxes/%s/resume answered %d, want 403", when, id, code)
+		}
+		if r := te.asAlpha("exec", id, "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "paused by the operator") {
+			t.Fatalf("%s: alpha's exec on the admin's pause: %+v; want refused, paused by the operator", when, r)
+		}
+		if sb := status(); sb.Status != "paused" || sb.PausedBy != "admin" {
+			t.Fatalf("%s: %s, paused by %q; want paused by admin", when, sb.Status, sb.PausedBy)
+		}
+	}
+
+	te.asAdmin("pause", id)
+	stands("after the admin's pause")
+	te.restart()
+	stands("after a daemon restart")
+	te.asAdmin("resume", id)
+	if r := te.asAlpha("exec", id, "--", "echo", "ok"); r.code != 0 || r.stdout != "ok\n" {
+		t.Fatalf("alpha's exec after the admin's resume: %+v", r)
+	}
+
+	// The tenant's own pause: its exec is told to resume, and its resume
+	// works.
+	if r := te.asAlpha("pause", id); r.code != 0 {
+		t.Fatalf("alpha pauses its sandbox: %+v", r)
+	}
+	if sb := status(); sb.PausedBy != "alpha" {
+		t.Fatalf("alpha's pause: paused by %q", sb.PausedBy)
+	}
+	if r := te.asAlpha("exec", id, "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "cagebox resume") {
+		t.Fatalf("alpha's exec on its own pause: %+v", r)
+	}
+	if r := te.asAlpha("resume", id); r.code != 0 {
+		t.Fatalf("alpha resumes its own pause: %+v", r)
+	}
+	if r := te.asAlpha("exec", id, "--", "echo", "ok"); r.code != 0 || r.stdout != "ok\n" {
+		t.Fatalf("alpha's exec after its resume: %+v", r)
+	}
+}
