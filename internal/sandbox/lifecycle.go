@@ -283,7 +283,7 @@ func (m *Manager) wake(ctx context.Context, e *entry, why string) error {
 	switch by {
 	case pausedIdle:
 	case store.AdminTenantID:
-		return fmt.Errorf("%w: sandbox %s was paused by the operator; only the operator can resume it", errdefs.ErrConflict, e.id)
+		return fmt.Errorf("%w: sandbox %s was paused by the operator; only the operator can resume it (cagebox resume %s)", errdefs.ErrConflict, e.id, e.id)
 	default:
 		return fmt.Errorf("%w: sandbox %s is paused: cagebox resume %s", errdefs.ErrConflict, e.id, e.id)
 	}
@@ -313,14 +313,17 @@ func (m *Manager) transition(ctx context.Context, tenant, id, from, to, by strin
 	if err != nil {
 		return nil, err
 	}
-	if !slices.Contains(strings.Split(from, "|"), r.Status) {
+	paused := to == StatusPaused || to == StatusHibernated
+	// The operator pausing what a tenant or the idle timeout paused takes
+	// the pause over: from then on it is the operator's.
+	claim := paused && by == store.AdminTenantID && (r.Status == StatusPaused || r.Status == StatusHibernated)
+	if !claim && !slices.Contains(strings.Split(from, "|"), r.Status) {
 		return nil, fmt.Errorf("%w: sandbox %s is %s, not %s", errdefs.ErrConflict, id, r.Status, strings.ReplaceAll(from, "|", " or "))
 	}
 	var sr specRecord
 	if err := json.Unmarshal(r.Spec, &sr); err != nil {
 		return nil, fmt.Errorf("sandbox %s: its record: %w", id, err)
 	}
-	paused := to == StatusPaused || to == StatusHibernated
 	if !paused {
 		by = ""
 		if sr.PausedBy == store.AdminTenantID && pauser(tenant) != store.AdminTenantID {
@@ -329,18 +332,25 @@ func (m *Manager) transition(ctx context.Context, tenant, id, from, to, by strin
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := fn(sctx, e); err != nil {
+	if claim {
+		if sr.PausedBy == store.AdminTenantID {
+			return m.view(r), nil
+		}
+		ev = api.SandboxPaused{Reason: "the operator took over the pause", ToDisk: r.Status == StatusHibernated}
+	} else if err := fn(sctx, e); err != nil {
 		return nil, fmt.Errorf("%s %s: %w", strings.TrimPrefix(string(ev.EventKind()), "sandbox."), id, err)
 	}
 	e.mu.Lock()
 	e.paused, e.pausedBy = paused, by
 	e.mu.Unlock()
-	if r.Status == StatusHibernated || to == StatusHibernated {
-		// The VMM ended or started again: connections to the agent
-		// are gone, the next call redials.
-		e.dropAll()
+	if !claim {
+		if r.Status == StatusHibernated || to == StatusHibernated {
+			// The VMM ended or started again: connections to the agent
+			// are gone, the next call redials.
+			e.dropAll()
+		}
+		r.Status = to
 	}
-	r.Status = to
 	r.UpdatedAt = m.cfg.Now().UTC()
 	sr.PausedBy = by
 	if rs, ok := ev.(api.SandboxResumed); ok && rs.Reason != "" {

@@ -19,8 +19,9 @@ import (
 // hibernated… the same record) is refused with ErrDenied, and no exec or
 // file operation of the tenant wakes it — even with idle action pause,
 // and after a daemon restart (who paused is in the record). The tenant's
-// own pause is its own to resume, and an idle pause still wakes on the
-// next call, before and after a restart.
+// own pause is its own to resume (the admin pausing it takes it over),
+// and an idle pause still wakes on the next call, before and after a
+// restart.
 func TestOperatorPauseStands(t *testing.T) {
 	testRuntime.use(createPlan{recoverable: true})
 	m, db, _ := newCreateManager(t, "")
@@ -61,6 +62,7 @@ func TestOperatorPauseStands(t *testing.T) {
 	}
 	operatorPaused := func(when string) {
 		t.Helper()
+		n0 := resumes()
 		if _, err := m.Resume(ctx, "t1", id); !errors.Is(err, errdefs.ErrDenied) || !strings.Contains(err.Error(), "only the operator can resume it") {
 			t.Fatalf("%s: the tenant's resume of the admin's pause: %v; want ErrDenied, only the operator", when, err)
 		}
@@ -70,8 +72,8 @@ func TestOperatorPauseStands(t *testing.T) {
 		if v, _ := m.Get(ctx, "t1", id); v.PausedBy != store.AdminTenantID {
 			t.Fatalf("%s: inspect says paused by %q; want admin", when, v.PausedBy)
 		}
-		if st, n := status(), resumes(); st != StatusPaused || n != 0 {
-			t.Fatalf("%s: %s after %d resumes; want paused, never resumed", when, st, n)
+		if st, n := status(), resumes(); st != StatusPaused || n != n0 {
+			t.Fatalf("%s: %s after %d resumes; want paused, not resumed", when, st, n-n0)
 		}
 	}
 
@@ -96,6 +98,21 @@ func TestOperatorPauseStands(t *testing.T) {
 	}
 	if _, err := m.Resume(ctx, "t1", id); err != nil || status() != StatusRunning {
 		t.Fatalf("the tenant's resume of its own pause: %v, %s", err, status())
+	}
+
+	// The admin pausing what the tenant paused takes the pause over.
+	if _, err := m.Pause(ctx, "t1", id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Pause(ctx, "", id); err != nil {
+		t.Fatalf("the admin pauses a sandbox the tenant paused: %v", err)
+	}
+	operatorPaused("the admin's pause over the tenant's")
+	if _, err := m.Pause(ctx, "", id); err != nil {
+		t.Fatalf("the admin pauses its own pause again: %v", err)
+	}
+	if _, err := m.Resume(ctx, "", id); err != nil || status() != StatusRunning {
+		t.Fatalf("the admin's resume: %v, %s", err, status())
 	}
 
 	// An idle pause is nobody's: the next call wakes it, after a

@@ -186,7 +186,7 @@ func egressDenied(t *testing.T, e *env, id string, after int64, rule string) boo
 // tenant's `cagebox resume` is refused with 403 saying only the operator
 // can resume it, and its exec does not wake the sandbox — before and
 // after a daemon restart. The admin's resume works; the tenant's own
-// pause is its own to resume.
+// pause is its own to resume, until the admin pauses it too.
 func TestOperatorPauseStands(t *testing.T) {
 	te := newTenantEnv(t, newEnv(t))
 	ctx := context.Background()
@@ -245,4 +245,12 @@ func TestOperatorPauseStands(t *testing.T) {
 	if r := te.asAlpha("exec", id, "--", "echo", "ok"); r.code != 0 || r.stdout != "ok\n" {
 		t.Fatalf("alpha's exec after its resume: %+v", r)
 	}
+
+	// The admin pausing what the tenant paused takes the pause over.
+	if r := te.asAlpha("pause", id); r.code != 0 {
+		t.Fatalf("alpha pauses its sandbox: %+v", r)
+	}
+	te.asAdmin("pause", id)
+	stands("after the admin's pause over alpha's")
+	te.asAdmin("resume", id)
 }
