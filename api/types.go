@@ -231,6 +231,11 @@ type Sandbox struct {
 	// LastWake is the last time the sandbox was woken from an idle pause
 	// (by an exec, a file operation or an ingress request) and why.
 	LastWake *Wake `json:"last_wake,omitempty"`
+	// PausedBy says who paused (or hibernated) the sandbox, while it is:
+	// "admin" (the operator: only the operator resumes it, and no exec,
+	// file operation or inbound request wakes it), a tenant's id, or
+	// "idle timeout" (the next call wakes it).
+	PausedBy string `json:"paused_by,omitempty"`
 	// Audit is the sandbox's syscall audit (absent when off).
 	Audit *SandboxAudit `json:"audit,omitempty"`
 	// Labels are as created.

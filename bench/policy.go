@@ -188,7 +188,7 @@ func policyBench(dur time.Duration, conc, n int) {
 	var fz []time.Duration
 	for round := 0; round < 20; round++ {
 		t0 := time.Now()
-		_, _ = reg.Freeze(livepolicy.Scope{All: true}, livepolicy.Actor{Principal: livepolicy.Admin, By: "bench"})
+		_, _ = reg.Freeze(context.Background(), livepolicy.Scope{All: true}, livepolicy.Actor{Principal: livepolicy.Admin, By: "bench"})
 		for _, s := range sbs {
 			d, _ := s.Decide(ctx, &policy.Request{Host: benchName, Port: 443, Method: "GET", Path: "/"})
 			if d.Allow {
@@ -196,7 +196,7 @@ func policyBench(dur time.Duration, conc, n int) {
 			}
 		}
 		fz = append(fz, time.Since(t0))
-		_, _, _ = reg.Thaw(livepolicy.Scope{All: true}, livepolicy.Actor{Principal: livepolicy.Admin, By: "bench"})
+		_, _, _ = reg.Thaw(context.Background(), livepolicy.Scope{All: true}, livepolicy.Actor{Principal: livepolicy.Admin, By: "bench"})
 	}
 	fmt.Printf("  freeze --all → each of 100 sandboxes' next request refused (20 rounds): p50 %s  max %s   (goal ≤ 50 ms)\n", ms(pct(fz, 50)), ms(pct(fz, 100)))
 }

@@ -499,9 +499,9 @@ func (s *Server) setFreeze(w http.ResponseWriter, r *http.Request, t *store.Tena
 	var res api.FreezeResult
 	var err error
 	if on {
-		res.Sandboxes, err = reg.Freeze(sc, who)
+		res.Sandboxes, err = reg.Freeze(r.Context(), sc, who)
 	} else {
-		res.Sandboxes, res.StillFrozen, err = reg.Thaw(sc, who)
+		res.Sandboxes, res.StillFrozen, err = reg.Thaw(r.Context(), sc, who)
 	}
 	if err != nil {
 		return err

@@ -48,7 +48,8 @@ func triggerAct(ctx context.Context, st store.Store, v *vault.Vault, mgr *sandbo
 		}
 	}
 	if a.Pause {
-		if _, err := mgr.Pause(ctx, "", id); err != nil {
+		// The policy is the tenant's, and so is the pause it makes.
+		if _, err := mgr.Pause(ctx, rec.TenantID, id); err != nil {
 			errs = append(errs, fmt.Errorf("pause: %w", err))
 		}
 	}

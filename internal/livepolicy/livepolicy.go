@@ -77,12 +77,17 @@ type Registry struct {
 	cfg Config
 	log *slog.Logger
 
+	// fmu serialises Freeze, Thaw and the removal of a sandbox, so that
+	// the store records freezes in the order they are made (freeze.go).
+	fmu sync.Mutex
+
 	// mu guards the fields below.
-	mu            sync.Mutex
-	sbs           map[string]*Sandbox
-	waiters       map[string]chan verdict // approval id → its held request
-	frozenAll     bool                    // always the admin's
-	frozenTenants map[string]string       // tenant → the principal that froze it
+	mu              sync.Mutex
+	sbs             map[string]*Sandbox
+	waiters         map[string]chan verdict  // approval id → its held request
+	frozenAll       bool                     // always the admin's
+	frozenTenants   map[string]string        // tenant → the principal that froze it
+	frozenSandboxes map[string]frozenSandbox // sandbox → its own freeze
 }
 
 // New returns a Registry.
@@ -99,12 +104,18 @@ func New(cfg Config) *Registry {
 	if cfg.WebhookClient == nil {
 		cfg.WebhookClient = safedial.New(safedial.Config{}).HTTPClient(nil)
 	}
-	return &Registry{cfg: cfg, log: cfg.Logger, sbs: map[string]*Sandbox{}, waiters: map[string]chan verdict{}, frozenTenants: map[string]string{}}
+	return &Registry{cfg: cfg, log: cfg.Logger, sbs: map[string]*Sandbox{}, waiters: map[string]chan verdict{},
+		frozenTenants: map[string]string{}, frozenSandboxes: map[string]frozenSandbox{}}
 }
 
-// Start expires approvals a previous daemon left pending: their waiters
-// and the guests' connections are gone, so they are denied.
+// Start restores the freezes a previous daemon recorded (call it before
+// any sandbox is attached: no gateway serves a sandbox a freeze should
+// cut off) and expires approvals a previous daemon left pending: their
+// waiters and the guests' connections are gone, so they are denied.
 func (g *Registry) Start(ctx context.Context) error {
+	if err := g.loadFreezes(ctx); err != nil {
+		return err
+	}
 	n, err := g.cfg.Store.ExpirePendingApprovals(ctx, "the daemon restarted while the request was held; it was denied")
 	if err != nil {
 		return fmt.Errorf("livepolicy: %w", err)
@@ -128,7 +139,6 @@ type Sandbox struct {
 	mu        sync.Mutex
 	gen       int64
 	ref       string // the named policy it follows ("" none)
-	frozenBy  string // the principal that froze this sandbox ("" not frozen)
 	requests  int64
 	fired     map[string]int64
 	triggered map[string]bool
@@ -185,11 +195,19 @@ func (g *Registry) Attach(ctx context.Context, id, tenant string, doc *policy.Do
 	return s, nil
 }
 
-// Detach forgets a sandbox; with remove, its usage is deleted and its
-// pending approvals expired (the sandbox is gone).
+// Detach forgets a sandbox; with remove, its usage and its own freeze
+// are deleted and its pending approvals expired (the sandbox is gone).
+// Without remove (a daemon that stops) its freeze stays.
 func (g *Registry) Detach(ctx context.Context, id string, remove bool) {
+	if remove {
+		g.fmu.Lock()
+		defer g.fmu.Unlock()
+	}
 	g.mu.Lock()
 	delete(g.sbs, id)
+	if remove {
+		delete(g.frozenSandboxes, id)
+	}
 	g.mu.Unlock()
 	if remove {
 		if err := g.cfg.Store.DeletePolicyState(ctx, id); err != nil {
@@ -325,15 +343,10 @@ func (s *Sandbox) NamesHost(name string) bool {
 // Frozen reports whether the sandbox is cut off (itself, its tenant or
 // everything).
 func (s *Sandbox) Frozen() bool {
-	s.mu.Lock()
-	f := s.frozenBy != ""
-	s.mu.Unlock()
-	if f {
-		return true
-	}
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
-	return s.g.frozenAll || s.g.frozenTenants[s.Tenant] != ""
+	_, own := s.g.frozenSandboxes[s.ID]
+	return own || s.g.frozenAll || s.g.frozenTenants[s.Tenant] != ""
 }
 
 // Decide decides one request: freeze first, then the policy, then the
@@ -558,7 +571,7 @@ func (s *Sandbox) applyTrigger(ctx context.Context, t policy.Trigger, r *policy.
 		if err != nil {
 			s.g.log.Error("apply trigger", "sandbox", s.ID, "trigger", t.Name, "err", err)
 			// Fail closed: a narrowing that cannot be recorded freezes.
-			s.freezeSelf("trigger:" + t.Name + " (could not apply: " + err.Error() + ")")
+			s.freezeSelf(ctx, "trigger:"+t.Name+" (could not apply: "+err.Error()+")")
 		}
 	}
 	if a.Policy != "" || len(a.Revoke) > 0 || len(a.Unbind) > 0 || a.Pause {
@@ -566,7 +579,7 @@ func (s *Sandbox) applyTrigger(ctx context.Context, t policy.Trigger, r *policy.
 		rest.Deny, rest.Only = nil, nil
 		if s.g.cfg.Act == nil {
 			s.g.log.Error("trigger action not supported here", "sandbox", s.ID, "trigger", t.Name)
-			s.freezeSelf("trigger:" + t.Name + " (no actor)")
+			s.freezeSelf(ctx, "trigger:"+t.Name+" (no actor)")
 			return
 		}
 		// Act may pause the sandbox, which waits for nothing of ours;
@@ -574,7 +587,7 @@ func (s *Sandbox) applyTrigger(ctx context.Context, t policy.Trigger, r *policy.
 		go func() {
 			if err := s.g.cfg.Act(context.WithoutCancel(ctx), s.ID, t.Name, rest); err != nil {
 				s.g.log.Error("apply trigger", "sandbox", s.ID, "trigger", t.Name, "err", err)
-				s.freezeSelf("trigger:" + t.Name + " (could not apply: " + err.Error() + ")")
+				s.freezeSelf(ctx, "trigger:"+t.Name+" (could not apply: "+err.Error()+")")
 			}
 		}()
 	}

@@ -169,7 +169,7 @@ func TestFreezeAndThaw(t *testing.T) {
 	doc := parse(t, "version: 1\nrules: [{host: a.example.com, action: allow}]")
 	a, _ := g.Attach(context.Background(), "sb-a", "t1", doc, "", false)
 	b, _ := g.Attach(context.Background(), "sb-b", "t2", doc, "", false)
-	if ids, _ := g.Freeze(Scope{Tenant: "t1"}, op); len(ids) != 1 || ids[0] != "sb-a" {
+	if ids, _ := g.Freeze(context.Background(), Scope{Tenant: "t1"}, op); len(ids) != 1 || ids[0] != "sb-a" {
 		t.Fatalf("freeze tenant: %v", ids)
 	}
 	if d := decide(t, a, get("a.example.com", "GET", "/")); d.Allow || d.Rule != RuleFreeze {
@@ -181,7 +181,7 @@ func TestFreezeAndThaw(t *testing.T) {
 	if d := decide(t, b, get("a.example.com", "GET", "/")); !d.Allow {
 		t.Fatal("another tenant was frozen")
 	}
-	g.Freeze(Scope{All: true}, op)
+	g.Freeze(context.Background(), Scope{All: true}, op)
 	if d := decide(t, b, get("a.example.com", "GET", "/")); d.Allow {
 		t.Fatal("freeze all")
 	}
@@ -190,11 +190,11 @@ func TestFreezeAndThaw(t *testing.T) {
 	if !c.Frozen() {
 		t.Fatal("new sandbox not frozen under freeze all")
 	}
-	g.Thaw(Scope{All: true}, op)
+	g.Thaw(context.Background(), Scope{All: true}, op)
 	if d := decide(t, a, get("a.example.com", "GET", "/")); !d.Allow {
 		t.Fatalf("after thaw: %+v", d)
 	}
-	g.Freeze(Scope{Sandbox: "sb-b"}, op)
+	g.Freeze(context.Background(), Scope{Sandbox: "sb-b"}, op)
 	if !b.Frozen() || a.Frozen() {
 		t.Fatal("freeze one")
 	}
@@ -630,65 +630,183 @@ func TestFreezeOwner(t *testing.T) {
 	// The admin freezes sandbox a: the tenant can neither thaw it, nor
 	// take the freeze over by freezing it again, nor lift it by thawing
 	// its tenant.
-	if _, err := g.Freeze(Scope{Sandbox: "sb-a"}, op); err != nil {
+	if _, err := g.Freeze(context.Background(), Scope{Sandbox: "sb-a"}, op); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := g.Thaw(Scope{Sandbox: "sb-a"}, t1)
+	_, _, err := g.Thaw(context.Background(), Scope{Sandbox: "sb-a"}, t1)
 	refused(err, "frozen by the admin")
-	if _, err := g.Freeze(Scope{Sandbox: "sb-a"}, t1); err != nil {
+	if _, err := g.Freeze(context.Background(), Scope{Sandbox: "sb-a"}, t1); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err = g.Thaw(Scope{Sandbox: "sb-a"}, t1)
+	_, _, err = g.Thaw(context.Background(), Scope{Sandbox: "sb-a"}, t1)
 	refused(err, "frozen by the admin")
-	if _, err := g.Freeze(Scope{Tenant: "t1"}, t1); err != nil {
+	if _, err := g.Freeze(context.Background(), Scope{Tenant: "t1"}, t1); err != nil {
 		t.Fatal(err)
 	}
-	ids, still, err := g.Thaw(Scope{Tenant: "t1"}, t1)
+	ids, still, err := g.Thaw(context.Background(), Scope{Tenant: "t1"}, t1)
 	if err != nil || !slices.Equal(ids, []string{"sb-b"}) || !slices.Equal(still, []string{"sb-a"}) {
 		t.Fatalf("tenant thaw of its own tenant: thawed %v, still %v, %v; want [sb-b], [sb-a]", ids, still, err)
 	}
 	if !a.Frozen() || b.Frozen() {
 		t.Fatalf("after the tenant's thaw: a frozen %v (want true), b frozen %v (want false)", a.Frozen(), b.Frozen())
 	}
-	if _, _, err := g.Thaw(Scope{Sandbox: "sb-a"}, op); err != nil || a.Frozen() {
+	if _, _, err := g.Thaw(context.Background(), Scope{Sandbox: "sb-a"}, op); err != nil || a.Frozen() {
 		t.Fatalf("the admin thaws its own freeze: %v, frozen %v", err, a.Frozen())
 	}
 
 	// The admin freezes the tenant: the tenant thaws neither it nor one
 	// of its sandboxes out of it.
-	g.Freeze(Scope{Tenant: "t1"}, op)
-	_, _, err = g.Thaw(Scope{Tenant: "t1"}, t1)
+	g.Freeze(context.Background(), Scope{Tenant: "t1"}, op)
+	_, _, err = g.Thaw(context.Background(), Scope{Tenant: "t1"}, t1)
 	refused(err, "frozen by the admin")
-	_, _, err = g.Thaw(Scope{Sandbox: "sb-b"}, t1)
+	_, _, err = g.Thaw(context.Background(), Scope{Sandbox: "sb-b"}, t1)
 	refused(err, "frozen by the admin")
 	if !a.Frozen() || !b.Frozen() {
 		t.Fatal("a refused thaw changed something")
 	}
-	if _, _, err := g.Thaw(Scope{Tenant: "t1"}, op); err != nil || a.Frozen() || b.Frozen() {
+	if _, _, err := g.Thaw(context.Background(), Scope{Tenant: "t1"}, op); err != nil || a.Frozen() || b.Frozen() {
 		t.Fatalf("the admin's thaw: %v", err)
 	}
 
 	// Freeze all: a tenant's thaw of its tenant or sandbox is refused.
-	if _, err := g.Freeze(Scope{All: true}, t1); !errors.Is(err, errdefs.ErrDenied) {
+	if _, err := g.Freeze(context.Background(), Scope{All: true}, t1); !errors.Is(err, errdefs.ErrDenied) {
 		t.Fatalf("a tenant froze all: %v", err)
 	}
-	g.Freeze(Scope{All: true}, op)
-	_, _, err = g.Thaw(Scope{Tenant: "t1"}, t1)
+	g.Freeze(context.Background(), Scope{All: true}, op)
+	_, _, err = g.Thaw(context.Background(), Scope{Tenant: "t1"}, t1)
 	refused(err, "frozen by the admin")
-	_, _, err = g.Thaw(Scope{All: true}, t1)
+	_, _, err = g.Thaw(context.Background(), Scope{All: true}, t1)
 	refused(err, "frozen by the admin")
-	g.Thaw(Scope{All: true}, op)
+	g.Thaw(context.Background(), Scope{All: true}, op)
 
 	// A tenant's own freeze is its own to thaw, and the admin's; another
 	// principal's refusal names the tenant.
-	g.Freeze(Scope{Sandbox: "sb-a"}, t1)
-	_, _, err = g.Thaw(Scope{Sandbox: "sb-a"}, t2)
+	g.Freeze(context.Background(), Scope{Sandbox: "sb-a"}, t1)
+	_, _, err = g.Thaw(context.Background(), Scope{Sandbox: "sb-a"}, t2)
 	refused(err, "frozen by tenant t1")
-	if _, _, err := g.Thaw(Scope{Sandbox: "sb-a"}, t1); err != nil || a.Frozen() {
+	if _, _, err := g.Thaw(context.Background(), Scope{Sandbox: "sb-a"}, t1); err != nil || a.Frozen() {
 		t.Fatalf("the tenant thaws its own freeze: %v", err)
 	}
-	g.Freeze(Scope{Tenant: "t1"}, t1)
-	if _, _, err := g.Thaw(Scope{Tenant: "t1"}, op); err != nil || a.Frozen() {
+	g.Freeze(context.Background(), Scope{Tenant: "t1"}, t1)
+	if _, _, err := g.Thaw(context.Background(), Scope{Tenant: "t1"}, op); err != nil || a.Frozen() {
 		t.Fatalf("the admin thaws a tenant's freeze: %v", err)
+	}
+}
+
+// TestFreezesSurviveRestart: every freeze — of a sandbox, a tenant, all —
+// is back after a restart (a new Registry over the same store) with its
+// owner, so a tenant still cannot thaw what the admin froze; a removed
+// sandbox's freeze goes with it; and a record the daemon cannot read
+// stops the start rather than thaw.
+func TestFreezesSurviveRestart(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "cagebox.db")
+	st := openStore(t, path)
+	doc := parse(t, "version: 1\nrules: [{host: a.example.com, action: allow}]")
+	t1 := Actor{Principal: "t1", By: "api:t1"}
+	t2 := Actor{Principal: "t2", By: "api:t2"}
+	// start is a daemon start: a new Registry, Start, then the
+	// sandboxes re-attached as recovery does.
+	start := func() (*Registry, map[string]*Sandbox) {
+		t.Helper()
+		g := New(Config{Store: st})
+		if err := g.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sbs := map[string]*Sandbox{}
+		for _, sb := range []struct{ id, tenant string }{{"sb-a", "t1"}, {"sb-b", "t1"}, {"sb-c", "t2"}, {"sb-d", "t3"}} {
+			s, err := g.Attach(ctx, sb.id, sb.tenant, doc, "", true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sbs[sb.id] = s
+		}
+		return g, sbs
+	}
+	frozen := func(sbs map[string]*Sandbox) (ids []string) {
+		for id, s := range sbs {
+			if s.Frozen() {
+				ids = append(ids, id)
+			}
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	refused := func(err error) {
+		t.Helper()
+		if !errors.Is(err, errdefs.ErrDenied) || !strings.Contains(err.Error(), "frozen by the admin") {
+			t.Fatalf("thaw after a restart: %v; want ErrDenied, frozen by the admin", err)
+		}
+	}
+
+	g, _ := start()
+	must := func(_ []string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(g.Freeze(ctx, Scope{Sandbox: "sb-a"}, op)) // the admin's
+	must(g.Freeze(ctx, Scope{Sandbox: "sb-a"}, t1)) // stays the admin's
+	must(g.Freeze(ctx, Scope{Sandbox: "sb-b"}, t1)) // the tenant's own
+	must(g.Freeze(ctx, Scope{Tenant: "t2"}, op))    // the admin's
+
+	g, sbs := start()
+	if got := frozen(sbs); !slices.Equal(got, []string{"sb-a", "sb-b", "sb-c"}) {
+		t.Fatalf("frozen after a restart: %v; want [sb-a sb-b sb-c]", got)
+	}
+	if d := decide(t, sbs["sb-a"], get("a.example.com", "GET", "/")); d.Allow || d.Rule != RuleFreeze {
+		t.Fatalf("sb-a after a restart: %+v", d)
+	}
+	_, _, err := g.Thaw(ctx, Scope{Sandbox: "sb-a"}, t1)
+	refused(err)
+	_, _, err = g.Thaw(ctx, Scope{Tenant: "t2"}, t2)
+	refused(err)
+	_, _, err = g.Thaw(ctx, Scope{Sandbox: "sb-c"}, t2)
+	refused(err)
+	// The tenant's thaw of its tenant lifts its own freeze, not the
+	// admin's.
+	ids, still, err := g.Thaw(ctx, Scope{Tenant: "t1"}, t1)
+	if err != nil || !slices.Equal(ids, []string{"sb-b"}) || !slices.Equal(still, []string{"sb-a"}) {
+		t.Fatalf("tenant thaw after a restart: %v %v %v; want [sb-b] [sb-a]", ids, still, err)
+	}
+
+	// A thaw is recorded too: what was thawed stays thawed.
+	g, sbs = start()
+	if got := frozen(sbs); !slices.Equal(got, []string{"sb-a", "sb-c"}) {
+		t.Fatalf("frozen after a thaw and a restart: %v; want [sb-a sb-c]", got)
+	}
+	must(g.Freeze(ctx, Scope{All: true}, op))
+	g, sbs = start()
+	if got := frozen(sbs); len(got) != 4 {
+		t.Fatalf("frozen after freeze all and a restart: %v", got)
+	}
+	_, _, err = g.Thaw(ctx, Scope{Sandbox: "sb-d"}, Actor{Principal: "t3", By: "api:t3"})
+	refused(err)
+	if _, _, err := g.Thaw(ctx, Scope{All: true}, op); err != nil {
+		t.Fatal(err)
+	}
+	g, sbs = start()
+	if got := frozen(sbs); len(got) != 0 {
+		t.Fatalf("frozen after the admin's thaw of all and a restart: %v", got)
+	}
+
+	// A removed sandbox's freeze goes with it; one detached by a daemon
+	// that stops stays.
+	must(g.Freeze(ctx, Scope{Sandbox: "sb-c"}, op))
+	must(g.Freeze(ctx, Scope{Sandbox: "sb-d"}, op))
+	g.Detach(ctx, "sb-c", true)
+	g.Detach(ctx, "sb-d", false)
+	fs, err := st.ListFreezes(ctx)
+	if err != nil || len(fs) != 1 || fs[0].Target != "sb-d" {
+		t.Fatalf("freezes after removing sb-c: %v %+v; want sb-d's only", err, fs)
+	}
+
+	// A damaged record stops the start.
+	if err := st.PutFreeze(ctx, &store.Freeze{Scope: "tenant", Target: "t9"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := New(Config{Store: st}).Start(ctx); err == nil || !strings.Contains(err.Error(), "no owner") {
+		t.Fatalf("start over a freeze with no owner: %v; want an error", err)
 	}
 }

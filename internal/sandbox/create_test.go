@@ -41,6 +41,9 @@ type createPlan struct {
 	claimErr  error  // the agent's claim fails (pooled sandboxes)
 	// destroyHeld, when set, holds Destroy until it is closed.
 	destroyHeld chan struct{}
+	// recoverable: Recover returns the sandbox made with that id (a
+	// daemon restart finds it running).
+	recoverable bool
 }
 
 const createRuntimeName = "createtest"
@@ -54,7 +57,16 @@ var _ isolation.Runtime = (*createRuntime)(nil)
 func (r *createRuntime) Name() string           { return createRuntimeName }
 func (r *createRuntime) Class() isolation.Class { return isolation.Namespaces }
 func (r *createRuntime) Available() error       { return nil }
-func (r *createRuntime) Recover(context.Context, isolation.State) (isolation.Sandbox, error) {
+func (r *createRuntime) Recover(_ context.Context, st isolation.State) (isolation.Sandbox, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.plan.recoverable {
+		for _, sb := range r.made {
+			if sb.id == st.ID {
+				return sb, nil
+			}
+		}
+	}
 	return nil, isolation.ErrGone
 }
 

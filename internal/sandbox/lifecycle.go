@@ -206,16 +206,34 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 	return m.bind(ctx, b, md)
 }
 
-// Pause freezes a running sandbox.
+// Who paused a sandbox (specRecord.PausedBy): the admin
+// (store.AdminTenantID), a tenant (its id), or its idle timeout.
+// What the operator paused only the operator resumes: a tenant's Resume
+// is refused (ErrDenied) and no exec, file operation or inbound request
+// wakes it; a tenant's own pause is resumed by it or the admin; an idle
+// pause wakes on the next call.
+const pausedIdle = "idle timeout" // never a tenant's id (validName)
+
+// pauser is who pauses for a caller of tenant scope ("" the admin).
+func pauser(tenant string) string {
+	if tenant == "" {
+		return store.AdminTenantID
+	}
+	return tenant
+}
+
+// Pause freezes a running sandbox; tenant "" (or the admin's) is the
+// operator, whose pause only the operator resumes.
 func (m *Manager) Pause(ctx context.Context, tenant, id string) (*api.Sandbox, error) {
-	return m.transition(ctx, tenant, id, StatusRunning, StatusPaused, api.SandboxPaused{}, func(ctx context.Context, e *entry) error {
+	return m.transition(ctx, tenant, id, StatusRunning, StatusPaused, pauser(tenant), api.SandboxPaused{}, func(ctx context.Context, e *entry) error {
 		return e.sb.Pause(ctx)
 	})
 }
 
-// Resume thaws a paused sandbox, or restores a hibernated one.
+// Resume thaws a paused sandbox, or restores a hibernated one. A tenant
+// cannot resume what the operator paused (ErrDenied).
 func (m *Manager) Resume(ctx context.Context, tenant, id string) (*api.Sandbox, error) {
-	return m.transition(ctx, tenant, id, StatusPaused+"|"+StatusHibernated, StatusRunning, api.SandboxResumed{}, func(ctx context.Context, e *entry) error {
+	return m.transition(ctx, tenant, id, StatusPaused+"|"+StatusHibernated, StatusRunning, "", api.SandboxResumed{}, func(ctx context.Context, e *entry) error {
 		return e.sb.Resume(ctx)
 	})
 }
@@ -229,49 +247,44 @@ func (m *Manager) Hibernate(ctx context.Context, tenant, id string) (*api.Sandbo
 }
 
 func (m *Manager) hibernate(ctx context.Context, tenant, id, reason string) (*api.Sandbox, error) {
-	return m.transition(ctx, tenant, id, StatusRunning, StatusHibernated, api.SandboxPaused{Reason: reason, ToDisk: true}, func(ctx context.Context, e *entry) error {
+	by := pauser(tenant)
+	if reason != "" {
+		by = pausedIdle
+	}
+	return m.transition(ctx, tenant, id, StatusRunning, StatusHibernated, by, api.SandboxPaused{Reason: reason, ToDisk: true}, func(ctx context.Context, e *entry) error {
 		h, ok := e.sb.(isolation.Hibernator)
 		if !ok {
 			return fmt.Errorf("%w: the %s runtime cannot hibernate a sandbox (microVMs can); pause freezes it in memory", errdefs.ErrInvalid, e.sb.State().Runtime)
 		}
 		e.dropAll()
-		if err := h.Hibernate(ctx); err != nil {
-			return err
-		}
-		if reason != "" {
-			e.mu.Lock()
-			e.idlePaused = true
-			e.mu.Unlock()
-		}
-		return nil
+		return h.Hibernate(ctx)
 	})
 }
 
 // idlePause freezes a sandbox whose idle timeout passed (idle action
 // pause); the next exec or file operation wakes it.
 func (m *Manager) idlePause(r *store.Sandbox, reason string) error {
-	_, err := m.transition(context.Background(), "", r.ID, StatusRunning, StatusPaused, api.SandboxPaused{Reason: reason}, func(ctx context.Context, e *entry) error {
-		if err := e.sb.Pause(ctx); err != nil {
-			return err
-		}
-		e.mu.Lock()
-		e.idlePaused = true
-		e.mu.Unlock()
-		return nil
+	_, err := m.transition(context.Background(), "", r.ID, StatusRunning, StatusPaused, pausedIdle, api.SandboxPaused{Reason: reason}, func(ctx context.Context, e *entry) error {
+		return e.sb.Pause(ctx)
 	})
 	return err
 }
 
 // wake resumes e if the idle timeout paused it (why: what woke it); a
-// sandbox paused through the API stays paused (ErrConflict).
+// sandbox paused through the API stays paused (ErrConflict), the
+// operator's pause saying that only the operator resumes it.
 func (m *Manager) wake(ctx context.Context, e *entry, why string) error {
 	e.mu.Lock()
-	paused, idle := e.paused, e.idlePaused
+	paused, by := e.paused, e.pausedBy
 	e.mu.Unlock()
 	if !paused {
 		return nil
 	}
-	if !idle {
+	switch by {
+	case pausedIdle:
+	case store.AdminTenantID:
+		return fmt.Errorf("%w: sandbox %s was paused by the operator; only the operator can resume it (cagebox resume %s)", errdefs.ErrConflict, e.id, e.id)
+	default:
 		return fmt.Errorf("%w: sandbox %s is paused: cagebox resume %s", errdefs.ErrConflict, e.id, e.id)
 	}
 	e.wakeMu.Lock()
@@ -282,7 +295,7 @@ func (m *Manager) wake(ctx context.Context, e *entry, why string) error {
 	if !paused {
 		return nil // another caller woke it
 	}
-	_, err := m.transition(ctx, "", e.id, StatusPaused+"|"+StatusHibernated, StatusRunning, api.SandboxResumed{Reason: why}, func(ctx context.Context, e *entry) error {
+	_, err := m.transition(ctx, "", e.id, StatusPaused+"|"+StatusHibernated, StatusRunning, "", api.SandboxResumed{Reason: why}, func(ctx context.Context, e *entry) error {
 		return e.sb.Resume(ctx)
 	})
 	if err != nil {
@@ -291,39 +304,61 @@ func (m *Manager) wake(ctx context.Context, e *entry, why string) error {
 	return nil
 }
 
-func (m *Manager) transition(ctx context.Context, tenant, id, from, to string, ev api.EventPayload, fn func(context.Context, *entry) error) (*api.Sandbox, error) {
+// transition moves the sandbox of tenant ("" any: the admin, or the
+// daemon itself) from one of from's statuses to to by fn, recording who
+// paused it (by, when to is a paused status) in its record: a tenant's
+// move to running is refused when the operator paused it.
+func (m *Manager) transition(ctx context.Context, tenant, id, from, to, by string, ev api.EventPayload, fn func(context.Context, *entry) error) (*api.Sandbox, error) {
 	r, e, err := m.attached(ctx, tenant, id)
 	if err != nil {
 		return nil, err
 	}
-	if !slices.Contains(strings.Split(from, "|"), r.Status) {
+	paused := to == StatusPaused || to == StatusHibernated
+	// The operator pausing what a tenant or the idle timeout paused takes
+	// the pause over: from then on it is the operator's.
+	claim := paused && by == store.AdminTenantID && (r.Status == StatusPaused || r.Status == StatusHibernated)
+	if !claim && !slices.Contains(strings.Split(from, "|"), r.Status) {
 		return nil, fmt.Errorf("%w: sandbox %s is %s, not %s", errdefs.ErrConflict, id, r.Status, strings.ReplaceAll(from, "|", " or "))
+	}
+	var sr specRecord
+	if err := json.Unmarshal(r.Spec, &sr); err != nil {
+		return nil, fmt.Errorf("sandbox %s: its record: %w", id, err)
+	}
+	if !paused {
+		by = ""
+		if sr.PausedBy == store.AdminTenantID && pauser(tenant) != store.AdminTenantID {
+			return nil, fmt.Errorf("%w: sandbox %s was paused by the operator; only the operator can resume it (ask your operator)", errdefs.ErrDenied, id)
+		}
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := fn(sctx, e); err != nil {
+	if claim {
+		if sr.PausedBy == store.AdminTenantID {
+			return m.view(r), nil
+		}
+		ev = api.SandboxPaused{Reason: "the operator took over the pause", ToDisk: r.Status == StatusHibernated}
+	} else if err := fn(sctx, e); err != nil {
 		return nil, fmt.Errorf("%s %s: %w", strings.TrimPrefix(string(ev.EventKind()), "sandbox."), id, err)
 	}
 	e.mu.Lock()
-	e.paused = to == StatusPaused || to == StatusHibernated
-	if !e.paused {
-		e.idlePaused = false
-	}
+	e.paused, e.pausedBy = paused, by
 	e.mu.Unlock()
-	if r.Status == StatusHibernated || to == StatusHibernated {
-		// The VMM ended or started again: connections to the agent
-		// are gone, the next call redials.
-		e.dropAll()
+	if !claim {
+		if r.Status == StatusHibernated || to == StatusHibernated {
+			// The VMM ended or started again: connections to the agent
+			// are gone, the next call redials.
+			e.dropAll()
+		}
+		r.Status = to
 	}
-	r.Status = to
 	r.UpdatedAt = m.cfg.Now().UTC()
+	sr.PausedBy = by
 	if rs, ok := ev.(api.SandboxResumed); ok && rs.Reason != "" {
 		// A wake from an idle pause: inspect shows why and when.
-		var sr specRecord
-		if json.Unmarshal(r.Spec, &sr) == nil {
-			sr.LastWake = &api.Wake{Reason: rs.Reason, At: r.UpdatedAt}
-			r.Spec, _ = json.Marshal(&sr)
-		}
+		sr.LastWake = &api.Wake{Reason: rs.Reason, At: r.UpdatedAt}
+	}
+	if r.Spec, err = json.Marshal(&sr); err != nil {
+		return nil, err
 	}
 	if err := m.cfg.Store.UpdateSandbox(sctx, r); err != nil {
 		return nil, err

@@ -148,9 +148,10 @@ type entry struct {
 	// inbound counts ingress requests in flight (busy, like execs).
 	inbound int
 	paused  bool
-	// idlePaused: the idle timeout paused it, and the next exec or file
-	// operation resumes it (wake).
-	idlePaused bool
+	// pausedBy is the record's PausedBy while paused: pausedIdle (the
+	// next exec, file operation or inbound request wakes it), the admin or
+	// a tenant (wake refuses; lifecycle.go).
+	pausedBy string
 	// wakeMu serialises wakes.
 	wakeMu sync.Mutex
 	// active is the last API activity; persisted is the value last written
@@ -204,7 +205,10 @@ type specRecord struct {
 	ReadOnlyRoot bool          `json:"read_only_root,omitempty"`
 	// LastWake: the last wake from an idle pause.
 	LastWake *api.Wake `json:"last_wake,omitempty"`
-	Audit    []string  `json:"audit,omitempty"`
+	// PausedBy is who paused (or hibernated) it, while it is: the admin
+	// (only the admin resumes it), a tenant, or pausedIdle (lifecycle.go).
+	PausedBy string   `json:"paused_by,omitempty"`
+	Audit    []string `json:"audit,omitempty"`
 	// Pool is the class a pooled sandbox was made for (until bound).
 	Pool string `json:"pool,omitempty"`
 }
@@ -278,6 +282,9 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 		v.Policy, _ = json.Marshal(sr.Policy)
 	}
 	v.LastWake = sr.LastWake
+	if r.Status == StatusPaused || r.Status == StatusHibernated {
+		v.PausedBy = sr.PausedBy
+	}
 	for _, b := range sr.Secrets {
 		v.Secrets = append(v.Secrets, api.BoundSecret{Name: b.Name, Secret: b.Secret, Hosts: b.Hosts, Mode: b.Mode, Headers: b.Headers, Query: b.Query, HMAC: b.HMAC})
 		if b.Mode == ModeEnv {

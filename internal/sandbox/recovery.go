@@ -139,11 +139,19 @@ func (m *Manager) Recover(ctx context.Context) error {
 			}
 		}
 		m.mu.Lock()
-		// A paused sandbox whose idle action is pause is taken as paused by
-		// its idle timeout: the next call wakes it.
+		// Who paused it is in its record (the operator's pause stays the
+		// operator's); a record from before that was kept, of a sandbox
+		// whose idle action is pause, is taken as paused by its idle
+		// timeout: the next call wakes it.
 		paused := r.Status == StatusPaused || r.Status == StatusHibernated
-		e := &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken, paused: paused, execCwd: sr.ExecCwd, execUser: sr.ExecUser,
-			idlePaused: paused && (sr.IdleAction == IdlePause || sr.IdleAction == IdleHibernate)}
+		by := ""
+		if paused {
+			by = sr.PausedBy
+			if by == "" && (sr.IdleAction == IdlePause || sr.IdleAction == IdleHibernate) {
+				by = pausedIdle
+			}
+		}
+		e := &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken, paused: paused, pausedBy: by, execCwd: sr.ExecCwd, execUser: sr.ExecUser}
 		m.live[r.ID] = e
 		m.mu.Unlock()
 		m.recoverAudit(r, sr.Audit, e)

@@ -318,9 +318,38 @@ type PolicyStore interface {
 	// and returns the new totals.
 	AddBudgetUsage(ctx context.Context, delta BudgetUsage) (*BudgetUsage, error)
 	ListBudgetUsage(ctx context.Context, sandboxID string) ([]*BudgetUsage, error)
-	// DeletePolicyState removes a sandbox's usage and pending approvals
-	// (its versions stay with its events, for the audit trail).
+	// DeletePolicyState removes a sandbox's usage, pending approvals and
+	// freeze (its versions stay with its events, for the audit trail).
 	DeletePolicyState(ctx context.Context, sandboxID string) error
+
+	// PutFreeze records f (setting CreatedAt when zero), replacing the
+	// freeze of the same scope and target.
+	PutFreeze(ctx context.Context, f *Freeze) error
+	// DeleteFreezes removes the freezes of fs' scopes and targets in one
+	// transaction, all or none; one that is not recorded is no error.
+	DeleteFreezes(ctx context.Context, fs []*Freeze) error
+	// ListFreezes returns every freeze, ordered by scope, then target.
+	ListFreezes(ctx context.Context) ([]*Freeze, error)
+}
+
+// Freeze scopes.
+const (
+	FreezeAll     = "all"
+	FreezeTenant  = "tenant"
+	FreezeSandbox = "sandbox"
+)
+
+// Freeze is a freeze of sandboxes' network (package livepolicy) with its
+// owner, kept so that a daemon restart lifts none.
+type Freeze struct {
+	// Scope is FreezeAll, FreezeTenant or FreezeSandbox; Target is the
+	// tenant's or sandbox's id ("" for FreezeAll).
+	Scope, Target string
+	// TenantID is the tenant of a sandbox freeze's sandbox ("" otherwise).
+	TenantID string
+	// Owner is the principal that made it: the admin or a tenant's id.
+	Owner     string
+	CreatedAt time.Time
 }
 
 // Tool is a tenant's registered tool (api.Tool as JSON in Spec).

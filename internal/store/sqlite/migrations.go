@@ -217,4 +217,17 @@ DROP TABLE sandboxes;
 ALTER TABLE sandboxes_new RENAME TO sandboxes;
 CREATE INDEX sandboxes_tenant ON sandboxes (tenant_id, created_at);
 `},
+	// Freezes (package livepolicy) with their owners, so a restart lifts
+	// none: scope "all" (target ""), "tenant" or "sandbox" (target its
+	// id; tenant_id the sandbox's tenant).
+	{Version: 12, Name: "freezes", SQL: `
+CREATE TABLE freezes (
+	scope      TEXT NOT NULL,
+	target     TEXT NOT NULL,
+	tenant_id  TEXT NOT NULL DEFAULT '',
+	owner      TEXT NOT NULL,
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (scope, target)
+);
+`},
 }

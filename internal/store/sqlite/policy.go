@@ -256,5 +256,61 @@ func (s *Store) DeletePolicyState(ctx context.Context, sandboxID string) error {
 		toNanos(store.NormTime(now())), sandboxID); err != nil {
 		return fmt.Errorf("expire approvals of %q: %w", sandboxID, err)
 	}
+	if _, err := s.w.ExecContext(ctx, `DELETE FROM freezes WHERE scope = ? AND target = ?`, store.FreezeSandbox, sandboxID); err != nil {
+		return fmt.Errorf("delete freeze of %q: %w", sandboxID, err)
+	}
 	return nil
+}
+
+// PutFreeze implements store.PolicyStore.
+func (s *Store) PutFreeze(ctx context.Context, f *store.Freeze) error {
+	if f.CreatedAt.IsZero() {
+		f.CreatedAt = now()
+	}
+	f.CreatedAt = store.NormTime(f.CreatedAt)
+	_, err := s.w.ExecContext(ctx, `INSERT INTO freezes (scope, target, tenant_id, owner, created_at) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (scope, target) DO UPDATE SET tenant_id = excluded.tenant_id, owner = excluded.owner, created_at = excluded.created_at`,
+		f.Scope, f.Target, f.TenantID, f.Owner, toNanos(f.CreatedAt))
+	if err != nil {
+		return fmt.Errorf("record freeze of %s %q: %w", f.Scope, f.Target, err)
+	}
+	return nil
+}
+
+// DeleteFreezes implements store.PolicyStore.
+func (s *Store) DeleteFreezes(ctx context.Context, fs []*store.Freeze) error {
+	if len(fs) == 0 {
+		return nil
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("delete freezes: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	for _, f := range fs {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM freezes WHERE scope = ? AND target = ?`, f.Scope, f.Target); err != nil {
+			return fmt.Errorf("delete freeze of %s %q: %w", f.Scope, f.Target, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("delete freezes: %w", err)
+	}
+	return nil
+}
+
+// ListFreezes implements store.PolicyStore.
+func (s *Store) ListFreezes(ctx context.Context) ([]*store.Freeze, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT scope, target, tenant_id, owner, created_at FROM freezes ORDER BY scope, target`)
+	if err != nil {
+		return nil, fmt.Errorf("list freezes: %w", err)
+	}
+	return scanAll(rows, func(r scanner) (*store.Freeze, error) {
+		var f store.Freeze
+		var at int64
+		if err := r.Scan(&f.Scope, &f.Target, &f.TenantID, &f.Owner, &at); err != nil {
+			return nil, err
+		}
+		f.CreatedAt = fromNanos(at)
+		return &f, nil
+	})
 }

@@ -162,3 +162,58 @@ func testBudgetUsage(t *testing.T, s store.Store) {
 		t.Fatalf("after delete: %+v", us)
 	}
 }
+
+func testFreezes(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if fs, err := s.ListFreezes(ctx); err != nil || len(fs) != 0 {
+		t.Fatalf("fresh store: %v %+v", err, fs)
+	}
+	all := &store.Freeze{Scope: store.FreezeAll, Owner: "admin", CreatedAt: base}
+	ten := &store.Freeze{Scope: store.FreezeTenant, Target: "t1", Owner: "t1"}
+	sb := &store.Freeze{Scope: store.FreezeSandbox, Target: "sb-1", TenantID: "t1", Owner: "admin"}
+	sb2 := &store.Freeze{Scope: store.FreezeSandbox, Target: "sb-2", TenantID: "t1", Owner: "t1"}
+	for _, f := range []*store.Freeze{all, ten, sb, sb2} {
+		if err := s.PutFreeze(ctx, f); err != nil {
+			t.Fatalf("put %+v: %v", f, err)
+		}
+	}
+	if !all.CreatedAt.Equal(store.NormTime(base)) || ten.CreatedAt.IsZero() {
+		t.Fatalf("times: %v %v", all.CreatedAt, ten.CreatedAt)
+	}
+	// Freezing a scope again replaces its record (the owner may change).
+	if err := s.PutFreeze(ctx, &store.Freeze{Scope: store.FreezeTenant, Target: "t1", Owner: "admin"}); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := s.ListFreezes(ctx)
+	if err != nil || len(fs) != 4 {
+		t.Fatalf("list: %v %+v", err, fs)
+	}
+	got := map[string]*store.Freeze{}
+	for _, f := range fs {
+		got[f.Scope+"/"+f.Target] = f
+	}
+	if f := got["tenant/t1"]; f == nil || f.Owner != "admin" {
+		t.Fatalf("tenant freeze after a second put: %+v", f)
+	}
+	if f := got["sandbox/sb-1"]; f == nil || f.TenantID != "t1" || f.Owner != "admin" {
+		t.Fatalf("sandbox freeze: %+v", f)
+	}
+	if f := got["all/"]; f == nil || f.Owner != "admin" || !f.CreatedAt.Equal(all.CreatedAt) {
+		t.Fatalf("freeze of all: %+v", f)
+	}
+	// Deleting several at once; one that is not recorded is no error.
+	if err := s.DeleteFreezes(ctx, []*store.Freeze{{Scope: store.FreezeAll}, {Scope: store.FreezeTenant, Target: "t1"}, {Scope: store.FreezeTenant, Target: "none"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteFreezes(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A removed sandbox's freeze goes with its policy state.
+	if err := s.DeletePolicyState(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	fs, err = s.ListFreezes(ctx)
+	if err != nil || len(fs) != 1 || fs[0].Target != "sb-2" || fs[0].Owner != "t1" {
+		t.Fatalf("after deletes: %v %+v", err, fs)
+	}
+}

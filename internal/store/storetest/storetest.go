@@ -56,6 +56,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"NamedPolicies", testNamedPolicies},
 		{"Approvals", testApprovals},
 		{"BudgetUsage", testBudgetUsage},
+		{"Freezes", testFreezes},
 		{"Tools", testTools},
 		{"Webhooks", testWebhooks},
 		{"Relays", testRelays},
