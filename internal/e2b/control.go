@@ -62,6 +62,7 @@ func (s *Server) controlMux() http.Handler {
 	handle("POST /sandboxes/{id}/timeout", s.setTimeout)
 	handle("POST /sandboxes/{id}/resume", s.connect)
 	handle("GET /v2/sandboxes", s.list)
+	handle("PUT /sandboxes/{id}/network", s.updateNetwork)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, apiError{Code: http.StatusNotFound,
 			Message: fmt.Sprintf("%s %s is not implemented by cagebox's E2B front (docs/e2b.md lists what is)", r.Method, r.URL.Path)})
@@ -122,17 +123,21 @@ func isSet(raw json.RawMessage) bool {
 
 // createRequest translates NewSandbox into cagebox's create request.
 func createRequest(n *newSandbox) (*api.CreateSandboxRequest, error) {
+	// allow_internet_access opens nothing (see network): it is accepted
+	// either way.
 	switch {
-	// allow_internet_access is not honoured (SDK lines before 2.51 send
-	// true by default): egress stays deny-by-default, opened by cagebox
-	// policy. A network section, which names hosts, is refused rather
-	// than ignored.
-	case isSet(n.Network):
-		return nil, invalid("network is not supported yet: egress is deny-by-default; open hosts with cagebox policy (docs/e2b.md)")
 	case isSet(n.MCP), isSet(n.IAM), isSet(n.VolumeMounts), isSet(n.AutoResume):
 		return nil, invalid("mcp, iam, volumeMounts and autoResume are not supported by cagebox's E2B front; leave them unset")
 	case n.AutoPause != nil && *n.AutoPause:
 		return nil, invalid("autoPause is not supported yet: a sandbox is removed when its timeout passes")
+	}
+	netw, err := decodeNetwork(n.Network)
+	if err != nil {
+		return nil, err
+	}
+	allow, err := netw.allowHosts()
+	if err != nil {
+		return nil, err
 	}
 	tmpl := n.TemplateID
 	if tmpl == "" {
@@ -156,7 +161,7 @@ func createRequest(n *newSandbox) (*api.CreateSandboxRequest, error) {
 	if err := sandbox.ValidateLabels(labels); err != nil {
 		return nil, fmt.Errorf("templateID or metadata (kept as cagebox labels: keys [A-Za-z0-9._/-], values up to 63 of [A-Za-z0-9._-]): %w", err)
 	}
-	req := &api.CreateSandboxRequest{Image: img, Timeout: timeout.String(), Labels: labels}
+	req := &api.CreateSandboxRequest{Image: img, Timeout: timeout.String(), Labels: labels, Allow: allow}
 	keys := make([]string, 0, len(n.EnvVars))
 	for k := range n.EnvVars {
 		keys = append(keys, k)

@@ -84,7 +84,14 @@ func TestCreateRequest(t *testing.T) {
 	for name, n := range map[string]*newSandbox{
 		"no template":    {},
 		"zero timeout":   {TemplateID: "base", Timeout: i(0)},
-		"network":        {TemplateID: "base", Network: []byte(`{"allowOut":["1.1.1.1"]}`)},
+		"allowOut IP":    {TemplateID: "base", Network: []byte(`{"allowOut":["1.1.1.1"]}`)},
+		"allowOut CIDR":  {TemplateID: "base", Network: []byte(`{"allowOut":["0.0.0.0/0"]}`)},
+		"allowOut IPv6":  {TemplateID: "base", Network: []byte(`{"allowOut":["2001:db8::/32"]}`)},
+		"allowOut bad":   {TemplateID: "base", Network: []byte(`{"allowOut":["not a host"]}`)},
+		"denyOut name":   {TemplateID: "base", Network: []byte(`{"denyOut":["example.com"]}`)},
+		"network rules":  {TemplateID: "base", Network: []byte(`{"allowOut":["a.example"],"rules":{"a.example":[{}]}}`)},
+		"egressProxy":    {TemplateID: "base", Network: []byte(`{"egressProxy":{"address":"p:1080"}}`)},
+		"network shape":  {TemplateID: "base", Network: []byte(`{"allowOut":"a.example"}`)},
 		"autoPause":      {TemplateID: "base", AutoPause: &yes},
 		"mcp":            {TemplateID: "base", MCP: []byte(`{}`)},
 		"metadata value": {TemplateID: "base", Metadata: map[string]string{"k": "has space"}},
@@ -93,6 +100,17 @@ func TestCreateRequest(t *testing.T) {
 		if _, err := createRequest(n); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("%s: err = %v, want ErrInvalid", name, err)
 		}
+	}
+	// allowOut names are allow rules; denyOut addresses (E2B's "deny
+	// the rest") are what the sandbox has anyway.
+	r, err = createRequest(&newSandbox{TemplateID: "base", AllowInternetAccess: &yes,
+		Network: []byte(`{"allowOut":["api.example.test","*.pkg.example"],"denyOut":["0.0.0.0/0","10.0.0.0/8","8.8.8.8"]}`)})
+	if err != nil || strings.Join(r.Allow, ",") != "api.example.test,*.pkg.example" || r.Policy != nil {
+		t.Fatalf("network: %+v, %v", r, err)
+	}
+	// Without allowOut nothing is open.
+	if r, err := createRequest(&newSandbox{TemplateID: "base", Network: []byte(`{"denyOut":["0.0.0.0/0"]}`)}); err != nil || len(r.Allow) != 0 || r.Policy != nil {
+		t.Fatalf("denyOut only: %+v, %v", r, err)
 	}
 	// null fields are absent ones
 	if _, err := createRequest(&newSandbox{TemplateID: "base", Network: []byte("null")}); err != nil {

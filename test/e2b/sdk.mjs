@@ -6,13 +6,18 @@
 // Every sandbox it makes, it kills (also on failure).
 import { createHash, randomBytes } from 'node:crypto'
 // SECRET_REAL is the value of the tenant's secret E2B_TEST_TOKEN (it must
-// never be seen inside). E2B_MODULE picks the SDK line: "e2b" (2.51.0) or "e2b-2.45" (2.45.0).
+// never be seen inside); the daemon resolves api.example.test,
+// other.example.test and third.example.test to one HTTPS stand-in upstream
+// that answers 403 to any Authorization but "Bearer SECRET_REAL" (so a 200
+// with it means the real value arrived). The tenant's secret is bound to
+// api.example.test only. E2B_MODULE picks the SDK line: "e2b" (2.51.0) or "e2b-2.45" (2.45.0).
 const {
   Sandbox,
   CommandExitError,
   AuthenticationError,
   NotFoundError,
   SandboxNotFoundError,
+  SandboxError,
 } = await import(process.env.E2B_MODULE || 'e2b')
 
 const checks = []
@@ -39,7 +44,25 @@ try {
   await expectError('wrong API key → AuthenticationError',
     () => Sandbox.create({ apiKey: 'e2b_' + '0'.repeat(64) }), AuthenticationError)
 
-  sbx = await Sandbox.create({ timeoutMs: 300_000, metadata: { suite: 'e2b-e2e', run: process.env.RUN }, envs: { GREETING: 'hello-env', TOKEN: 'vault:E2B_TEST_TOKEN' } })
+  // Network entries cagebox cannot express (IPs, CIDRs), or names where
+  // E2B takes addresses: a 400 with a message, nothing made (the metadata
+  // filter below finds only the sandboxes that were made).
+  for (const [what, network] of [
+    ['allowOut IP', { allowOut: ['1.1.1.1'] }],
+    ['allowOut CIDR', { allowOut: ['8.8.8.0/24'] }],
+    ['allowOut all traffic', { allowOut: ({ allTraffic }) => [allTraffic] }],
+    ['denyOut name', { denyOut: ['example.com'] }],
+  ]) {
+    const e = await expectError(`network ${what} → SandboxError 400`,
+      () => Sandbox.create({ metadata: { run: process.env.RUN }, network }), SandboxError)
+    check(`network ${what}: the 400 says why`, e && /^400: .*(allowOut|denyOut)/.test(e.message), e && e.message)
+  }
+
+  // allowOut opens exactly its hosts; denyOut all traffic is E2B's "deny the rest".
+  sbx = await Sandbox.create({
+    timeoutMs: 300_000, metadata: { suite: 'e2b-e2e', run: process.env.RUN }, envs: { GREETING: 'hello-env', TOKEN: 'vault:E2B_TEST_TOKEN' },
+    network: { allowOut: ['api.example.test', 'other.example.test'], denyOut: ({ allTraffic }) => [allTraffic] },
+  })
   check('Sandbox.create gives an id of lowercase alphanumerics', /^[a-z0-9]+$/.test(sbx.sandboxId), sbx.sandboxId)
   check('isRunning after create', await sbx.isRunning())
 
@@ -136,9 +159,40 @@ try {
   await term.wait().catch(() => {})
   check('pty: input typed, output read, resized', ptyOut.includes('pty-42') && ptyOut.includes('30 100'), JSON.stringify(ptyOut.slice(-300)))
 
-  // Egress stays deny-by-default.
+  // Egress stays deny-by-default: only allowOut's hosts are open.
   const curl = await sbx.commands.run('curl -sS -m 20 -o /dev/null https://example.com/; echo "exit=$?"')
   check('curl to an unallowed host is refused', /exit=[1-9]/.test(curl.stdout), curl.stdout + curl.stderr)
+  const get = (host, auth) => sbx.commands.run(`curl -sS -m 20 ${auth ? '-H "Authorization: Bearer $TOKEN" ' : ''}-w '\\n%{http_code}' https://${host}/e2b; echo " exit=$?"`)
+  const hello = (r, host) => r.stdout.startsWith(`hello from upstream ${host} /e2b`) && r.stdout.endsWith('\n200 exit=0\n')
+  // Refused: a name no rule allows has no address (the synthetic DNS
+  // answers NXDOMAIN: curl exit 6), or the gateway's 403.
+  const denied = (r) => / exit=6\n$/.test(r.stdout) || (r.stdout.endsWith('\n403 exit=0\n') && r.stdout.includes('denied by cagebox'))
+  const out = (r) => JSON.stringify({ stdout: r.stdout, stderr: r.stderr })
+  let g = await get('other.example.test')
+  check('network.allowOut: a listed host is reachable', hello(g, 'other.example.test'), out(g))
+  g = await get('third.example.test')
+  check('network.allowOut: an unlisted host is refused by the gateway', denied(g), out(g))
+
+  // The vault: secret's placeholder becomes the real value toward its
+  // bound host only (the upstream accepts nothing else).
+  g = await get('api.example.test', true)
+  check('envVars vault: the bound host receives the real value', hello(g, 'api.example.test'), out(g))
+  g = await get('other.example.test', true)
+  check('envVars vault: the placeholder to another allowed host is refused, never the real value',
+    !g.stdout.includes('hello from upstream') && !g.stdout.includes(process.env.SECRET_REAL) && /\n4\d\d exit=0\n$/.test(g.stdout), out(g))
+
+  // updateNetwork replaces the live rules at once.
+  await sbx.updateNetwork({ allowOut: ['third.example.test'] })
+  g = await get('third.example.test')
+  check('updateNetwork: a newly listed host is reachable', hello(g, 'third.example.test'), out(g))
+  g = await get('other.example.test')
+  check('updateNetwork: a host no longer listed is refused', denied(g), out(g))
+  await expectError('updateNetwork with a CIDR → SandboxError', () => sbx.updateNetwork({ allowOut: ['10.0.0.0/8'] }), SandboxError)
+  g = await get('third.example.test')
+  check('a refused updateNetwork changes nothing', hello(g, 'third.example.test'), out(g))
+  await sbx.updateNetwork({})
+  g = await get('third.example.test')
+  check('updateNetwork without allowOut: nothing open', denied(g), out(g))
 
   // Control plane.
   const found = await Sandbox.list({ query: { metadata: { run: process.env.RUN } } }).nextItems()

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"os/exec"
@@ -59,8 +60,11 @@ type e2bReport struct {
 // environment variables: create, commands (output, exit codes, streaming,
 // stdin, list, kill), files (text, 20 MiB binary, list, mkdir, rename,
 // remove, exists), a terminal, list with a metadata filter, connect, kill
-// twice, setTimeout, paging, a vault secret in envVars is a placeholder; on SDK lines 2.51.0 and 2.45.0; a wrong key and another tenant's sandbox are refused as the SDK
-// expects, and egress stays deny-by-default (test/e2b/sdk.mjs). Malformed
+// twice, setTimeout, paging, a vault secret in envVars is a placeholder
+// inside and the real value only at its bound host, network.allowOut and
+// updateNetwork on the live policy (IPs and CIDRs refused); on SDK lines
+// 2.51.0 and 2.45.0; a wrong key and another tenant's sandbox are refused
+// as the SDK expects, and egress stays deny-by-default (test/e2b/sdk.mjs). Malformed
 // and refused requests get a 4xx with E2B's {code, message}; none makes a
 // sandbox.
 func TestE2BSDK(t *testing.T) {
@@ -68,7 +72,18 @@ func TestE2BSDK(t *testing.T) {
 	e := newDebianEnv(t)
 	addr := freePort(t)
 	apiAddr := freePort(t)
-	e.startDaemon("--e2b-listen", addr, "--listen", apiAddr)
+	// One HTTPS stand-in upstream for three names; it refuses any
+	// Authorization but the secret's real value, so a 200 to a request
+	// that carried the placeholder means the gateway swapped it in.
+	const real = "ghp_E2BRealValueNeverInTheGuest0000abcd"
+	up := newUpstream(t, "api.example.test", "other.example.test", "third.example.test")
+	up.validate = func(r *http.Request) error {
+		if a := r.Header.Get("Authorization"); a != "" && a != "Bearer "+real {
+			return errors.New("not the real value")
+		}
+		return nil
+	}
+	e.startDaemon(append(up.daemonArgs("api.example.test", "other.example.test", "third.example.test"), "--e2b-listen", addr, "--listen", apiAddr)...)
 	if r := e.cli("", "tenant", "create", "e2bt"); r.code != 0 {
 		t.Fatalf("tenant create: %+v", r)
 	}
@@ -79,7 +94,6 @@ func TestE2BSDK(t *testing.T) {
 	}
 	// A secret of the tenant, bound to a host: an E2B envVars value
 	// "vault:E2B_TEST_TOKEN" is its placeholder in the guest.
-	const real = "ghp_E2BRealValueNeverInTheGuest0000abcd"
 	tenantCLI := []string{"CAGEBOX_HOST=http://" + apiAddr, "CAGEBOX_API_KEY=" + key, "CBX_E2B_SECRET=" + real}
 	if r := e.cliEnv(tenantCLI, "", "secret", "add", "E2B_TEST_TOKEN", "--host", "api.example.test", "--from-env", "CBX_E2B_SECRET"); r.code != 0 {
 		t.Fatalf("secret add: %+v", r)
@@ -117,10 +131,27 @@ func TestE2BSDK(t *testing.T) {
 			if rep.Fatal != "" {
 				t.Fatalf("E2B SDK script failed: %s\nstderr: %s", rep.Fatal, errb.String())
 			}
-			if len(rep.Checks) < 45 {
+			if len(rep.Checks) < 65 {
 				t.Errorf("only %d checks ran", len(rep.Checks))
 			}
 		})
+	}
+	// The upstream saw the real value only at the secret's host, and
+	// never the placeholder there (one request for each SDK line).
+	var bound int
+	for _, req := range up.requests() {
+		host := strings.Fields(req)[1]
+		switch {
+		case strings.Contains(req, "auth=Bearer "+real) && host == "api.example.test":
+			bound++
+		case strings.Contains(req, real):
+			t.Errorf("the real value reached %s: %s", host, req)
+		case host == "api.example.test" && strings.Contains(req, "auth=Bearer "):
+			t.Errorf("the bound host got the placeholder, not the real value: %s", req)
+		}
+	}
+	if bound != 2 {
+		t.Errorf("the bound host received the real value %d times, want 2 (one per SDK line): %q", bound, up.requests())
 	}
 	// Malformed and refused requests: a 4xx with E2B's {code, message},
 	// and nothing made.
@@ -137,7 +168,10 @@ func TestE2BSDK(t *testing.T) {
 		{"no key", "POST", "/v2/sandboxes", `{"templateID":"base"}`, nil, 401},
 		{"not JSON", "POST", "/v2/sandboxes", `{"templateID":`, map[string]string{"X-API-KEY": e2bKey}, 400},
 		{"no template", "POST", "/v2/sandboxes", `{}`, map[string]string{"X-API-KEY": e2bKey}, 400},
-		{"network", "POST", "/sandboxes", `{"templateID":"base","network":{"allowOut":["1.1.1.1"]}}`, map[string]string{"X-API-KEY": e2bKey}, 400},
+		{"network IP", "POST", "/sandboxes", `{"templateID":"base","network":{"allowOut":["1.1.1.1"]}}`, map[string]string{"X-API-KEY": e2bKey}, 400},
+		{"network CIDR", "POST", "/v2/sandboxes", `{"templateID":"base","network":{"allowOut":["api.example.test","10.0.0.0/8"]}}`, map[string]string{"X-API-KEY": e2bKey}, 400},
+		{"network rules", "POST", "/v2/sandboxes", `{"templateID":"base","network":{"allowOut":["api.example.test"],"rules":{"api.example.test":[{}]}}}`, map[string]string{"X-API-KEY": e2bKey}, 400},
+		{"updateNetwork, another tenant's", "PUT", "/sandboxes/" + strings.Replace(other, "sb-", "sb", 1) + "/network", `{"allowOut":["api.example.test"]}`, map[string]string{"X-API-KEY": e2bKey}, 404},
 		{"unknown image", "POST", "/sandboxes", `{"templateID":"no-such-image"}`, map[string]string{"X-API-KEY": e2bKey}, 404},
 		{"metadata value", "POST", "/v2/sandboxes", `{"templateID":"base","metadata":{"k":"a b"}}`, map[string]string{"X-API-KEY": e2bKey}, 400},
 		{"bad page token", "GET", "/v2/sandboxes?nextToken=xyz", "", map[string]string{"X-API-KEY": e2bKey}, 400},
