@@ -90,12 +90,15 @@ type newSandbox struct {
 
 // sandboxResp is E2B's Sandbox (the answer of create and connect).
 type sandboxResp struct {
-	TemplateID      string  `json:"templateID"`
-	SandboxID       string  `json:"sandboxID"`
-	ClientID        string  `json:"clientID"`
-	EnvdVersion     string  `json:"envdVersion"`
-	EnvdAccessToken string  `json:"envdAccessToken"`
-	Domain          *string `json:"domain"`
+	TemplateID      string `json:"templateID"`
+	SandboxID       string `json:"sandboxID"`
+	ClientID        string `json:"clientID"`
+	EnvdVersion     string `json:"envdVersion"`
+	EnvdAccessToken string `json:"envdAccessToken"`
+	// TrafficAccessToken opens the sandbox's ports (getHost) unless it
+	// was created with network.allowPublicTraffic true.
+	TrafficAccessToken *string `json:"trafficAccessToken,omitempty"`
+	Domain             *string `json:"domain"`
 }
 
 // listedSandbox is E2B's ListedSandbox and (with the access token)
@@ -155,6 +158,9 @@ func createRequest(n *newSandbox) (*api.CreateSandboxRequest, error) {
 		timeout = time.Duration(*n.Timeout) * time.Second
 	}
 	labels := map[string]string{labelTemplate: tmpl}
+	if netw.AllowPublicTraffic != nil && *netw.AllowPublicTraffic {
+		labels[labelPublic] = "true"
+	}
 	for k, v := range n.Metadata {
 		labels[labelMeta+k] = v
 	}
@@ -211,8 +217,13 @@ func (s *Server) domain() *string {
 }
 
 func (s *Server) sandboxResp(sb *api.Sandbox) sandboxResp {
-	return sandboxResp{TemplateID: templateOf(sb), SandboxID: ToE2BID(sb.ID), ClientID: "cagebox",
+	r := sandboxResp{TemplateID: templateOf(sb), SandboxID: ToE2BID(sb.ID), ClientID: "cagebox",
 		EnvdVersion: EnvdVersion, EnvdAccessToken: s.AccessToken(sb.ID), Domain: s.domain()}
+	if sb.Labels[labelPublic] != "true" {
+		t := s.TrafficToken(sb.ID)
+		r.TrafficAccessToken = &t
+	}
+	return r
 }
 
 func templateOf(sb *api.Sandbox) string {
@@ -295,6 +306,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request, t *store.Tenant) e
 		return err
 	}
 	s.procs.drop(sb.ID)
+	s.ports.drop(sb.ID)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

@@ -59,6 +59,25 @@ func TestAccessToken(t *testing.T) {
 	}
 }
 
+func TestTrafficToken(t *testing.T) {
+	s := New(Config{Key: []byte("k1")})
+	defer s.Close()
+	id := "sb-0000000000000001"
+	a := s.TrafficToken(id)
+	if a == s.AccessToken(id) || a == s.TrafficToken("sb-0000000000000002") || !s.trafficOK(id, a) || s.trafficOK("sb-0000000000000002", a) || s.trafficOK(id, s.AccessToken(id)) || s.trafficOK(id, "") {
+		t.Fatal("traffic tokens must be per sandbox and not the envd token")
+	}
+}
+
+func TestCreateRequestPublicTraffic(t *testing.T) {
+	for body, public := range map[string]bool{`{"allowPublicTraffic":true}`: true, `{"allowPublicTraffic":false}`: false, `{}`: false} {
+		r, err := createRequest(&newSandbox{TemplateID: "base", Network: []byte(body)})
+		if err != nil || (r.Labels[labelPublic] == "true") != public {
+			t.Errorf("%s: %+v, %v", body, r, err)
+		}
+	}
+}
+
 func TestCreateRequest(t *testing.T) {
 	i := func(v int64) *int64 { return &v }
 	yes := true

@@ -5,6 +5,7 @@
 // detail}], fatal}; test/e2e/e2b_test.go fails on any check that is not ok.
 // Every sandbox it makes, it kills (also on failure).
 import { createHash, randomBytes } from 'node:crypto'
+import http from 'node:http'
 // SECRET_REAL is the value of the tenant's secret E2B_TEST_TOKEN (it must
 // never be seen inside); the daemon resolves api.example.test,
 // other.example.test and third.example.test to one HTTPS stand-in upstream
@@ -194,6 +195,41 @@ try {
   g = await get('third.example.test')
   check('updateNetwork without allowOut: nothing open', denied(g), out(g))
 
+  // A guest port through getHost(port): PORT-ID.DOMAIN on the front's
+  // listener (E2B_API_URL; the name is sent as Host: no wildcard DNS
+  // here), on through cagebox's ingress; the sandbox's trafficAccessToken
+  // opens it (it was not created public).
+  const serve = async (s, body) => {
+    await s.files.write('/tmp/www/index.html', body)
+    let onReady
+    const ready = new Promise((res) => { onReady = res })
+    await s.commands.run(`python3 -c "import http.server, os; os.chdir('/tmp/www'); s = http.server.ThreadingHTTPServer(('0.0.0.0', 8000), http.server.SimpleHTTPRequestHandler); print('ready', flush=True); s.serve_forever()"`,
+      { background: true, onStdout: (d) => { if (d.includes('ready')) onReady() } })
+    await ready
+  }
+  const fetchHost = (host, headers = {}) => new Promise((resolve, reject) => {
+    const u = new URL(process.env.E2B_API_URL)
+    http.get({ host: u.hostname, port: u.port, path: '/index.html', headers: { Host: host, ...headers } }, (res) => {
+      let body = ''
+      res.on('data', (c) => { body += c })
+      res.on('end', () => resolve({ status: res.statusCode, body }))
+    }).on('error', reject)
+  })
+  await serve(sbx, 'hello from the guest port')
+  const gh = sbx.getHost(8000)
+  check('getHost(8000) is 8000-ID.DOMAIN', gh === `8000-${sbx.sandboxId}.${process.env.E2B_DOMAIN_WANT}`, gh)
+  check('a sandbox not created public has a trafficAccessToken', typeof sbx.trafficAccessToken === 'string' && sbx.trafficAccessToken.length > 16, sbx.trafficAccessToken)
+  let f = await fetchHost(gh)
+  check('getHost without the traffic token → 401', f.status === 401, JSON.stringify(f))
+  f = await fetchHost(gh, { 'e2b-traffic-access-token': 'ta_' + '0'.repeat(64) })
+  check('getHost with a wrong traffic token → 401', f.status === 401, JSON.stringify(f))
+  f = await fetchHost(gh, { 'e2b-traffic-access-token': sbx.trafficAccessToken })
+  check('getHost with the traffic token reaches the guest server', f.status === 200 && f.body === 'hello from the guest port', JSON.stringify(f))
+  f = await fetchHost(gh, { 'e2b-traffic-access-token': sbx.trafficAccessToken })
+  check('getHost again (the port stays published)', f.status === 200 && f.body === 'hello from the guest port', JSON.stringify(f))
+  f = await fetchHost(sbx.getHost(8001), { 'e2b-traffic-access-token': sbx.trafficAccessToken })
+  check('getHost of a port nothing listens on → 502', f.status === 502, JSON.stringify(f))
+
   // Control plane.
   const found = await Sandbox.list({ query: { metadata: { run: process.env.RUN } } }).nextItems()
   check('Sandbox.list with a metadata filter', found.length === 1 && found[0].sandboxId === sbx.sandboxId && found[0].metadata.suite === 'e2b-e2e', JSON.stringify(found))
@@ -206,7 +242,13 @@ try {
   const end = (await Sandbox.getInfo(sbx.sandboxId)).endAt.getTime() - Date.now()
   check('setTimeout moves endAt', end > 1_700_000 && end <= 1_800_000, end)
   // Paging: two sandboxes of this run, one a page, x-next-token between.
-  second = await Sandbox.create({ timeoutMs: 120_000, metadata: { run: process.env.RUN } })
+  // The second sandbox is public (network.allowPublicTraffic true): its
+  // ports need no token.
+  second = await Sandbox.create({ timeoutMs: 120_000, metadata: { run: process.env.RUN }, network: { allowPublicTraffic: true } })
+  check('a public sandbox has no trafficAccessToken', !second.trafficAccessToken, second.trafficAccessToken)
+  await serve(second, 'hello from the public port')
+  f = await fetchHost(second.getHost(8000))
+  check('getHost of a public sandbox needs no token', f.status === 200 && f.body === 'hello from the public port', JSON.stringify(f))
   const pager = Sandbox.list({ query: { metadata: { run: process.env.RUN } }, limit: 1 })
   const p1 = await pager.nextItems()
   const more = pager.hasNext

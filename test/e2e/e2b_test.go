@@ -62,7 +62,9 @@ type e2bReport struct {
 // remove, exists), a terminal, list with a metadata filter, connect, kill
 // twice, setTimeout, paging, a vault secret in envVars is a placeholder
 // inside and the real value only at its bound host, network.allowOut and
-// updateNetwork on the live policy (IPs and CIDRs refused); on SDK lines
+// updateNetwork on the live policy (IPs and CIDRs refused), getHost(port)
+// to a guest server through the ingress (trafficAccessToken, or a public
+// sandbox); on SDK lines
 // 2.51.0 and 2.45.0; a wrong key and another tenant's sandbox are refused
 // as the SDK expects, and egress stays deny-by-default (test/e2b/sdk.mjs). Malformed
 // and refused requests get a 4xx with E2B's {code, message}; none makes a
@@ -83,7 +85,10 @@ func TestE2BSDK(t *testing.T) {
 		}
 		return nil
 	}
-	e.startDaemon(append(up.daemonArgs("api.example.test", "other.example.test", "third.example.test"), "--e2b-listen", addr, "--listen", apiAddr)...)
+	// --e2b-domain: the front serves PORT-ID.e2b.test (getHost), guest
+	// ports on through the ingress.
+	e.startDaemon(append(up.daemonArgs("api.example.test", "other.example.test", "third.example.test"), "--e2b-listen", addr, "--listen", apiAddr,
+		"--e2b-domain", "e2b.test", "--ingress", freePort(t), "--ingress-domain", "ingress.e2b.test")...)
 	if r := e.cli("", "tenant", "create", "e2bt"); r.code != 0 {
 		t.Fatalf("tenant create: %+v", r)
 	}
@@ -113,7 +118,7 @@ func TestE2BSDK(t *testing.T) {
 				"E2B_API_URL=http://"+addr, "E2B_SANDBOX_URL=http://"+addr,
 				// The E2B form of the tenant's key (^e2b_[0-9a-f]+$).
 				"E2B_API_KEY=e2b_"+hexKey,
-				"OTHER_ID="+strings.Replace(other, "sb-", "sb", 1), "RUN=r"+hex.EncodeToString(b), "SECRET_REAL="+real)
+				"OTHER_ID="+strings.Replace(other, "sb-", "sb", 1), "RUN=r"+hex.EncodeToString(b), "SECRET_REAL="+real, "E2B_DOMAIN_WANT=e2b.test")
 			var out, errb bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &errb
 			runErr := cmd.Run()
@@ -131,7 +136,7 @@ func TestE2BSDK(t *testing.T) {
 			if rep.Fatal != "" {
 				t.Fatalf("E2B SDK script failed: %s\nstderr: %s", rep.Fatal, errb.String())
 			}
-			if len(rep.Checks) < 65 {
+			if len(rep.Checks) < 74 {
 				t.Errorf("only %d checks ran", len(rep.Checks))
 			}
 		})
