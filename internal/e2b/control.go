@@ -22,9 +22,11 @@ import (
 )
 
 // Labels the front keeps on the sandboxes it makes: the E2B template id
-// as asked for, and each metadata pair under a prefix.
+// as asked for (its image part; a runtime part in labelRuntime), and each
+// metadata pair under a prefix.
 const (
 	labelTemplate = "e2b.template"
+	labelRuntime  = "e2b.runtime"
 	labelMeta     = "e2b.meta/"
 )
 
@@ -142,9 +144,15 @@ func createRequest(n *newSandbox) (*api.CreateSandboxRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	tmpl := n.TemplateID
+	// templateID is IMAGE or IMAGE:RUNTIME (E2B's NAME:TAG shape): the
+	// runtime a cagebox runtime name, picked within the tenant's floor by
+	// the manager as for any create (else the daemon's --default-runtime).
+	tmpl, rt, _ := strings.Cut(n.TemplateID, ":")
 	if tmpl == "" {
-		return nil, invalid("templateID: give a template (a cagebox image name; %q is the default image)", "base")
+		return nil, invalid("templateID: give a template (a cagebox image name, optionally :RUNTIME; %q is the default image)", "base")
+	}
+	if strings.Contains(n.TemplateID, ":") && rt == "" {
+		return nil, invalid("templateID: %q names no runtime after ':' (write IMAGE or IMAGE:RUNTIME, e.g. base:gvisor)", n.TemplateID)
 	}
 	img := tmpl
 	if img == "base" {
@@ -158,6 +166,9 @@ func createRequest(n *newSandbox) (*api.CreateSandboxRequest, error) {
 		timeout = time.Duration(*n.Timeout) * time.Second
 	}
 	labels := map[string]string{labelTemplate: tmpl}
+	if rt != "" {
+		labels[labelRuntime] = rt
+	}
 	if netw.AllowPublicTraffic != nil && *netw.AllowPublicTraffic {
 		labels[labelPublic] = "true"
 	}
@@ -167,7 +178,7 @@ func createRequest(n *newSandbox) (*api.CreateSandboxRequest, error) {
 	if err := sandbox.ValidateLabels(labels); err != nil {
 		return nil, fmt.Errorf("templateID or metadata (kept as cagebox labels: keys [A-Za-z0-9._/-], values up to 63 of [A-Za-z0-9._-]): %w", err)
 	}
-	req := &api.CreateSandboxRequest{Image: img, Timeout: timeout.String(), Labels: labels, Allow: allow}
+	req := &api.CreateSandboxRequest{Runtime: rt, Image: img, Timeout: timeout.String(), Labels: labels, Allow: allow}
 	keys := make([]string, 0, len(n.EnvVars))
 	for k := range n.EnvVars {
 		keys = append(keys, k)
@@ -227,10 +238,14 @@ func (s *Server) sandboxResp(sb *api.Sandbox) sandboxResp {
 }
 
 func templateOf(sb *api.Sandbox) string {
-	if t := sb.Labels[labelTemplate]; t != "" {
-		return t
+	t := sb.Labels[labelTemplate]
+	if t == "" {
+		return sb.Image
 	}
-	return sb.Image
+	if rt := sb.Labels[labelRuntime]; rt != "" {
+		return t + ":" + rt
+	}
+	return t
 }
 
 // state is E2B's state of a cagebox sandbox ("" for one E2B would not list).

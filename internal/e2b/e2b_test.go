@@ -96,12 +96,19 @@ func TestCreateRequest(t *testing.T) {
 	if r, err := createRequest(&newSandbox{TemplateID: "base", AllowInternetAccess: &yes}); err != nil || r.Policy != nil || r.Allow != nil {
 		t.Fatalf("allow_internet_access: %+v, %v", r, err)
 	}
+	// IMAGE:RUNTIME picks the runtime (the manager checks the floor).
+	r, err = createRequest(&newSandbox{TemplateID: "base:gvisor"})
+	if err != nil || r.Image != "default" || r.Runtime != "gvisor" || r.Labels[labelTemplate] != "base" || r.Labels[labelRuntime] != "gvisor" {
+		t.Fatalf("createRequest base:gvisor: %+v, %v", r, err)
+	}
 	r, err = createRequest(&newSandbox{TemplateID: "busybox"})
-	if err != nil || r.Image != "busybox" || r.Timeout != defaultTimeout.String() {
+	if err != nil || r.Image != "busybox" || r.Runtime != "" || r.Timeout != defaultTimeout.String() {
 		t.Fatalf("createRequest without timeout: %+v, %v", r, err)
 	}
 	for name, n := range map[string]*newSandbox{
 		"no template":    {},
+		"no runtime":     {TemplateID: "base:"},
+		"no image":       {TemplateID: ":gvisor"},
 		"zero timeout":   {TemplateID: "base", Timeout: i(0)},
 		"allowOut IP":    {TemplateID: "base", Network: []byte(`{"allowOut":["1.1.1.1"]}`)},
 		"allowOut CIDR":  {TemplateID: "base", Network: []byte(`{"allowOut":["0.0.0.0/0"]}`)},

@@ -230,6 +230,21 @@ try {
   f = await fetchHost(sbx.getHost(8001), { 'e2b-traffic-access-token': sbx.trafficAccessToken })
   check('getHost of a port nothing listens on → 502', f.status === 502, JSON.stringify(f))
 
+  // A template IMAGE:RUNTIME runs on that runtime (the Go test checks
+  // which); getInfo gives the template back as asked.
+  if (process.env.ALT_RUNTIME) {
+    const tmpl = `base:${process.env.ALT_RUNTIME}`
+    const alt = await Sandbox.create(tmpl, { timeoutMs: 120_000 })
+    report.alt = alt.sandboxId
+    try {
+      check(`template ${tmpl}: commands.run`, (await alt.commands.run('echo alt')).stdout === 'alt\n')
+      const ai = await Sandbox.getInfo(alt.sandboxId)
+      check(`template ${tmpl}: getInfo gives it back`, ai.templateId === tmpl, JSON.stringify(ai))
+    } finally {
+      await alt.kill()
+    }
+  }
+
   // Control plane.
   const found = await Sandbox.list({ query: { metadata: { run: process.env.RUN } } }).nextItems()
   check('Sandbox.list with a metadata filter', found.length === 1 && found[0].sandboxId === sbx.sandboxId && found[0].metadata.suite === 'e2b-e2e', JSON.stringify(found))

@@ -53,6 +53,8 @@ type e2bReport struct {
 		Detail string `json:"detail"`
 	} `json:"checks"`
 	Fatal string `json:"fatal"`
+	// Alt is the sandbox made from the template base:ALT_RUNTIME.
+	Alt string `json:"alt"`
 }
 
 // TestE2BSDK drives the daemon's E2B front (--e2b-listen) with the
@@ -103,12 +105,34 @@ func TestE2BSDK(t *testing.T) {
 	if r := e.cliEnv(tenantCLI, "", "secret", "add", "E2B_TEST_TOKEN", "--host", "api.example.test", "--from-env", "CBX_E2B_SECRET"); r.code != 0 {
 		t.Fatalf("secret add: %+v", r)
 	}
+	// A template IMAGE:RUNTIME picks the runtime: one other than the
+	// suite's, where one is available here (container or gVisor).
+	alt := ""
+	rts, err := e.client().Runtimes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rt := range rts {
+		if (rt.Name == "container" || rt.Name == "gvisor") && rt.Name != e2eRuntime() && rt.Available {
+			alt = rt.Name
+		}
+	}
+	if alt == "" {
+		t.Logf("no second runtime here: the IMAGE:RUNTIME template is not tried")
+	}
+	// A tenant whose floor is above the namespaces class: base:container
+	// is refused for it.
+	if r := e.cli("", "tenant", "create", "e2bfloor", "--min-isolation", "app-kernel"); r.code != 0 {
+		t.Fatalf("tenant create: %+v", r)
+	}
+	floorKey := "e2b_" + strings.TrimPrefix(strings.TrimSpace(e.cli("", "tenant", "key", "e2bfloor").stdout), "cbk_")
 	// Another tenant's sandbox (the admin's).
 	other := strings.TrimSpace(e.createCLI("--image", "busybox"))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	// Two SDK lines: 2.51 creates with POST /v2/sandboxes, 2.45 with POST
 	// /sandboxes and checks the key's shape.
+	var alts []string
 	for _, line := range []string{"e2b", "e2b-2.45"} {
 		t.Run(line, func(t *testing.T) {
 			b := make([]byte, 6)
@@ -118,7 +142,7 @@ func TestE2BSDK(t *testing.T) {
 				"E2B_API_URL=http://"+addr, "E2B_SANDBOX_URL=http://"+addr,
 				// The E2B form of the tenant's key (^e2b_[0-9a-f]+$).
 				"E2B_API_KEY=e2b_"+hexKey,
-				"OTHER_ID="+strings.Replace(other, "sb-", "sb", 1), "RUN=r"+hex.EncodeToString(b), "SECRET_REAL="+real, "E2B_DOMAIN_WANT=e2b.test")
+				"OTHER_ID="+strings.Replace(other, "sb-", "sb", 1), "RUN=r"+hex.EncodeToString(b), "SECRET_REAL="+real, "E2B_DOMAIN_WANT=e2b.test", "ALT_RUNTIME="+alt)
 			var out, errb bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &errb
 			runErr := cmd.Run()
@@ -133,13 +157,39 @@ func TestE2BSDK(t *testing.T) {
 					t.Logf("ok: %s", c.Name)
 				}
 			}
+			if rep.Alt != "" {
+				alts = append(alts, strings.Replace(rep.Alt, "sb", "sb-", 1))
+			}
 			if rep.Fatal != "" {
 				t.Fatalf("E2B SDK script failed: %s\nstderr: %s", rep.Fatal, errb.String())
 			}
-			if len(rep.Checks) < 74 {
+			want := 74
+			if alt != "" {
+				want += 2
+			}
+			if len(rep.Checks) < want {
 				t.Errorf("only %d checks ran", len(rep.Checks))
 			}
 		})
+	}
+	// The IMAGE:RUNTIME sandboxes ran on that runtime (their
+	// sandbox.created events say).
+	if alt != "" {
+		if len(alts) != 2 {
+			t.Errorf("%d sandboxes of template base:%s, want 2 (one per SDK line)", len(alts), alt)
+		}
+		evs := e.allEvents("")
+		for _, id := range alts {
+			var ran any
+			for _, ev := range evs {
+				if d, ok := ev.Data.(map[string]any); ok && ev.Sandbox == id && ev.Kind == "sandbox.created" {
+					ran = d["runtime"]
+				}
+			}
+			if ran != alt {
+				t.Errorf("template base:%s: %s ran on %v", alt, id, ran)
+			}
+		}
 	}
 	// The upstream saw the real value only at the secret's host, and
 	// never the placeholder there (one request for each SDK line).
@@ -179,6 +229,8 @@ func TestE2BSDK(t *testing.T) {
 		{"updateNetwork, another tenant's", "PUT", "/sandboxes/" + strings.Replace(other, "sb-", "sb", 1) + "/network", `{"allowOut":["api.example.test"]}`, map[string]string{"X-API-KEY": e2bKey}, 404},
 		{"unknown image", "POST", "/sandboxes", `{"templateID":"no-such-image"}`, map[string]string{"X-API-KEY": e2bKey}, 404},
 		{"metadata value", "POST", "/v2/sandboxes", `{"templateID":"base","metadata":{"k":"a b"}}`, map[string]string{"X-API-KEY": e2bKey}, 400},
+		{"runtime below the tenant's floor", "POST", "/v2/sandboxes", `{"templateID":"base:container"}`, map[string]string{"X-API-KEY": floorKey}, 400},
+		{"unknown runtime", "POST", "/v2/sandboxes", `{"templateID":"base:nosuch"}`, map[string]string{"X-API-KEY": e2bKey}, 400},
 		{"bad page token", "GET", "/v2/sandboxes?nextToken=xyz", "", map[string]string{"X-API-KEY": e2bKey}, 400},
 		{"envd, wrong access token", "GET", "/health", "", map[string]string{"E2b-Sandbox-Id": strings.Replace(other, "sb-", "sb", 1), "E2b-Sandbox-Port": "49983", "X-Access-Token": "ea_wrong"}, 401},
 		{"envd, unknown sandbox", "GET", "/health", "", map[string]string{"E2b-Sandbox-Id": "nosuchsandbox", "E2b-Sandbox-Port": "49983"}, 502},
