@@ -108,6 +108,7 @@ func (s *Server) serveGuestPort(w http.ResponseWriter, r *http.Request, e2bid, p
 	sb, err := s.cfg.Manager.Get(r.Context(), "", id)
 	// Only the front's own sandboxes: others keep the ingress's rules.
 	if err != nil || sb.Labels[labelTemplate] == "" || state(sb.Status) == "" {
+		s.ports.drop(id) // gone: its tokens with it
 		notFound()
 		return
 	}
