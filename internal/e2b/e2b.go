@@ -1,8 +1,9 @@
 // Package e2b is a protocol front: it serves E2B's control-plane API and
 // its in-sandbox API ("envd": the process and filesystem Connect services,
 // /files and /health) so that the official E2B SDKs drive cagebox
-// unchanged. It is a thin translator onto the sandbox manager and the one
-// agent in every guest: no second lifecycle, no second agent (docs/e2b.md).
+// unchanged. It is a thin translator onto the sandbox manager, its live
+// policy, the ingress and the one agent in every guest: no second
+// lifecycle, no second agent (docs/e2b.md).
 package e2b
 
 import (
