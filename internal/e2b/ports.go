@@ -113,7 +113,9 @@ func (s *Server) serveGuestPort(w http.ResponseWriter, r *http.Request, e2bid, p
 		return
 	}
 	if sb.Labels[labelPublic] != "true" && !s.trafficOK(id, r.Header.Get(TrafficHeader)) {
-		writeJSON(w, http.StatusUnauthorized, apiError{Code: http.StatusUnauthorized,
+		// 403, as E2B's edge answers (its docs: "Request without token
+		// will fail with 403").
+		writeJSON(w, http.StatusForbidden, apiError{Code: http.StatusForbidden,
 			Message: "this sandbox's ports need its trafficAccessToken in the " + TrafficHeader + " header (or create it with network.allowPublicTraffic true)"})
 		return
 	}
