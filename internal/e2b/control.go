@@ -119,6 +119,7 @@ type listedSandbox struct {
 	EnvdVersion     string            `json:"envdVersion"`
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 	Domain          *string           `json:"domain,omitempty"`
+	Network         *networkInfo      `json:"network,omitempty"`
 }
 
 func isSet(raw json.RawMessage) bool {
@@ -308,6 +309,7 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request, t *store.Tenant) e
 	d := s.listed(sb)
 	d.EnvdAccessToken = s.AccessToken(sb.ID)
 	d.Domain = s.domain()
+	d.Network = s.networkOf(sb)
 	writeJSON(w, http.StatusOK, d)
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/store"
@@ -133,4 +134,37 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request, t *store.
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// networkInfo is the network section of E2B's SandboxDetail (getInfo),
+// read from the sandbox's live policy: allowOut the hosts its allow rules
+// name, denyOut "all traffic" unless the policy's default allows.
+type networkInfo struct {
+	AllowOut           []string `json:"allowOut"`
+	DenyOut            []string `json:"denyOut"`
+	AllowPublicTraffic bool     `json:"allowPublicTraffic"`
+}
+
+// networkOf is sandbox id's networkInfo (nil when it has no live policy:
+// not running, or a daemon without a network).
+func (s *Server) networkOf(sb *api.Sandbox) *networkInfo {
+	reg := s.cfg.Manager.Live()
+	if reg == nil {
+		return nil
+	}
+	lp, ok := reg.Get(sb.ID)
+	if !ok {
+		return nil
+	}
+	doc, _, _ := lp.Policy()
+	n := &networkInfo{AllowOut: []string{}, DenyOut: []string{}, AllowPublicTraffic: sb.Labels[labelPublic] == "true"}
+	for _, r := range doc.Rules {
+		if r.Action == policy.ActionAllow {
+			n.AllowOut = append(n.AllowOut, r.Host)
+		}
+	}
+	if doc.Default != policy.ActionAllow {
+		n.DenyOut = append(n.DenyOut, "0.0.0.0/0")
+	}
+	return n
 }

@@ -169,6 +169,9 @@ try {
   // answers NXDOMAIN: curl exit 6), or the gateway's 403.
   const denied = (r) => / exit=6\n$/.test(r.stdout) || (r.stdout.endsWith('\n403 exit=0\n') && r.stdout.includes('denied by cagebox'))
   const out = (r) => JSON.stringify({ stdout: r.stdout, stderr: r.stderr })
+  const netInfo = async () => JSON.stringify((await Sandbox.getInfo(sbx.sandboxId)).network)
+  let ni = await netInfo()
+  check('getInfo reports the network', ni === JSON.stringify({ allowOut: ['api.example.test', 'other.example.test'], denyOut: ['0.0.0.0/0'], allowPublicTraffic: false }), ni)
   let g = await get('other.example.test')
   check('network.allowOut: a listed host is reachable', hello(g, 'other.example.test'), out(g))
   g = await get('third.example.test')
@@ -188,6 +191,8 @@ try {
   check('updateNetwork: a newly listed host is reachable', hello(g, 'third.example.test'), out(g))
   g = await get('other.example.test')
   check('updateNetwork: a host no longer listed is refused', denied(g), out(g))
+  ni = await netInfo()
+  check('getInfo reports the new network', ni.startsWith(JSON.stringify({ allowOut: ['third.example.test'] }).slice(0, -1) + ','), ni)
   await expectError('updateNetwork with a CIDR → SandboxError', () => sbx.updateNetwork({ allowOut: ['10.0.0.0/8'] }), SandboxError)
   g = await get('third.example.test')
   check('a refused updateNetwork changes nothing', hello(g, 'third.example.test'), out(g))

@@ -163,7 +163,7 @@ func TestE2BSDK(t *testing.T) {
 			if rep.Fatal != "" {
 				t.Fatalf("E2B SDK script failed: %s\nstderr: %s", rep.Fatal, errb.String())
 			}
-			want := 74
+			want := 76
 			if alt != "" {
 				want += 2
 			}
