@@ -164,7 +164,7 @@ func (f *daemonFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.relayDiscordURL, "relay-discord-url", "", "Discord Gateway URL relays connect to (default wss://gateway.discord.gg; for a self-hosted or test gateway)")
 	cmd.Flags().StringVar(&f.listen, "listen", "", "also serve the API on this TCP address (API keys required), e.g. 127.0.0.1:7070; plain HTTP on loopback only, elsewhere give --tls-cert/--tls-key")
 	cmd.Flags().StringVar(&f.e2b.Listen, "e2b-listen", "", "serve E2B's API and envd (the E2B SDKs: E2B_API_URL=E2B_SANDBOX_URL=http://ADDR, E2B_API_KEY=e2b_… from `cagebox tenant key`) on this TCP address; plain HTTP on loopback only, elsewhere with --tls-cert (docs/e2b.md)")
-	cmd.Flags().StringVar(&f.e2b.Domain, "e2b-domain", "", "the sandbox domain the E2B front reports (E2B_DOMAIN); default none")
+	cmd.Flags().StringVar(&f.e2b.Domain, "e2b-domain", "", "the sandbox domain D the E2B front reports (E2B_DOMAIN) and serves as PORT-ID.D: envd, and with --ingress the guest ports of getHost(port) (docs/e2b.md); default none")
 	cmd.Flags().StringVar(&f.tlsCert, "tls-cert", "", "serve --listen over HTTPS with this certificate (PEM, with its chain)")
 	cmd.Flags().StringVar(&f.tlsKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	cmd.Flags().BoolVar(&f.insecureListen, "insecure-listen", false, "allow plain HTTP on a non-loopback --listen address (API keys and secrets cross the network in clear; for trusted networks only)")

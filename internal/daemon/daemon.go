@@ -465,7 +465,7 @@ func Run(ctx context.Context, cfg Config) error {
 	srv.webhookKey = hookKey
 	srv.relays = newRelays(st, hooksSvc, v, emit, log, cfg.RelayDiscordURL, tenantHTTP, mgr.SecretHosts)
 	if e2bl != nil {
-		stopE2B, err := startE2B(cfg, e2bl, srv, mgr, log)
+		stopE2B, err := startE2B(cfg, e2bl, srv, mgr, ingressSrv, log)
 		if err != nil {
 			return err
 		}

@@ -52,15 +52,21 @@ func (s *Server) tenantOfKey(ctx context.Context, key string) (*store.Tenant, er
 }
 
 // startE2B serves the E2B front on l until stop.
-func startE2B(cfg Config, l *apiListener, srv *Server, mgr *sandbox.Manager, log *slog.Logger) (stop func(), err error) {
+// Guest ports under the front's domain go on through ing (nil: the
+// daemon runs no ingress).
+func startE2B(cfg Config, l *apiListener, srv *Server, mgr *sandbox.Manager, ing *ingress.Server, log *slog.Logger) (stop func(), err error) {
 	key, err := ingress.LoadOrCreateKey(filepath.Join(cfg.Home, "e2b", "envd.key"))
 	if err != nil {
 		return nil, fmt.Errorf("e2b envd key: %w", err)
 	}
-	front := e2b.New(e2b.Config{
+	fc := e2b.Config{
 		Manager: mgr, Authenticate: srv.tenantOfKey, Key: key, Domain: cfg.E2B.Domain, Logger: log,
 		Status: func(err error) int { code, _ := httpError(err); return code },
-	})
+	}
+	if ing != nil {
+		fc.Ingress, fc.IngressDomain = ing, cfg.Ingress.Domain
+	}
+	front := e2b.New(fc)
 	hs := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, TLSConfig: l.tls}
 	done := make(chan struct{})
 	go func() {

@@ -22,9 +22,11 @@ import (
 )
 
 // Labels the front keeps on the sandboxes it makes: the E2B template id
-// as asked for, and each metadata pair under a prefix.
+// as asked for (its image part; a runtime part in labelRuntime), and each
+// metadata pair under a prefix.
 const (
 	labelTemplate = "e2b.template"
+	labelRuntime  = "e2b.runtime"
 	labelMeta     = "e2b.meta/"
 )
 
@@ -62,6 +64,7 @@ func (s *Server) controlMux() http.Handler {
 	handle("POST /sandboxes/{id}/timeout", s.setTimeout)
 	handle("POST /sandboxes/{id}/resume", s.connect)
 	handle("GET /v2/sandboxes", s.list)
+	handle("PUT /sandboxes/{id}/network", s.updateNetwork)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, apiError{Code: http.StatusNotFound,
 			Message: fmt.Sprintf("%s %s is not implemented by cagebox's E2B front (docs/e2b.md lists what is)", r.Method, r.URL.Path)})
@@ -89,12 +92,15 @@ type newSandbox struct {
 
 // sandboxResp is E2B's Sandbox (the answer of create and connect).
 type sandboxResp struct {
-	TemplateID      string  `json:"templateID"`
-	SandboxID       string  `json:"sandboxID"`
-	ClientID        string  `json:"clientID"`
-	EnvdVersion     string  `json:"envdVersion"`
-	EnvdAccessToken string  `json:"envdAccessToken"`
-	Domain          *string `json:"domain"`
+	TemplateID      string `json:"templateID"`
+	SandboxID       string `json:"sandboxID"`
+	ClientID        string `json:"clientID"`
+	EnvdVersion     string `json:"envdVersion"`
+	EnvdAccessToken string `json:"envdAccessToken"`
+	// TrafficAccessToken opens the sandbox's ports (getHost) unless it
+	// was created with network.allowPublicTraffic true.
+	TrafficAccessToken *string `json:"trafficAccessToken,omitempty"`
+	Domain             *string `json:"domain"`
 }
 
 // listedSandbox is E2B's ListedSandbox and (with the access token)
@@ -113,6 +119,7 @@ type listedSandbox struct {
 	EnvdVersion     string            `json:"envdVersion"`
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 	Domain          *string           `json:"domain,omitempty"`
+	Network         *networkInfo      `json:"network,omitempty"`
 }
 
 func isSet(raw json.RawMessage) bool {
@@ -122,21 +129,31 @@ func isSet(raw json.RawMessage) bool {
 
 // createRequest translates NewSandbox into cagebox's create request.
 func createRequest(n *newSandbox) (*api.CreateSandboxRequest, error) {
+	// allow_internet_access opens nothing (see network): it is accepted
+	// either way.
 	switch {
-	// allow_internet_access is not honoured (SDK lines before 2.51 send
-	// true by default): egress stays deny-by-default, opened by cagebox
-	// policy. A network section, which names hosts, is refused rather
-	// than ignored.
-	case isSet(n.Network):
-		return nil, invalid("network is not supported yet: egress is deny-by-default; open hosts with cagebox policy (docs/e2b.md)")
 	case isSet(n.MCP), isSet(n.IAM), isSet(n.VolumeMounts), isSet(n.AutoResume):
 		return nil, invalid("mcp, iam, volumeMounts and autoResume are not supported by cagebox's E2B front; leave them unset")
 	case n.AutoPause != nil && *n.AutoPause:
 		return nil, invalid("autoPause is not supported yet: a sandbox is removed when its timeout passes")
 	}
-	tmpl := n.TemplateID
+	netw, err := decodeNetwork(n.Network)
+	if err != nil {
+		return nil, err
+	}
+	allow, err := netw.allowHosts()
+	if err != nil {
+		return nil, err
+	}
+	// templateID is IMAGE or IMAGE:RUNTIME (E2B's NAME:TAG shape): the
+	// runtime a cagebox runtime name, picked within the tenant's floor by
+	// the manager as for any create (else the daemon's --default-runtime).
+	tmpl, rt, _ := strings.Cut(n.TemplateID, ":")
 	if tmpl == "" {
-		return nil, invalid("templateID: give a template (a cagebox image name; %q is the default image)", "base")
+		return nil, invalid("templateID: give a template (a cagebox image name, optionally :RUNTIME; %q is the default image)", "base")
+	}
+	if strings.Contains(n.TemplateID, ":") && rt == "" {
+		return nil, invalid("templateID: %q names no runtime after ':' (write IMAGE or IMAGE:RUNTIME, e.g. base:gvisor)", n.TemplateID)
 	}
 	img := tmpl
 	if img == "base" {
@@ -150,13 +167,19 @@ func createRequest(n *newSandbox) (*api.CreateSandboxRequest, error) {
 		timeout = time.Duration(*n.Timeout) * time.Second
 	}
 	labels := map[string]string{labelTemplate: tmpl}
+	if rt != "" {
+		labels[labelRuntime] = rt
+	}
+	if netw.AllowPublicTraffic != nil && *netw.AllowPublicTraffic {
+		labels[labelPublic] = "true"
+	}
 	for k, v := range n.Metadata {
 		labels[labelMeta+k] = v
 	}
 	if err := sandbox.ValidateLabels(labels); err != nil {
 		return nil, fmt.Errorf("templateID or metadata (kept as cagebox labels: keys [A-Za-z0-9._/-], values up to 63 of [A-Za-z0-9._-]): %w", err)
 	}
-	req := &api.CreateSandboxRequest{Image: img, Timeout: timeout.String(), Labels: labels}
+	req := &api.CreateSandboxRequest{Runtime: rt, Image: img, Timeout: timeout.String(), Labels: labels, Allow: allow}
 	keys := make([]string, 0, len(n.EnvVars))
 	for k := range n.EnvVars {
 		keys = append(keys, k)
@@ -206,15 +229,24 @@ func (s *Server) domain() *string {
 }
 
 func (s *Server) sandboxResp(sb *api.Sandbox) sandboxResp {
-	return sandboxResp{TemplateID: templateOf(sb), SandboxID: ToE2BID(sb.ID), ClientID: "cagebox",
+	r := sandboxResp{TemplateID: templateOf(sb), SandboxID: ToE2BID(sb.ID), ClientID: "cagebox",
 		EnvdVersion: EnvdVersion, EnvdAccessToken: s.AccessToken(sb.ID), Domain: s.domain()}
+	if sb.Labels[labelPublic] != "true" {
+		t := s.TrafficToken(sb.ID)
+		r.TrafficAccessToken = &t
+	}
+	return r
 }
 
 func templateOf(sb *api.Sandbox) string {
-	if t := sb.Labels[labelTemplate]; t != "" {
-		return t
+	t := sb.Labels[labelTemplate]
+	if t == "" {
+		return sb.Image
 	}
-	return sb.Image
+	if rt := sb.Labels[labelRuntime]; rt != "" {
+		return t + ":" + rt
+	}
+	return t
 }
 
 // state is E2B's state of a cagebox sandbox ("" for one E2B would not list).
@@ -277,6 +309,7 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request, t *store.Tenant) e
 	d := s.listed(sb)
 	d.EnvdAccessToken = s.AccessToken(sb.ID)
 	d.Domain = s.domain()
+	d.Network = s.networkOf(sb)
 	writeJSON(w, http.StatusOK, d)
 	return nil
 }
@@ -290,6 +323,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request, t *store.Tenant) e
 		return err
 	}
 	s.procs.drop(sb.ID)
+	s.ports.drop(sb.ID)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

@@ -1,8 +1,9 @@
 // Package e2b is a protocol front: it serves E2B's control-plane API and
 // its in-sandbox API ("envd": the process and filesystem Connect services,
 // /files and /health) so that the official E2B SDKs drive cagebox
-// unchanged. It is a thin translator onto the sandbox manager and the one
-// agent in every guest: no second lifecycle, no second agent (docs/e2b.md).
+// unchanged. It is a thin translator onto the sandbox manager, its live
+// policy, the ingress and the one agent in every guest: no second
+// lifecycle, no second agent (docs/e2b.md).
 package e2b
 
 import (
@@ -47,8 +48,14 @@ type Config struct {
 	// restarts, useless for any other sandbox.
 	Key []byte
 	// Domain is returned as the sandboxes' domain (E2B_DOMAIN); "" = none.
+	// The front serves PORT-ID.Domain: envd, and guest ports through
+	// Ingress.
 	Domain string
-	Logger *slog.Logger
+	// Ingress is the daemon's ingress handler and IngressDomain its
+	// domain (nil: no guest ports).
+	Ingress       http.Handler
+	IngressDomain string
+	Logger        *slog.Logger
 }
 
 // Server serves both halves of the protocol on one listener: requests that
@@ -63,6 +70,7 @@ type Server struct {
 	life   context.Context
 	cancel context.CancelFunc
 	procs  *processes
+	ports  portTokens
 }
 
 // New makes the front.
@@ -88,6 +96,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if port, id, ok := hostRoute(r.Host, s.cfg.Domain); ok {
+		if port != EnvdPort {
+			s.serveGuestPort(w, r, id, port)
+			return
+		}
 		s.serveEnvd(w, r, id, port)
 		return
 	}
@@ -191,7 +203,7 @@ func targetOf(ctx context.Context) target {
 func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, e2bid, port string) {
 	if port != EnvdPort {
 		writeJSON(w, http.StatusNotFound, apiError{Code: http.StatusNotFound,
-			Message: fmt.Sprintf("port %q: this endpoint serves envd (port %s) only; guest ports are reached through cagebox's ingress (docs/e2b.md)", port, EnvdPort)})
+			Message: fmt.Sprintf("port %q: E2b-Sandbox-Id requests are envd's (port %s); guest ports are Sandbox.getHost(port), PORT-ID.DOMAIN (docs/e2b.md)", port, EnvdPort)})
 		return
 	}
 	id := FromE2BID(e2bid)

@@ -59,6 +59,25 @@ func TestAccessToken(t *testing.T) {
 	}
 }
 
+func TestTrafficToken(t *testing.T) {
+	s := New(Config{Key: []byte("k1")})
+	defer s.Close()
+	id := "sb-0000000000000001"
+	a := s.TrafficToken(id)
+	if a == s.AccessToken(id) || a == s.TrafficToken("sb-0000000000000002") || !s.trafficOK(id, a) || s.trafficOK("sb-0000000000000002", a) || s.trafficOK(id, s.AccessToken(id)) || s.trafficOK(id, "") {
+		t.Fatal("traffic tokens must be per sandbox and not the envd token")
+	}
+}
+
+func TestCreateRequestPublicTraffic(t *testing.T) {
+	for body, public := range map[string]bool{`{"allowPublicTraffic":true}`: true, `{"allowPublicTraffic":false}`: false, `{}`: false} {
+		r, err := createRequest(&newSandbox{TemplateID: "base", Network: []byte(body)})
+		if err != nil || (r.Labels[labelPublic] == "true") != public {
+			t.Errorf("%s: %+v, %v", body, r, err)
+		}
+	}
+}
+
 func TestCreateRequest(t *testing.T) {
 	i := func(v int64) *int64 { return &v }
 	yes := true
@@ -77,14 +96,28 @@ func TestCreateRequest(t *testing.T) {
 	if r, err := createRequest(&newSandbox{TemplateID: "base", AllowInternetAccess: &yes}); err != nil || r.Policy != nil || r.Allow != nil {
 		t.Fatalf("allow_internet_access: %+v, %v", r, err)
 	}
+	// IMAGE:RUNTIME picks the runtime (the manager checks the floor).
+	r, err = createRequest(&newSandbox{TemplateID: "base:gvisor"})
+	if err != nil || r.Image != "default" || r.Runtime != "gvisor" || r.Labels[labelTemplate] != "base" || r.Labels[labelRuntime] != "gvisor" {
+		t.Fatalf("createRequest base:gvisor: %+v, %v", r, err)
+	}
 	r, err = createRequest(&newSandbox{TemplateID: "busybox"})
-	if err != nil || r.Image != "busybox" || r.Timeout != defaultTimeout.String() {
+	if err != nil || r.Image != "busybox" || r.Runtime != "" || r.Timeout != defaultTimeout.String() {
 		t.Fatalf("createRequest without timeout: %+v, %v", r, err)
 	}
 	for name, n := range map[string]*newSandbox{
 		"no template":    {},
+		"no runtime":     {TemplateID: "base:"},
+		"no image":       {TemplateID: ":gvisor"},
 		"zero timeout":   {TemplateID: "base", Timeout: i(0)},
-		"network":        {TemplateID: "base", Network: []byte(`{"allowOut":["1.1.1.1"]}`)},
+		"allowOut IP":    {TemplateID: "base", Network: []byte(`{"allowOut":["1.1.1.1"]}`)},
+		"allowOut CIDR":  {TemplateID: "base", Network: []byte(`{"allowOut":["0.0.0.0/0"]}`)},
+		"allowOut IPv6":  {TemplateID: "base", Network: []byte(`{"allowOut":["2001:db8::/32"]}`)},
+		"allowOut bad":   {TemplateID: "base", Network: []byte(`{"allowOut":["not a host"]}`)},
+		"denyOut name":   {TemplateID: "base", Network: []byte(`{"denyOut":["example.com"]}`)},
+		"network rules":  {TemplateID: "base", Network: []byte(`{"allowOut":["a.example"],"rules":{"a.example":[{}]}}`)},
+		"egressProxy":    {TemplateID: "base", Network: []byte(`{"egressProxy":{"address":"p:1080"}}`)},
+		"network shape":  {TemplateID: "base", Network: []byte(`{"allowOut":"a.example"}`)},
 		"autoPause":      {TemplateID: "base", AutoPause: &yes},
 		"mcp":            {TemplateID: "base", MCP: []byte(`{}`)},
 		"metadata value": {TemplateID: "base", Metadata: map[string]string{"k": "has space"}},
@@ -93,6 +126,17 @@ func TestCreateRequest(t *testing.T) {
 		if _, err := createRequest(n); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("%s: err = %v, want ErrInvalid", name, err)
 		}
+	}
+	// allowOut names are allow rules; denyOut addresses (E2B's "deny
+	// the rest") are what the sandbox has anyway.
+	r, err = createRequest(&newSandbox{TemplateID: "base", AllowInternetAccess: &yes,
+		Network: []byte(`{"allowOut":["api.example.test","*.pkg.example"],"denyOut":["0.0.0.0/0","10.0.0.0/8","8.8.8.8"]}`)})
+	if err != nil || strings.Join(r.Allow, ",") != "api.example.test,*.pkg.example" || r.Policy != nil {
+		t.Fatalf("network: %+v, %v", r, err)
+	}
+	// Without allowOut nothing is open.
+	if r, err := createRequest(&newSandbox{TemplateID: "base", Network: []byte(`{"denyOut":["0.0.0.0/0"]}`)}); err != nil || len(r.Allow) != 0 || r.Policy != nil {
+		t.Fatalf("denyOut only: %+v, %v", r, err)
 	}
 	// null fields are absent ones
 	if _, err := createRequest(&newSandbox{TemplateID: "base", Network: []byte("null")}); err != nil {

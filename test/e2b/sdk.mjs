@@ -5,14 +5,20 @@
 // detail}], fatal}; test/e2e/e2b_test.go fails on any check that is not ok.
 // Every sandbox it makes, it kills (also on failure).
 import { createHash, randomBytes } from 'node:crypto'
+import http from 'node:http'
 // SECRET_REAL is the value of the tenant's secret E2B_TEST_TOKEN (it must
-// never be seen inside). E2B_MODULE picks the SDK line: "e2b" (2.51.0) or "e2b-2.45" (2.45.0).
+// never be seen inside); the daemon resolves api.example.test,
+// other.example.test and third.example.test to one HTTPS stand-in upstream
+// that answers 403 to any Authorization but "Bearer SECRET_REAL" (so a 200
+// with it means the real value arrived). The tenant's secret is bound to
+// api.example.test only. E2B_MODULE picks the SDK line: "e2b" (2.51.0) or "e2b-2.45" (2.45.0).
 const {
   Sandbox,
   CommandExitError,
   AuthenticationError,
   NotFoundError,
   SandboxNotFoundError,
+  SandboxError,
 } = await import(process.env.E2B_MODULE || 'e2b')
 
 const checks = []
@@ -39,7 +45,25 @@ try {
   await expectError('wrong API key → AuthenticationError',
     () => Sandbox.create({ apiKey: 'e2b_' + '0'.repeat(64) }), AuthenticationError)
 
-  sbx = await Sandbox.create({ timeoutMs: 300_000, metadata: { suite: 'e2b-e2e', run: process.env.RUN }, envs: { GREETING: 'hello-env', TOKEN: 'vault:E2B_TEST_TOKEN' } })
+  // Network entries cagebox cannot express (IPs, CIDRs), or names where
+  // E2B takes addresses: a 400 with a message, nothing made (the metadata
+  // filter below finds only the sandboxes that were made).
+  for (const [what, network] of [
+    ['allowOut IP', { allowOut: ['1.1.1.1'] }],
+    ['allowOut CIDR', { allowOut: ['8.8.8.0/24'] }],
+    ['allowOut all traffic', { allowOut: ({ allTraffic }) => [allTraffic] }],
+    ['denyOut name', { denyOut: ['example.com'] }],
+  ]) {
+    const e = await expectError(`network ${what} → SandboxError 400`,
+      () => Sandbox.create({ metadata: { run: process.env.RUN }, network }), SandboxError)
+    check(`network ${what}: the 400 says why`, e && /^400: .*(allowOut|denyOut)/.test(e.message), e && e.message)
+  }
+
+  // allowOut opens exactly its hosts; denyOut all traffic is E2B's "deny the rest".
+  sbx = await Sandbox.create({
+    timeoutMs: 300_000, metadata: { suite: 'e2b-e2e', run: process.env.RUN }, envs: { GREETING: 'hello-env', TOKEN: 'vault:E2B_TEST_TOKEN' },
+    network: { allowOut: ['api.example.test', 'other.example.test'], denyOut: ({ allTraffic }) => [allTraffic] },
+  })
   check('Sandbox.create gives an id of lowercase alphanumerics', /^[a-z0-9]+$/.test(sbx.sandboxId), sbx.sandboxId)
   check('isRunning after create', await sbx.isRunning())
 
@@ -136,9 +160,95 @@ try {
   await term.wait().catch(() => {})
   check('pty: input typed, output read, resized', ptyOut.includes('pty-42') && ptyOut.includes('30 100'), JSON.stringify(ptyOut.slice(-300)))
 
-  // Egress stays deny-by-default.
+  // Egress stays deny-by-default: only allowOut's hosts are open.
   const curl = await sbx.commands.run('curl -sS -m 20 -o /dev/null https://example.com/; echo "exit=$?"')
   check('curl to an unallowed host is refused', /exit=[1-9]/.test(curl.stdout), curl.stdout + curl.stderr)
+  const get = (host, auth) => sbx.commands.run(`curl -sS -m 20 ${auth ? '-H "Authorization: Bearer $TOKEN" ' : ''}-w '\\n%{http_code}' https://${host}/e2b; echo " exit=$?"`)
+  const hello = (r, host) => r.stdout.startsWith(`hello from upstream ${host} /e2b`) && r.stdout.endsWith('\n200 exit=0\n')
+  // Refused: a name no rule allows has no address (the synthetic DNS
+  // answers NXDOMAIN: curl exit 6), or the gateway's 403.
+  const denied = (r) => / exit=6\n$/.test(r.stdout) || (r.stdout.endsWith('\n403 exit=0\n') && r.stdout.includes('denied by cagebox'))
+  const out = (r) => JSON.stringify({ stdout: r.stdout, stderr: r.stderr })
+  const netInfo = async () => JSON.stringify((await Sandbox.getInfo(sbx.sandboxId)).network)
+  let ni = await netInfo()
+  check('getInfo reports the network', ni === JSON.stringify({ allowOut: ['api.example.test', 'other.example.test'], denyOut: ['0.0.0.0/0'], allowPublicTraffic: false }), ni)
+  let g = await get('other.example.test')
+  check('network.allowOut: a listed host is reachable', hello(g, 'other.example.test'), out(g))
+  g = await get('third.example.test')
+  check('network.allowOut: an unlisted host is refused by the gateway', denied(g), out(g))
+
+  // The vault: secret's placeholder becomes the real value toward its
+  // bound host only (the upstream accepts nothing else).
+  g = await get('api.example.test', true)
+  check('envVars vault: the bound host receives the real value', hello(g, 'api.example.test'), out(g))
+  g = await get('other.example.test', true)
+  check('envVars vault: the placeholder to another allowed host is refused, never the real value',
+    !g.stdout.includes('hello from upstream') && !g.stdout.includes(process.env.SECRET_REAL) && /\n4\d\d exit=0\n$/.test(g.stdout), out(g))
+
+  // updateNetwork replaces the live rules at once.
+  await sbx.updateNetwork({ allowOut: ['third.example.test'] })
+  g = await get('third.example.test')
+  check('updateNetwork: a newly listed host is reachable', hello(g, 'third.example.test'), out(g))
+  g = await get('other.example.test')
+  check('updateNetwork: a host no longer listed is refused', denied(g), out(g))
+  ni = await netInfo()
+  check('getInfo reports the new network', ni.startsWith(JSON.stringify({ allowOut: ['third.example.test'] }).slice(0, -1) + ','), ni)
+  await expectError('updateNetwork with a CIDR → SandboxError', () => sbx.updateNetwork({ allowOut: ['10.0.0.0/8'] }), SandboxError)
+  g = await get('third.example.test')
+  check('a refused updateNetwork changes nothing', hello(g, 'third.example.test'), out(g))
+  await sbx.updateNetwork({})
+  g = await get('third.example.test')
+  check('updateNetwork without allowOut: nothing open', denied(g), out(g))
+
+  // A guest port through getHost(port): PORT-ID.DOMAIN on the front's
+  // listener (E2B_API_URL; the name is sent as Host: no wildcard DNS
+  // here), on through cagebox's ingress; the sandbox's trafficAccessToken
+  // opens it (it was not created public).
+  const serve = async (s, body) => {
+    await s.files.write('/tmp/www/index.html', body)
+    let onReady
+    const ready = new Promise((res) => { onReady = res })
+    await s.commands.run(`python3 -c "import http.server, os; os.chdir('/tmp/www'); s = http.server.ThreadingHTTPServer(('0.0.0.0', 8000), http.server.SimpleHTTPRequestHandler); print('ready', flush=True); s.serve_forever()"`,
+      { background: true, onStdout: (d) => { if (d.includes('ready')) onReady() } })
+    await ready
+  }
+  const fetchHost = (host, headers = {}) => new Promise((resolve, reject) => {
+    const u = new URL(process.env.E2B_API_URL)
+    http.get({ host: u.hostname, port: u.port, path: '/index.html', headers: { Host: host, ...headers } }, (res) => {
+      let body = ''
+      res.on('data', (c) => { body += c })
+      res.on('end', () => resolve({ status: res.statusCode, body }))
+    }).on('error', reject)
+  })
+  await serve(sbx, 'hello from the guest port')
+  const gh = sbx.getHost(8000)
+  check('getHost(8000) is 8000-ID.DOMAIN', gh === `8000-${sbx.sandboxId}.${process.env.E2B_DOMAIN_WANT}`, gh)
+  check('a sandbox not created public has a trafficAccessToken', typeof sbx.trafficAccessToken === 'string' && sbx.trafficAccessToken.length > 16, sbx.trafficAccessToken)
+  let f = await fetchHost(gh)
+  check('getHost without the traffic token → 403 (as E2B)', f.status === 403, JSON.stringify(f))
+  f = await fetchHost(gh, { 'e2b-traffic-access-token': 'ta_' + '0'.repeat(64) })
+  check('getHost with a wrong traffic token → 403', f.status === 403, JSON.stringify(f))
+  f = await fetchHost(gh, { 'e2b-traffic-access-token': sbx.trafficAccessToken })
+  check('getHost with the traffic token reaches the guest server', f.status === 200 && f.body === 'hello from the guest port', JSON.stringify(f))
+  f = await fetchHost(gh, { 'e2b-traffic-access-token': sbx.trafficAccessToken })
+  check('getHost again (the port stays published)', f.status === 200 && f.body === 'hello from the guest port', JSON.stringify(f))
+  f = await fetchHost(sbx.getHost(8001), { 'e2b-traffic-access-token': sbx.trafficAccessToken })
+  check('getHost of a port nothing listens on → 502', f.status === 502, JSON.stringify(f))
+
+  // A template IMAGE:RUNTIME runs on that runtime (the Go test checks
+  // which); getInfo gives the template back as asked.
+  if (process.env.ALT_RUNTIME) {
+    const tmpl = `base:${process.env.ALT_RUNTIME}`
+    const alt = await Sandbox.create(tmpl, { timeoutMs: 120_000 })
+    report.alt = alt.sandboxId
+    try {
+      check(`template ${tmpl}: commands.run`, (await alt.commands.run('echo alt')).stdout === 'alt\n')
+      const ai = await Sandbox.getInfo(alt.sandboxId)
+      check(`template ${tmpl}: getInfo gives it back`, ai.templateId === tmpl, JSON.stringify(ai))
+    } finally {
+      await alt.kill()
+    }
+  }
 
   // Control plane.
   const found = await Sandbox.list({ query: { metadata: { run: process.env.RUN } } }).nextItems()
@@ -152,7 +262,13 @@ try {
   const end = (await Sandbox.getInfo(sbx.sandboxId)).endAt.getTime() - Date.now()
   check('setTimeout moves endAt', end > 1_700_000 && end <= 1_800_000, end)
   // Paging: two sandboxes of this run, one a page, x-next-token between.
-  second = await Sandbox.create({ timeoutMs: 120_000, metadata: { run: process.env.RUN } })
+  // The second sandbox is public (network.allowPublicTraffic true): its
+  // ports need no token.
+  second = await Sandbox.create({ timeoutMs: 120_000, metadata: { run: process.env.RUN }, network: { allowPublicTraffic: true } })
+  check('a public sandbox has no trafficAccessToken', !second.trafficAccessToken, second.trafficAccessToken)
+  await serve(second, 'hello from the public port')
+  f = await fetchHost(second.getHost(8000))
+  check('getHost of a public sandbox needs no token', f.status === 200 && f.body === 'hello from the public port', JSON.stringify(f))
   const pager = Sandbox.list({ query: { metadata: { run: process.env.RUN } }, limit: 1 })
   const p1 = await pager.nextItems()
   const more = pager.hasNext
