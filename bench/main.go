@@ -11,6 +11,8 @@
 //   - with -only cli, the CLI's own cost (cli.go): `cagebox --version` of
 //     the CLI beside the full build, and `cagebox run -- true` from a warm
 //     pool beside podman, pair by pair;
+//   - with -only e2b, the official E2B SDK on the E2B front beside our
+//     TypeScript SDK on the same daemon (e2b.go, test/e2b/bench.mjs);
 //   - with -only snapshot, the qemu runtime's VM templates (snapshot.go):
 //     restore vs cold boot to first exec, memory of many sandboxes, and
 //     the template's build time and size.
@@ -48,7 +50,7 @@ func main() {
 	n := flag.Int("n", 30, "cold starts per side")
 	execN := flag.Int("exec", 300, "exec round trips")
 	agent := flag.String("agent", "bin/cagebox-agent", "static cagebox-agent binary")
-	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\", \"policy\", \"pool\", \"cli\", \"snapshot\", \"ingress\" or \"audit\"")
+	only := flag.String("only", "", "run only \"runtime\", \"egress\", \"secrets\", \"policy\", \"pool\", \"cli\", \"e2b\", \"snapshot\", \"ingress\" or \"audit\"")
 	sustained := flag.Int("sustained", 200, "pool: `cagebox run -- true` back to back per runtime")
 	egressDur := flag.Duration("egress-time", 4*time.Second, "egress: load duration per client kind")
 	egressConc := flag.Int("egress-conc", 16, "egress: concurrent clients")
@@ -56,6 +58,7 @@ func main() {
 	runtimes := flag.String("runtimes", "container,gvisor,qemu", "runtimes to measure cold starts of (those available here)")
 	snapN := flag.Int("snap-n", 5, "snapshot: cold boots and restores timed per side")
 	snapMemN := flag.Int("snap-mem-n", 20, "snapshot: sandboxes running at once per side for the memory comparison")
+	e2bN := flag.Int("e2b-n", 15, "e2b: creates timed per SDK (round trips: 10×, writes: 2×)")
 	auditRounds := flag.Int("audit-rounds", 3, "audit: workload runs per side per runtime")
 	flag.Parse()
 	if *only == "egress" {
@@ -82,6 +85,10 @@ func main() {
 	}
 	if *only == "pool" {
 		poolBench(agentPath, *n, *vmN, *sustained, *runtimes)
+		return
+	}
+	if *only == "e2b" {
+		e2bBench(agentPath, *e2bN)
 		return
 	}
 	if *only == "cli" {
