@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -100,6 +101,11 @@ type Log struct {
 	closeOnce sync.Once
 	closeErr  error
 
+	// watchMu guards watchers (registered while the daemon wires; read on
+	// every Emit).
+	watchMu  sync.RWMutex
+	watchers []watcher
+
 	// mu guards q, pending, pendingBytes, sources, closed, warned and stats.
 	mu           sync.Mutex
 	q            []*store.Event // waiting for the writer
@@ -184,6 +190,22 @@ func (l *Log) Stats() Stats {
 	return l.stats
 }
 
+type watcher struct {
+	kinds []Kind
+	fn    func(tenant, sandbox string, ev api.EventPayload)
+}
+
+// Watch has fn see every event of one of kinds as it is emitted, before
+// rate limits and whether or not it is stored, so that the services that
+// act on a sandbox's lifecycle (relays ending with their sandbox, …) learn
+// of it from the one place lifecycle events go out, never by polling the
+// store. fn runs on the emitter's goroutine and must not block.
+func (l *Log) Watch(fn func(tenant, sandbox string, ev api.EventPayload), kinds ...Kind) {
+	l.watchMu.Lock()
+	l.watchers = append(l.watchers, watcher{kinds: kinds, fn: fn})
+	l.watchMu.Unlock()
+}
+
 // Emit records an event about sandbox (or, when sandbox is "", about the
 // tenant): its kind is ev's, its data ev bounded by Bound (none when ev's
 // type has no fields). It returns at once whatever the store is doing:
@@ -195,6 +217,13 @@ func (l *Log) Emit(tenant, sandbox string, ev api.EventPayload) {
 	}
 	now := l.cfg.Now()
 	kind := ev.EventKind()
+	l.watchMu.RLock()
+	for _, w := range l.watchers {
+		if slices.Contains(w.kinds, kind) {
+			w.fn(tenant, sandbox, ev)
+		}
+	}
+	l.watchMu.RUnlock()
 	cls := kind.Class()
 	if cls == Report {
 		cls = Priority // only the reporter makes reports

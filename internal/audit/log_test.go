@@ -457,3 +457,26 @@ func TestEmitNoData(t *testing.T) {
 		t.Fatalf("events %+v", evs)
 	}
 }
+
+// TestWatchSeesLifecycleOverTheRate: a watcher sees every event of its
+// kinds, also those the sandbox's rate limit drops from the store, and
+// none of other kinds (the relays act on sandbox.stopped through it).
+func TestWatchSeesLifecycleOverTheRate(t *testing.T) {
+	st := openStore(t)
+	clk := newClock()
+	l := New(Config{Store: st, Logger: quiet, Now: clk.Now, Rate: 0.001, Burst: 1, ReportEvery: time.Hour})
+	var seen []string
+	l.Watch(func(tenant, sandbox string, ev api.EventPayload) {
+		seen = append(seen, tenant+"/"+sandbox+" "+string(ev.EventKind()))
+	}, api.EventSandboxStopped, api.EventSandboxDestroyed)
+	l.Emit("t1", "sb", testEvent{api.EventSandboxStopped, nil}) // takes the one token
+	l.Emit("t1", "sb", testEvent{api.EventDNSQuery, map[string]any{"name": "x.example.test"}})
+	l.Emit("t1", "sb", testEvent{api.EventSandboxDestroyed, nil}) // over the rate: not stored
+	closeLog(t, l)
+	if want := []string{"t1/sb sandbox.stopped", "t1/sb sandbox.destroyed"}; !slices.Equal(seen, want) {
+		t.Errorf("the watcher saw %q, want %q", seen, want)
+	}
+	if got := countKinds(listEvents(t, st, "sb")); got["sandbox.destroyed"] != 0 {
+		t.Errorf("stored %v: the destroyed event should have been over the rate (the watcher must not depend on storage)", got)
+	}
+}

@@ -505,6 +505,7 @@ func Run(ctx context.Context, cfg Config) error {
 		defer func() { cancel(); <-hooksDone }()
 	}
 	if srv.relays != nil {
+		events.Watch(srv.relays.lifecycle, relayLifecycle...)
 		relaysDone := make(chan struct{})
 		go func() { srv.relays.run(rctx); close(relaysDone) }()
 		defer func() { cancel(); <-relaysDone }()

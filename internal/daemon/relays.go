@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/coder/websocket"
 
@@ -66,6 +65,10 @@ type relays struct {
 	ctx     context.Context
 	running map[string]*runningRelay // by webhook ID
 	wg      sync.WaitGroup
+
+	// kick asks run for a sync (cap 1): a sandbox's lifecycle event
+	// (lifecycle) — relays never poll the store.
+	kick chan struct{}
 }
 
 type runningRelay struct {
@@ -98,7 +101,21 @@ func newRelays(st store.Store, h *hooks.Service, v *vault.Vault, emit func(strin
 		discordURL = relay.DefaultDiscordURL
 	}
 	return &relays{st: st, hooks: h, v: v, emit: emit, log: log, discordURL: discordURL, client: client, bound: bound, gone: sandboxGone(st),
-		running: map[string]*runningRelay{}}
+		running: map[string]*runningRelay{}, kick: make(chan struct{}, 1)}
+}
+
+// relayLifecycle are the sandbox events after which a sandbox's relays may
+// have to stop: it stopped, failed, was lost or was destroyed (its relay
+// rows go with its webhooks).
+var relayLifecycle = []api.EventKind{api.EventSandboxStopped, api.EventSandboxFailed, api.EventSandboxDestroyed, api.EventSandboxLost}
+
+// lifecycle is the audit log's watcher of relayLifecycle (audit.Log.Watch):
+// it asks for a sync without waiting for it.
+func (rs *relays) lifecycle(string, string, api.EventPayload) {
+	select {
+	case rs.kick <- struct{}{}:
+	default: // a sync is already asked for; it reads the store afresh
+	}
 }
 
 // toward is where a relay's token goes: dest, under the secret's hosts
@@ -132,20 +149,20 @@ func (rs *relays) openToken(ctx context.Context, tenant, sandboxID, secret, dest
 
 // run starts the stored relays and keeps the running set equal to the
 // store's (a destroyed sandbox's relays go with its webhooks), less those
-// of stopped or failed sandboxes, until ctx ends.
+// of stopped or failed sandboxes, until ctx ends: it syncs at start, when
+// a relay is added or removed (the handlers sync) and after each sandbox
+// lifecycle event that can end relays (lifecycle).
 func (rs *relays) run(ctx context.Context) {
 	rs.mu.Lock()
 	rs.ctx = ctx
 	rs.mu.Unlock()
-	t := time.NewTicker(3 * time.Second)
-	defer t.Stop()
 	for {
 		rs.sync(ctx)
 		select {
 		case <-ctx.Done():
 			rs.wg.Wait()
 			return
-		case <-t.C:
+		case <-rs.kick:
 		}
 	}
 }

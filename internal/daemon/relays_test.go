@@ -195,13 +195,16 @@ func TestRelayStopsWithItsSandbox(t *testing.T) {
 		return rs.state("wh-1").Connected && rs.state("wh-1").Received == 1
 	})
 
-	// The sandbox stops (cagebox stop): its relay closes within a sync
-	// period (3 s) and its close (2 s at most).
+	// The sandbox stops (cagebox stop): the manager records it and emits
+	// sandbox.stopped, which the audit log hands the relays' watcher; the
+	// relay closes at once (its close takes 2 s at most). No event, no
+	// sync: relays do not poll.
 	sbs["sb-1"].Status = "stopped"
 	if err := db.UpdateSandbox(ctx, sbs["sb-1"]); err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
+	rs.lifecycle("t1", "sb-1", api.SandboxStopped{})
 	waitUntil(t, "the stopped sandbox's relay to close its connection", 8*time.Second, func() bool {
 		_, e := seen("/sb-1")
 		return len(e) == 1
