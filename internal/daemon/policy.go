@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -350,27 +349,12 @@ func (s *Server) updateNamedPolicy(w http.ResponseWriter, r *http.Request, t *st
 		}
 		return err
 	}
-	updated, err := s.applyNamed(r.Context(), t.ID, name, doc, p.Generation)
+	var updated []string
+	if reg := s.mgr.Live(); reg != nil {
+		updated, err = reg.ApplyNamed(r.Context(), t.ID, name, doc, p.Generation)
+	}
 	writeJSON(w, 200, namedView(p, updated))
 	return err
-}
-
-// applyNamed sets doc on every running sandbox of tenant following name.
-func (s *Server) applyNamed(ctx context.Context, tenant, name string, doc *policy.Document, gen int64) ([]string, error) {
-	reg := s.mgr.Live()
-	if reg == nil {
-		return nil, nil
-	}
-	var updated []string
-	var errs []error
-	for _, lp := range reg.Following(tenant, name) {
-		if _, err := lp.Set(ctx, doc.Clone(), 0, "policy:"+name, fmt.Sprintf("named policy %s generation %d", name, gen)); err != nil {
-			errs = append(errs, fmt.Errorf("sandbox %s: %w", lp.ID, err))
-			continue
-		}
-		updated = append(updated, lp.ID)
-	}
-	return updated, errors.Join(errs...)
 }
 
 func (s *Server) deleteNamedPolicy(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {

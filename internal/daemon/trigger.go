@@ -3,22 +3,22 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"github.com/cagebox/cagebox/api"
-	"github.com/cagebox/cagebox/internal/livepolicy"
 	"github.com/cagebox/cagebox/internal/policy"
 	"github.com/cagebox/cagebox/internal/sandbox"
 	"github.com/cagebox/cagebox/internal/store"
 	"github.com/cagebox/cagebox/internal/vault"
 )
 
-// triggerAct carries out what a policy trigger asks beyond editing the
-// document: swap to a named policy, revoke or unbind secrets, pause.
+// triggerAct carries out what a policy trigger asks of the vault and the
+// sandbox manager (livepolicy.Config.Act): revoke or unbind secrets,
+// pause. (The document's edits and a swap to a named policy are
+// livepolicy's own.)
 func triggerAct(ctx context.Context, st store.Store, v *vault.Vault, mgr *sandbox.Manager, id, trigger string, a policy.TriggerAction) error {
 	if mgr == nil {
 		return errors.New("the daemon is still starting")
@@ -28,9 +28,6 @@ func triggerAct(ctx context.Context, st store.Store, v *vault.Vault, mgr *sandbo
 		return err
 	}
 	var errs []error
-	if a.Policy != "" {
-		errs = append(errs, swapNamed(ctx, st, mgr.Live(), rec.TenantID, id, trigger, a.Policy))
-	}
 	for _, name := range a.Revoke {
 		if v == nil {
 			errs = append(errs, fmt.Errorf("revoke %s: no vault", name))
@@ -54,23 +51,6 @@ func triggerAct(ctx context.Context, st store.Store, v *vault.Vault, mgr *sandbo
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func swapNamed(ctx context.Context, st store.Store, reg *livepolicy.Registry, tenant, id, trigger, name string) error {
-	np, err := st.GetNamedPolicy(ctx, tenant, name)
-	if err != nil {
-		return fmt.Errorf("policy %s: %w", name, err)
-	}
-	var doc policy.Document
-	if err := json.Unmarshal(np.Document, &doc); err != nil {
-		return fmt.Errorf("policy %s: %w", name, err)
-	}
-	lp, ok := reg.Get(id)
-	if !ok {
-		return fmt.Errorf("sandbox %s is not running", id)
-	}
-	_, err = lp.Replace(ctx, &doc, 0, "trigger:"+trigger, "swap to named policy "+name, name)
-	return err
 }
 
 // webhookKey returns the daemon's approval-webhook key, made on first use

@@ -56,9 +56,9 @@ type Config struct {
 	// Emit records an audit event.
 	Emit func(tenant, sandbox string, ev api.EventPayload)
 	// Act carries out the parts of a trigger this package cannot: revoke
-	// or unbind secrets, pause the sandbox, swap to a named policy (the
-	// sandbox manager implements it). Nil: those parts are refused with an
-	// event.
+	// or unbind secrets, pause the sandbox (the daemon wires it to the
+	// vault and the sandbox manager). Nil: those parts are refused with an
+	// event. (A swap to a named policy is this package's: named.go.)
 	Act func(ctx context.Context, sandboxID, trigger string, a policy.TriggerAction) error
 	// CloseConns closes a sandbox's open proxy connections (freeze).
 	CloseConns func(sandboxID string) int
@@ -574,9 +574,15 @@ func (s *Sandbox) applyTrigger(ctx context.Context, t policy.Trigger, r *policy.
 			s.freezeSelf(ctx, "trigger:"+t.Name+" (could not apply: "+err.Error()+")")
 		}
 	}
-	if a.Policy != "" || len(a.Revoke) > 0 || len(a.Unbind) > 0 || a.Pause {
+	if a.Policy != "" {
+		if err := s.swapToNamed(context.WithoutCancel(ctx), t.Name, a.Policy); err != nil {
+			s.g.log.Error("apply trigger", "sandbox", s.ID, "trigger", t.Name, "err", err)
+			s.freezeSelf(ctx, "trigger:"+t.Name+" (could not apply: "+err.Error()+")")
+		}
+	}
+	if len(a.Revoke) > 0 || len(a.Unbind) > 0 || a.Pause {
 		rest := a
-		rest.Deny, rest.Only = nil, nil
+		rest.Deny, rest.Only, rest.Policy = nil, nil, ""
 		if s.g.cfg.Act == nil {
 			s.g.log.Error("trigger action not supported here", "sandbox", s.ID, "trigger", t.Name)
 			s.freezeSelf(ctx, "trigger:"+t.Name+" (no actor)")
