@@ -29,6 +29,7 @@ var leaves = []string{
 	"internal/sqlitedb",
 	"internal/statedir",
 	"internal/store",
+	"internal/syncbuf",
 	"internal/tarx",
 	"internal/testbin",
 	"internal/testpki",

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/agentproto"
+	"github.com/cagebox/cagebox/internal/syncbuf"
 )
 
 // TestDependencies guards what the agent links: the standard library,
@@ -143,27 +144,9 @@ func TestStaticBinary(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type agent struct {
 	cmd       *exec.Cmd
-	stderr    *syncBuffer
+	stderr    *syncbuf.Buffer
 	tokenFile string
 	token     string
 	sock      string
@@ -184,7 +167,7 @@ func startAgentWith(t *testing.T, bin string, start func(*exec.Cmd) error, extra
 	t.Helper()
 	dir := t.TempDir()
 	a := &agent{
-		stderr:    &syncBuffer{},
+		stderr:    &syncbuf.Buffer{},
 		tokenFile: filepath.Join(dir, "token"),
 		token:     testToken,
 		sock:      filepath.Join(dir, "agent.sock"),
@@ -541,7 +524,7 @@ func TestAgentFD(t *testing.T) {
 	os.WriteFile(tokenFile, []byte(testToken), 0o600)
 	cmd := exec.Command(agentBinary(t), "--listen", "fd:3", "--token-file", tokenFile)
 	cmd.ExtraFiles = []*os.File{guestEnd}
-	var stderr syncBuffer
+	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

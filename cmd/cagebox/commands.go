@@ -521,40 +521,27 @@ func execCmd(g *globals) *cobra.Command {
 }
 
 func lsCmd(g *globals) *cobra.Command {
-	var asJSON bool
 	var labels []string
-	cmd := &cobra.Command{
-		Use:   "ls",
-		Short: "List sandboxes",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			sel, err := parseLabels("--label", labels)
-			if err != nil {
-				return err
-			}
-			var l []api.Sandbox
-			if len(sel) > 0 {
-				l, err = g.client().ListLabeled(cmd.Context(), sel)
-			} else {
-				l, err = g.client().List(cmd.Context())
-			}
-			if err != nil {
-				return err
-			}
-			return printList(asJSON, l, []string{"ID", "TENANT", "RUNTIME", "IMAGE", "STATUS", "CREATED", "EXPIRES"}, func(s api.Sandbox) []string {
-				exp := "-"
-				if s.ExpiresAt != nil {
-					exp = time.Until(*s.ExpiresAt).Round(time.Second).String()
-				}
-				status := s.Status
-				if s.Error != "" {
-					status += " (" + s.Error + ")"
-				}
-				return []string{s.ID, s.Tenant, s.Runtime, s.Image, status, s.CreatedAt.Local().Format(time.DateTime), exp}
-			})
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd := listCmd("ls", "List sandboxes", cobra.NoArgs, func(ctx context.Context, _ []string) ([]api.Sandbox, error) {
+		sel, err := parseLabels("--label", labels)
+		if err != nil {
+			return nil, err
+		}
+		if len(sel) > 0 {
+			return g.client().ListLabeled(ctx, sel)
+		}
+		return g.client().List(ctx)
+	}, []string{"ID", "TENANT", "RUNTIME", "IMAGE", "STATUS", "CREATED", "EXPIRES"}, func(s api.Sandbox) []string {
+		exp := "-"
+		if s.ExpiresAt != nil {
+			exp = time.Until(*s.ExpiresAt).Round(time.Second).String()
+		}
+		status := s.Status
+		if s.Error != "" {
+			status += " (" + s.Error + ")"
+		}
+		return []string{s.ID, s.Tenant, s.Runtime, s.Image, status, s.CreatedAt.Local().Format(time.DateTime), exp}
+	})
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes labelled KEY=VALUE (repeatable: all must match)")
 	return cmd
 }
@@ -628,44 +615,30 @@ func resumeCmd(g *globals) *cobra.Command {
 }
 
 func runtimesCmd(g *globals) *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use:   "runtimes",
-		Short: "List isolation runtimes, their class and whether they run here",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var l []api.Runtime
-			c := g.client()
-			hctx, cancel := context.WithTimeout(cmd.Context(), time.Second)
-			_, herr := c.Health(hctx)
-			cancel()
-			if herr == nil || g.host != "" {
-				var err error
-				if l, err = c.Runtimes(cmd.Context()); err != nil {
-					return err
-				}
-			} else {
-				// No daemon: describe this host directly.
-				l = localRuntimes(g.home)
-			}
-			return printList(asJSON, l, []string{"NAME", "CLASS", "AVAILABLE", "DETAIL"}, func(r api.Runtime) []string {
-				avail := "yes"
-				if !r.Available {
-					avail = "no"
-				}
-				if r.Default {
-					avail += " (auto)"
-				}
-				detail := r.Detail
-				if r.Reason != "" {
-					detail = r.Reason
-				}
-				return []string{r.Name, r.Class, avail, detail}
-			})
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	return cmd
+	return listCmd("runtimes", "List isolation runtimes, their class and whether they run here", cobra.NoArgs, func(ctx context.Context, _ []string) ([]api.Runtime, error) {
+		c := g.client()
+		hctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, herr := c.Health(hctx)
+		cancel()
+		if herr == nil || g.host != "" {
+			return c.Runtimes(ctx)
+		}
+		// No daemon: describe this host directly.
+		return localRuntimes(g.home), nil
+	}, []string{"NAME", "CLASS", "AVAILABLE", "DETAIL"}, func(r api.Runtime) []string {
+		avail := "yes"
+		if !r.Available {
+			avail = "no"
+		}
+		if r.Default {
+			avail += " (auto)"
+		}
+		detail := r.Detail
+		if r.Reason != "" {
+			detail = r.Reason
+		}
+		return []string{r.Name, r.Class, avail, detail}
+	})
 }
 
 func imageCmd(g *globals) *cobra.Command {
@@ -861,22 +834,11 @@ func tenantCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	var tenantJSON bool
-	ls := &cobra.Command{
-		Use:   "ls",
-		Short: "List tenants with their isolation floors",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			l, err := g.client().Tenants(cmd.Context())
-			if err != nil {
-				return err
-			}
-			return printList(tenantJSON, l, []string{"NAME", "FLOOR", "UNTRUSTED", "CREATED"}, func(t api.Tenant) []string {
-				return []string{t.Name, t.Floor, fmt.Sprint(t.Untrusted), t.CreatedAt.Local().Format(time.DateTime)}
-			})
-		},
-	}
-	ls.Flags().BoolVar(&tenantJSON, "json", false, "print JSON")
+	ls := listCmd("ls", "List tenants with their isolation floors", cobra.NoArgs,
+		func(ctx context.Context, _ []string) ([]api.Tenant, error) { return g.client().Tenants(ctx) },
+		[]string{"NAME", "FLOOR", "UNTRUSTED", "CREATED"}, func(t api.Tenant) []string {
+			return []string{t.Name, t.Floor, fmt.Sprint(t.Untrusted), t.CreatedAt.Local().Format(time.DateTime)}
+		})
 	cmd.AddCommand(create, key, ls)
 	return cmd
 }

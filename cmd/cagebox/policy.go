@@ -110,45 +110,27 @@ func policyCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	var histJSON bool
-	history := &cobra.Command{
-		Use:   "history ID [--json]",
-		Short: "Every generation of the sandbox's policy: who changed it and when",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			vs, err := g.client().PolicyHistory(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return printList(histJSON, vs, []string{"GENERATION", "WHEN", "BY", "RULES", "REASON"}, func(v api.PolicyVersion) []string {
-				var d policy.Document
-				_ = json.Unmarshal(v.Policy, &d)
-				return []string{strconv.FormatInt(v.Generation, 10), v.CreatedAt.Local().Format(time.DateTime), v.Actor, strconv.Itoa(len(d.Rules)), v.Reason}
-			})
+	history := listCmd("history ID [--json]", "Every generation of the sandbox's policy: who changed it and when", cobra.ExactArgs(1),
+		func(ctx context.Context, args []string) ([]api.PolicyVersion, error) {
+			return g.client().PolicyHistory(ctx, args[0])
 		},
-	}
-	history.Flags().BoolVar(&histJSON, "json", false, "print JSON")
-	var usageJSON bool
-	usage := &cobra.Command{
-		Use:   "usage ID [--json]",
-		Short: "What the sandbox has used of each budget",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			us, err := g.client().PolicyUsage(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return printList(usageJSON, us, []string{"BUDGET", "REQUESTS", "SENT", "RECEIVED", "SPEND", "STATE"}, func(u api.BudgetUsage) []string {
-				state := "ok"
-				if u.Exhausted {
-					state = "spent"
-				}
-				return []string{u.Name, ofMax(strconv.FormatInt(u.Requests, 10), u.MaxRequests), ofMax(strconv.FormatInt(u.BytesUp, 10), u.MaxBytesUp),
-					ofMax(strconv.FormatInt(u.BytesDown, 10), u.MaxBytesDown), fmt.Sprintf("$%.4f", u.Spend) + maxSpend(u.MaxSpend), state}
-			})
+		[]string{"GENERATION", "WHEN", "BY", "RULES", "REASON"}, func(v api.PolicyVersion) []string {
+			var d policy.Document
+			_ = json.Unmarshal(v.Policy, &d)
+			return []string{strconv.FormatInt(v.Generation, 10), v.CreatedAt.Local().Format(time.DateTime), v.Actor, strconv.Itoa(len(d.Rules)), v.Reason}
+		})
+	usage := listCmd("usage ID [--json]", "What the sandbox has used of each budget", cobra.ExactArgs(1),
+		func(ctx context.Context, args []string) ([]api.BudgetUsage, error) {
+			return g.client().PolicyUsage(ctx, args[0])
 		},
-	}
-	usage.Flags().BoolVar(&usageJSON, "json", false, "print JSON")
+		[]string{"BUDGET", "REQUESTS", "SENT", "RECEIVED", "SPEND", "STATE"}, func(u api.BudgetUsage) []string {
+			state := "ok"
+			if u.Exhausted {
+				state = "spent"
+			}
+			return []string{u.Name, ofMax(strconv.FormatInt(u.Requests, 10), u.MaxRequests), ofMax(strconv.FormatInt(u.BytesUp, 10), u.MaxBytesUp),
+				ofMax(strconv.FormatInt(u.BytesDown, 10), u.MaxBytesDown), fmt.Sprintf("$%.4f", u.Spend) + maxSpend(u.MaxSpend), state}
+		})
 
 	create := &cobra.Command{
 		Use:   "create NAME FILE",
@@ -186,30 +168,13 @@ func policyCmd(g *globals) *cobra.Command {
 		},
 	}
 	update.Flags().Int64Var(&namedGen, "if-generation", 0, "refuse if the named policy is no longer at this generation (409)")
-	var lsJSON bool
-	ls := &cobra.Command{
-		Use:   "ls [--json]",
-		Short: "List the tenant's named policies",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ps, err := g.client().NamedPolicies(cmd.Context())
-			if err != nil {
-				return err
-			}
-			return printList(lsJSON, ps, []string{"NAME", "GENERATION", "UPDATED"}, func(p api.NamedPolicy) []string {
-				return []string{p.Name, strconv.FormatInt(p.Generation, 10), p.UpdatedAt.Local().Format(time.DateTime)}
-			})
-		},
-	}
-	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
-	del := &cobra.Command{
-		Use:   "delete NAME",
-		Short: "Delete a named policy no running sandbox follows",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.client().DeleteNamedPolicy(cmd.Context(), args[0])
-		},
-	}
+	ls := listCmd("ls [--json]", "List the tenant's named policies", cobra.NoArgs,
+		func(ctx context.Context, _ []string) ([]api.NamedPolicy, error) { return g.client().NamedPolicies(ctx) },
+		[]string{"NAME", "GENERATION", "UPDATED"}, func(p api.NamedPolicy) []string {
+			return []string{p.Name, strconv.FormatInt(p.Generation, 10), p.UpdatedAt.Local().Format(time.DateTime)}
+		})
+	del := callCmd("delete NAME", "Delete a named policy no running sandbox follows", cobra.ExactArgs(1),
+		func(ctx context.Context, args []string) error { return g.client().DeleteNamedPolicy(ctx, args[0]) })
 	cmd.AddCommand(get, set, addRule("allow"), addRule("deny"), addRule("hold"), rm, history, usage, create, update, ls, del)
 	return cmd
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -90,41 +91,25 @@ func portCmd(g *globals) *cobra.Command {
 	add.Flags().BoolVar(&public, "public", false, "no access token needed: anyone with the URL reaches the port")
 	add.Flags().StringVar(&ttl, "ttl", "", "unpublish after this long, e.g. 1h (default: until removed)")
 	add.Flags().BoolVar(&tokenOnly, "print-token", false, "print only the access token on stdout (for scripts)")
-	rm := &cobra.Command{
-		Use:   "rm ID PORT",
-		Short: "Unpublish a port",
-		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			port, err := parsePortArg(args[1])
-			if err != nil {
-				return err
+	rm := callCmd("rm ID PORT", "Unpublish a port", cobra.ExactArgs(2), func(ctx context.Context, args []string) error {
+		port, err := parsePortArg(args[1])
+		if err != nil {
+			return err
+		}
+		return g.client().RemovePort(ctx, args[0], port)
+	})
+	ls := listCmd("ls ID", "List a sandbox's published ports", cobra.ExactArgs(1),
+		func(ctx context.Context, args []string) ([]api.Port, error) { return g.client().Ports(ctx, args[0]) },
+		[]string{"PORT", "ACCESS", "URL", "EXPIRES"}, func(p api.Port) []string {
+			access, exp := "token", "-"
+			if p.Public {
+				access = "public"
 			}
-			return g.client().RemovePort(cmd.Context(), args[0], port)
-		},
-	}
-	var asJSON bool
-	ls := &cobra.Command{
-		Use:   "ls ID",
-		Short: "List a sandbox's published ports",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			l, err := g.client().Ports(cmd.Context(), args[0])
-			if err != nil {
-				return err
+			if p.ExpiresAt != nil {
+				exp = time.Until(*p.ExpiresAt).Round(time.Second).String()
 			}
-			return printList(asJSON, l, []string{"PORT", "ACCESS", "URL", "EXPIRES"}, func(p api.Port) []string {
-				access, exp := "token", "-"
-				if p.Public {
-					access = "public"
-				}
-				if p.ExpiresAt != nil {
-					exp = time.Until(*p.ExpiresAt).Round(time.Second).String()
-				}
-				return []string{strconv.Itoa(p.Port), access, p.URL, exp}
-			})
-		},
-	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+			return []string{strconv.Itoa(p.Port), access, p.URL, exp}
+		})
 	var urlTTL string
 	urlc := &cobra.Command{
 		Use:   "url ID PORT",

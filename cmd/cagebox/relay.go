@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -57,40 +58,23 @@ way; it reconnects with backoff, and stops if the server answers 401/403.`,
 	add.Flags().StringVar(&req.TokenSecret, "secret", "", "websocket: the vault secret {secret} in --header stands for (same as --token-secret)")
 	add.Flags().StringVar(&req.URL, "url", "", "websocket: the server's URL, wss://HOST/PATH")
 	add.Flags().StringArrayVar(&req.Headers, "header", nil, "websocket: a handshake header 'Name: value' ({secret}: the secret's value; repeatable)")
-	var asJSON bool
-	ls := &cobra.Command{
-		Use:   "ls ID",
-		Short: "List a sandbox's relays and their connections",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			l, err := g.client().Relays(cmd.Context(), args[0])
-			if err != nil {
-				return err
+	ls := listCmd("ls ID", "List a sandbox's relays and their connections", cobra.ExactArgs(1),
+		func(ctx context.Context, args []string) ([]api.Relay, error) { return g.client().Relays(ctx, args[0]) },
+		[]string{"NAME", "KIND", "PORT", "PATH", "STATE", "SEQ", "RECONNECTS", "RECEIVED", "PENDING"}, func(r api.Relay) []string {
+			state := "connecting"
+			switch {
+			case r.State.Failed:
+				state = "failed: " + r.State.LastError
+			case r.State.Connected:
+				state = "connected"
+			case r.State.LastError != "":
+				state = "reconnecting: " + r.State.LastError
 			}
-			return printList(asJSON, l, []string{"NAME", "KIND", "PORT", "PATH", "STATE", "SEQ", "RECONNECTS", "RECEIVED", "PENDING"}, func(r api.Relay) []string {
-				state := "connecting"
-				switch {
-				case r.State.Failed:
-					state = "failed: " + r.State.LastError
-				case r.State.Connected:
-					state = "connected"
-				case r.State.LastError != "":
-					state = "reconnecting: " + r.State.LastError
-				}
-				return []string{r.Name, r.Kind, strconv.Itoa(r.Port), r.Path, state, strconv.FormatInt(r.State.Seq, 10),
-					strconv.Itoa(r.State.Reconnects), strconv.FormatInt(r.State.Received, 10), strconv.Itoa(r.Pending)}
-			})
-		},
-	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	rm := &cobra.Command{
-		Use:   "rm ID NAME",
-		Short: "Stop a relay and drop its queued events",
-		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.client().RemoveRelay(cmd.Context(), args[0], args[1])
-		},
-	}
+			return []string{r.Name, r.Kind, strconv.Itoa(r.Port), r.Path, state, strconv.FormatInt(r.State.Seq, 10),
+				strconv.Itoa(r.State.Reconnects), strconv.FormatInt(r.State.Received, 10), strconv.Itoa(r.Pending)}
+		})
+	rm := callCmd("rm ID NAME", "Stop a relay and drop its queued events", cobra.ExactArgs(2),
+		func(ctx context.Context, args []string) error { return g.client().RemoveRelay(ctx, args[0], args[1]) })
 	cmd.AddCommand(add, ls, rm)
 	return cmd
 }

@@ -111,30 +111,19 @@ func secretCmd(g *globals) *cobra.Command {
 	rotate.Flags().StringVar(&rotFile, "from-file", "", "read the value from this file")
 	rotate.Flags().BoolVar(&rotAllowEnv, "allow-env", false, "set whether mode env may put the new value inside guests (default: unchanged)")
 
-	var asJSON bool
-	ls := &cobra.Command{
-		Use:   "ls",
-		Short: "List secrets (the last 4 characters only)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			l, err := g.client().Secrets(cmd.Context())
-			if err != nil {
-				return err
+	ls := listCmd("ls", "List secrets (the last 4 characters only)", cobra.NoArgs,
+		func(ctx context.Context, _ []string) ([]api.Secret, error) { return g.client().Secrets(ctx) },
+		[]string{"NAME", "PREVIEW", "HOSTS", "ENV", "VERSION", "UPDATED", "STATUS"}, func(s api.Secret) []string {
+			status := "active"
+			if s.RevokedAt != nil {
+				status = "revoked " + s.RevokedAt.Local().Format(time.DateTime)
 			}
-			return printList(asJSON, l, []string{"NAME", "PREVIEW", "HOSTS", "ENV", "VERSION", "UPDATED", "STATUS"}, func(s api.Secret) []string {
-				status := "active"
-				if s.RevokedAt != nil {
-					status = "revoked " + s.RevokedAt.Local().Format(time.DateTime)
-				}
-				env := "no"
-				if s.AllowEnv {
-					env = "allowed"
-				}
-				return []string{s.Name, "…" + s.Preview, strings.Join(s.Hosts, ","), env, strconv.FormatInt(s.Version, 10), s.UpdatedAt.Local().Format(time.DateTime), status}
-			})
-		},
-	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+			env := "no"
+			if s.AllowEnv {
+				env = "allowed"
+			}
+			return []string{s.Name, "…" + s.Preview, strings.Join(s.Hosts, ","), env, strconv.FormatInt(s.Version, 10), s.UpdatedAt.Local().Format(time.DateTime), status}
+		})
 	rm := simpleCmd(g, "rm", "Delete secrets", func(ctx context.Context, c *client.Client, name string) error { return c.DeleteSecret(ctx, name) })
 	revoke := simpleCmd(g, "revoke", "Revoke secrets: unusable from the next request on", func(ctx context.Context, c *client.Client, name string) error {
 		_, err := c.RevokeSecret(ctx, name)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -78,44 +79,27 @@ func toolCmd(g *globals) *cobra.Command {
 	add.Flags().StringVar(&inputFile, "input-file", "", "write the input to this absolute path in the sandbox instead of stdin")
 	add.Flags().StringVar(&schemaFile, "input-schema", "", "JSON Schema file of the input (MCP clients show it)")
 	add.Flags().BoolVar(&replace, "replace", false, "replace a tool of the same name")
-	var asJSON bool
-	ls := &cobra.Command{
-		Use:   "ls",
-		Short: "List your tools",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			l, err := g.client().Tools(cmd.Context())
-			if err != nil {
-				return err
+	ls := listCmd("ls", "List your tools", cobra.NoArgs,
+		func(ctx context.Context, _ []string) ([]api.Tool, error) { return g.client().Tools(ctx) },
+		[]string{"NAME", "COMMAND", "RUNTIME", "IMAGE", "TIMEOUT", "CREATED"}, func(t api.Tool) []string {
+			rt := t.Runtime
+			if rt == "" {
+				rt = "default"
 			}
-			return printList(asJSON, l, []string{"NAME", "COMMAND", "RUNTIME", "IMAGE", "TIMEOUT", "CREATED"}, func(t api.Tool) []string {
-				rt := t.Runtime
-				if rt == "" {
-					rt = "default"
-				}
-				if t.RuntimeFloor != "" {
-					rt += " (≥ " + t.RuntimeFloor + ")"
-				}
-				img, to := t.Image, t.Timeout
-				if img == "" {
-					img = "default"
-				}
-				if to == "" {
-					to = "60s"
-				}
-				return []string{t.Name, strings.Join(t.Argv, " "), rt, img, to, t.CreatedAt.Local().Format(time.DateTime)}
-			})
-		},
-	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	rm := &cobra.Command{
-		Use:   "rm NAME",
-		Short: "Remove a tool",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.client().DeleteTool(cmd.Context(), args[0])
-		},
-	}
+			if t.RuntimeFloor != "" {
+				rt += " (≥ " + t.RuntimeFloor + ")"
+			}
+			img, to := t.Image, t.Timeout
+			if img == "" {
+				img = "default"
+			}
+			if to == "" {
+				to = "60s"
+			}
+			return []string{t.Name, strings.Join(t.Argv, " "), rt, img, to, t.CreatedAt.Local().Format(time.DateTime)}
+		})
+	rm := callCmd("rm NAME", "Remove a tool", cobra.ExactArgs(1),
+		func(ctx context.Context, args []string) error { return g.client().DeleteTool(ctx, args[0]) })
 	cmd.AddCommand(add, ls, rm)
 	return cmd
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -73,14 +74,8 @@ func volumeCmd(g *globals) *cobra.Command {
 		},
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	rm := &cobra.Command{
-		Use:   "rm NAME",
-		Short: "Remove a volume and its data (refused while a sandbox mounts it)",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.client().RemoveVolume(cmd.Context(), args[0])
-		},
-	}
+	rm := callCmd("rm NAME", "Remove a volume and its data (refused while a sandbox mounts it)", cobra.ExactArgs(1),
+		func(ctx context.Context, args []string) error { return g.client().RemoveVolume(ctx, args[0]) })
 	cmd.AddCommand(create, ls, rm)
 	return cmd
 }

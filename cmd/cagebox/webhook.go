@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -46,30 +47,15 @@ order, at least once, with retries. The guest never needs the secret.`,
 	add.Flags().StringVar(&req.Path, "path", "/", "the guest's path deliveries go to")
 	add.Flags().StringVar(&req.Verify, "verify", "", "how the sender signs: github, stripe, slack or hmac:SPEC")
 	add.Flags().StringVar(&req.Secret, "secret", "", "the vault secret holding the shared signing secret")
-	var asJSON bool
-	ls := &cobra.Command{
-		Use:   "ls ID",
-		Short: "List a sandbox's webhooks",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			l, err := g.client().Webhooks(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return printList(asJSON, l, []string{"NAME", "PORT", "PATH", "VERIFY", "SECRET", "PENDING"}, func(w api.Webhook) []string {
-				return []string{w.Name, strconv.Itoa(w.Port), w.Path, w.Verify, w.Secret, strconv.Itoa(w.Pending)}
-			})
+	ls := listCmd("ls ID", "List a sandbox's webhooks", cobra.ExactArgs(1),
+		func(ctx context.Context, args []string) ([]api.Webhook, error) {
+			return g.client().Webhooks(ctx, args[0])
 		},
-	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	rm := &cobra.Command{
-		Use:   "rm ID NAME",
-		Short: "Remove a webhook and its queued deliveries",
-		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.client().RemoveWebhook(cmd.Context(), args[0], args[1])
-		},
-	}
+		[]string{"NAME", "PORT", "PATH", "VERIFY", "SECRET", "PENDING"}, func(w api.Webhook) []string {
+			return []string{w.Name, strconv.Itoa(w.Port), w.Path, w.Verify, w.Secret, strconv.Itoa(w.Pending)}
+		})
+	rm := callCmd("rm ID NAME", "Remove a webhook and its queued deliveries", cobra.ExactArgs(2),
+		func(ctx context.Context, args []string) error { return g.client().RemoveWebhook(ctx, args[0], args[1]) })
 	cmd.AddCommand(add, ls, rm)
 	return cmd
 }

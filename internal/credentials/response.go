@@ -59,7 +59,7 @@ type Scrub struct {
 const DefaultMaxFrame = 1 << 20
 
 // DecodableEncodings is what a scrubbed response may be encoded with; the
-// request's Accept-Encoding is narrowed to it (see PrepareRequest).
+// request's Accept-Encoding is narrowed to it (see NarrowAcceptEncoding).
 var DecodableEncodings = []string{"gzip", "deflate", "br"}
 
 // Error is a response the scrub refuses: the proxy answers 502 with
@@ -67,16 +67,6 @@ var DecodableEncodings = []string{"gzip", "deflate", "br"}
 type Error struct{ Reason string }
 
 func (e *Error) Error() string { return e.Reason }
-
-// PrepareRequest readies a request to a host that holds bound secrets for
-// inspection of its response: Accept-Encoding keeps only the encodings the
-// scrub can decode, and WebSocket extensions (permessage-deflate: frames
-// compressed per message, which the gateway could not read) are not
-// offered.
-func PrepareRequest(r *http.Request) {
-	NarrowAcceptEncoding(r)
-	r.Header.Del("Sec-WebSocket-Extensions")
-}
 
 // NarrowAcceptEncoding keeps in r's Accept-Encoding only the encodings the
 // scrub can decode (identity when none is left).

@@ -1,8 +1,6 @@
 package egress
 
 import (
-	"net/netip"
-
 	"github.com/cagebox/cagebox/internal/safedial"
 )
 
@@ -13,7 +11,7 @@ import (
 // Built-in rules named when the guard refuses an upstream's address.
 const (
 	// RuleBlockedAddress: the name resolves to an address no upstream may
-	// have (loopback, private, link-local, metadata, …; see CheckAddr).
+	// have (loopback, private, link-local, metadata, …; see safedial.CheckAddr).
 	RuleBlockedAddress = safedial.RuleBlockedAddress
 	// RuleHostAddress: the name resolves to an address of the host itself.
 	RuleHostAddress = safedial.RuleHostAddress
@@ -22,10 +20,6 @@ const (
 // RefusedError is an upstream connection the dial guard would not make
 // (safedial.RefusedError: Reason is safe to show to the sandbox).
 type RefusedError = safedial.RefusedError
-
-// CheckAddr reports whether a resolved address may be an upstream
-// (safedial.CheckAddr).
-func CheckAddr(a netip.Addr) error { return safedial.CheckAddr(a) }
 
 // refusalRule returns the built-in rule that refused a dial, or "".
 func refusalRule(err error) string { return safedial.Rule(err) }

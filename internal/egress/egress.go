@@ -19,7 +19,7 @@
 // name and is refused. Names are compared in the canonical form of package
 // hostname (ASCII lower case, no trailing dot). Upstream connections resolve
 // the name on the host, refuse private, loopback, link-local, metadata and
-// cloud host-endpoint addresses (see CheckAddr; rule RuleBlockedAddress)
+// cloud host-endpoint addresses (see safedial.CheckAddr; rule RuleBlockedAddress)
 // and the host's own addresses (learned from its interfaces and local
 // routes, plus Config.HostAddrs; rule RuleHostAddress), and dial the checked
 // address itself. Only names with an explicit Config.Resolve override (per

@@ -182,10 +182,10 @@ func TestBuildDefault(t *testing.T) {
 	if _, err := os.Stat("/usr/sbin/mkfs.ext4"); err == nil {
 		out := filepath.Join(t.TempDir(), "default.ext4")
 		start := time.Now()
-		if err := PackExt4(img, out); err != nil {
+		if err := PackExt4Context(context.Background(), img, out, 0); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("PackExt4 took %v (%d MiB)", time.Since(start), Ext4Size(img)>>20)
+		t.Logf("PackExt4Context took %v (%d MiB)", time.Since(start), Ext4Size(img)>>20)
 		if b, err := exec.Command("/usr/sbin/e2fsck", "-fn", out).CombinedOutput(); err != nil {
 			t.Errorf("e2fsck: %v\n%s", err, b)
 		}

@@ -12,16 +12,12 @@ import (
 // root by LABEL=cagebox-root.
 const Ext4Label = "cagebox-root"
 
-// PackExt4 writes img's rootfs as an ext4 filesystem image to out (for VM
+// PackExt4Context writes img's rootfs as an ext4 filesystem image to out (for VM
 // runtimes: QEMU, Firecracker), sized by Ext4Size. It needs mkfs.ext4 from
 // e2fsprogs 1.43 or later (for -d). Run as root so that file owners are kept.
-func PackExt4(img *Image, out string) error {
-	return PackExt4Context(context.Background(), img, out, 0)
-}
-
-// PackExt4Context is PackExt4 with a context and an explicit filesystem size
-// in bytes (0 = Ext4Size(img)). out is written via a temporary file beside it
-// and renamed into place, so it is never half-written.
+// size is the filesystem size in bytes (0 = Ext4Size(img)). out is written
+// via a temporary file beside it and renamed into place, so it is never
+// half-written.
 func PackExt4Context(ctx context.Context, img *Image, out string, size int64) error {
 	if img == nil || img.Path == "" {
 		return fmt.Errorf("pack ext4: no image")

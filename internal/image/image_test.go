@@ -431,7 +431,7 @@ func TestPackExt4(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "root.ext4")
-	if err := PackExt4(img, out); err != nil {
+	if err := PackExt4Context(context.Background(), img, out, 0); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Stat(out)

@@ -88,19 +88,6 @@ func (d *deliveries) revoke(id string, port uint16) int {
 	return len(cut)
 }
 
-// count reports how many deliveries are tracked (tests).
-func (d *deliveries) count() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	n := 0
-	for _, ports := range d.m {
-		for _, set := range ports {
-			n += len(set)
-		}
-	}
-	return n
-}
-
 // Revoke cuts what is under way through the listener to port of sandbox
 // id (0: to every port of it): requests waiting for the guest fail (404),
 // streamed responses (SSE) are aborted and upgraded connections

@@ -33,6 +33,19 @@ type portsBackend struct {
 	ports map[string][]uint16
 }
 
+// count reports how many deliveries are tracked.
+func (d *deliveries) count() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, ports := range d.m {
+		for _, set := range ports {
+			n += len(set)
+		}
+	}
+	return n
+}
+
 func (b *portsBackend) Resolve(_ context.Context, id string, port uint16) (*Target, error) {
 	for _, p := range b.ports[id] {
 		if p == port {

@@ -82,20 +82,6 @@ func (u *Usage) add(b []byte) bool {
 	return found
 }
 
-// ParseUsage reads the usage of a whole JSON body or SSE stream, the way
-// MeterResponse reads one as it streams (the same code).
-func ParseUsage(contentType string, body []byte) (Usage, bool) {
-	var (
-		u     Usage
-		found bool
-	)
-	m := &meter{sse: strings.HasPrefix(contentType, "text/event-stream"), eof: true,
-		done: func(mu Usage, ok bool) { u, found = mu, ok }}
-	m.feed(body)
-	m.finish()
-	return u, found
-}
-
 func sseData(line []byte) ([]byte, bool) {
 	line = bytes.TrimRight(line, "\r")
 	d, ok := bytes.CutPrefix(line, []byte("data:"))

@@ -11,6 +11,20 @@ import (
 	"github.com/cagebox/cagebox/internal/policy"
 )
 
+// ParseUsage reads the usage of a whole JSON body or SSE stream with the
+// meter MeterResponse streams a response through.
+func ParseUsage(contentType string, body []byte) (Usage, bool) {
+	var (
+		u     Usage
+		found bool
+	)
+	m := &meter{sse: strings.HasPrefix(contentType, "text/event-stream"), eof: true,
+		done: func(mu Usage, ok bool) { u, found = mu, ok }}
+	m.feed(body)
+	m.finish()
+	return u, found
+}
+
 func TestParseUsage(t *testing.T) {
 	for name, tc := range map[string]struct {
 		ct, body string

@@ -144,11 +144,8 @@ func refMap(m map[string]ref.Val) map[string]any {
 	return out
 }
 
-// eval runs the condition for r. A result that is not a bool is an error.
-func (c *condition) eval(r *Request, _ *Session) (bool, error) {
-	return c.evalIn(&activation{r: r})
-}
-
+// evalIn runs the condition on a's variables. A result that is not a bool
+// is an error.
 func (c *condition) evalIn(a *activation) (bool, error) {
 	out, _, err := c.prg.Eval(a.get(c.rules))
 	if err != nil {

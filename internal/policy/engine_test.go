@@ -345,7 +345,8 @@ rules:
 func TestLiveSwapConcurrent(t *testing.T) {
 	a := mustPolicy(t, `rules: [{name: a, host: a.example.com, action: allow}]`)
 	b := mustPolicy(t, `rules: [{name: b, host: b.example.com, action: allow}]`)
-	l := NewLive(a)
+	l := &Live{}
+	l.Set(a)
 	if l.Current() != a {
 		t.Fatal("Current")
 	}

@@ -15,13 +15,6 @@ type Live struct {
 	p atomic.Pointer[Policy]
 }
 
-// NewLive returns a Live holding p.
-func NewLive(p *Policy) *Live {
-	l := &Live{}
-	l.p.Store(p)
-	return l
-}
-
 // Set replaces the current policy.
 func (l *Live) Set(p *Policy) { l.p.Store(p) }
 

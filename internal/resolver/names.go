@@ -26,12 +26,6 @@ func Normalize(name string) (norm string, ok bool) {
 	return norm, hostname.Valid(norm)
 }
 
-// ValidName reports whether name is a host name Normalize accepts.
-func ValidName(name string) bool {
-	_, ok := Normalize(name)
-	return ok
-}
-
 // Reserved reports whether the normalized name is localhost or lies under a
 // zone that is never resolved (.localhost, .local, .internal, .arpa,
 // .invalid, .onion).

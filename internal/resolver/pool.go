@@ -24,7 +24,7 @@ var DefaultV6Prefix = netip.MustParsePrefix("2001:2::/64")
 var ErrPoolExhausted = errors.New("synthetic address pool exhausted")
 
 // ErrInvalidName is returned by Pool.Assign for a name that is not a valid
-// host name (see ValidName).
+// host name (see Normalize).
 var ErrInvalidName = errors.New("invalid host name")
 
 // maxSlots caps the number of names a pool can hold, whatever its prefixes.
@@ -99,7 +99,7 @@ func (p *Pool) Cap() int { return int(p.slots) }
 // Assign returns the synthetic addresses of name, allocating them on first
 // use. The name is lower-cased and a trailing dot is stripped, so
 // "Example.COM." and "example.com" share addresses. v6 is the zero Addr when
-// the pool has no IPv6. Assign fails with ErrInvalidName for a name ValidName
+// the pool has no IPv6. Assign fails with ErrInvalidName for a name Normalize
 // rejects and with ErrPoolExhausted when no slot is left; it never wraps
 // around.
 func (p *Pool) Assign(name string) (v4, v6 netip.Addr, err error) {

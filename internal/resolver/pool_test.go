@@ -149,7 +149,8 @@ func TestNormalize(t *testing.T) {
 	}
 	// 253 characters is the limit.
 	n := strings.Repeat("a.", 126) + "a"
-	if len(n) != 253 || !ValidName(n) || !ValidName(n+".") || ValidName(n+"a") {
+	valid := func(name string) bool { _, ok := Normalize(name); return ok }
+	if len(n) != 253 || !valid(n) || !valid(n+".") || valid(n+"a") {
 		t.Errorf("length limit wrong")
 	}
 }

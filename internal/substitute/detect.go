@@ -94,9 +94,6 @@ func NewDetector() (*Detector, error) {
 	return d, nil
 }
 
-// Rules returns the number of rules in use.
-func (d *Detector) Rules() int { return len(d.rules) }
-
 // Budget bounds the work of one scan. The scan is linear in the bytes it
 // examines, and these bounds keep one request from holding the gateway: past
 // either budget the scan stops and ScanResult says what it left out.
@@ -144,15 +141,6 @@ type ScanResult struct {
 	Scanned int64
 
 	work int64 // see scan.work
-}
-
-// Scan looks for credential-shaped strings in r's headers, query, path and
-// the first limit bytes of its body (limit ≤ 0: no body), leaving out our
-// own placeholders (known), with no byte or time budget: for callers that
-// bound their input themselves. The gateway uses ScanBudget.
-func (d *Detector) Scan(r *http.Request, limit int64, known ...Known) ([]Finding, error) {
-	res, err := d.ScanBudget(r, Budget{Bytes: math.MaxInt64, Time: 24 * time.Hour, Body: limit}, known...)
-	return res.Findings, err
 }
 
 // ScanBudget looks for credential-shaped strings in r's headers, query, path

@@ -2,6 +2,7 @@ package substitute
 
 import (
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -26,9 +27,16 @@ func testDetector(t testing.TB) *Detector {
 
 func TestDetectorRules(t *testing.T) {
 	d := testDetector(t)
-	if d.Rules() < 100 {
-		t.Fatalf("only %d rules loaded from gitleaks' default config", d.Rules())
+	if len(d.rules) < 100 {
+		t.Fatalf("only %d rules loaded from gitleaks' default config", len(d.rules))
 	}
+}
+
+// Scan is ScanBudget with no byte or time budget, returning the findings
+// only: the first limit bytes of the body are scanned (limit ≤ 0: none).
+func (d *Detector) Scan(r *http.Request, limit int64, known ...Known) ([]Finding, error) {
+	res, err := d.ScanBudget(r, Budget{Bytes: math.MaxInt64, Time: 24 * time.Hour, Body: limit}, known...)
+	return res.Findings, err
 }
 
 func TestDetectorFindsCredentials(t *testing.T) {

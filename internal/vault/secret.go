@@ -24,9 +24,6 @@ type secretValue struct {
 	b *[]byte
 }
 
-// NewSecret returns a Secret holding a copy of b.
-func NewSecret(b []byte) Secret { return newSecret(append([]byte(nil), b...)) }
-
 // newSecret returns a Secret holding b itself.
 func newSecret(b []byte) Secret { return Secret{p: &secretValue{b: &b}} }
 

@@ -9,11 +9,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/cagebox/cagebox/internal/kvm"
+	"github.com/cagebox/cagebox/internal/syncbuf"
 )
 
 // kvmProbes caches the kvm platform's verdict per host boot and runsc.
@@ -56,7 +56,7 @@ func (rt *Runtime) probeKVM(ctx context.Context) kvm.Verdict {
 	// signal when they change credentials, are swept by the next probe:
 	// sweepOrphans).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var out syncBuffer
+	var out syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	p, err := kvm.StartProbe(cmd, kvmProbes.Dir)
 	if err != nil {
@@ -190,24 +190,4 @@ func probeEvidence(out, logDir string) string {
 		}
 	}
 	return ev
-}
-
-// syncBuffer is a bytes.Buffer safe for the copy goroutines of a process's
-// output and a reader after the process was killed.
-type syncBuffer struct {
-	// mu guards b.
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

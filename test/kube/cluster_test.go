@@ -54,6 +54,7 @@ import (
 	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/kube/fleet"
 	"github.com/cagebox/cagebox/internal/kube/kubetest"
+	"github.com/cagebox/cagebox/internal/syncbuf"
 	"github.com/cagebox/cagebox/internal/testbin"
 	"github.com/cagebox/cagebox/internal/testpki"
 	"github.com/cagebox/cagebox/internal/vmimage"
@@ -127,7 +128,7 @@ type node struct {
 	args                    []string
 	mu                      sync.Mutex
 	cmd                     *exec.Cmd
-	log                     syncBuffer
+	log                     syncbuf.Buffer
 	done                    <-chan struct{}
 }
 
@@ -143,7 +144,7 @@ type cluster struct {
 	pki       *testpki.PKI
 	caFile    string
 	nodes     []*node
-	ctrlLog   syncBuffer
+	ctrlLog   syncbuf.Buffer
 	ingress   string // the controller's fleet ingress address
 	up        *upstream
 	nodeKubes map[string]string // kubeconfig file per identity
@@ -431,25 +432,6 @@ func (n *node) start(t testing.TB) {
 	}
 	n.cmd = cmd
 	n.done = waitDone(cmd)
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use (a process's
-// output, read by the test while it runs).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func (n *node) logText() string { return n.log.String() }

@@ -437,5 +437,3 @@ func TestManyClaimsServedWarm(t *testing.T) {
 		}
 	}
 }
-
-func strconvItoa(i int) string { return fmt.Sprint(i) }

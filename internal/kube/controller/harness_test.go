@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"sync"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/cagebox/cagebox/internal/kube/fleet"
 	"github.com/cagebox/cagebox/internal/kube/kubetest"
+	"github.com/cagebox/cagebox/internal/syncbuf"
 	"github.com/cagebox/cagebox/isolation"
 )
 
@@ -39,7 +39,7 @@ type env struct {
 	c     client.Client
 	fleet *fakeFleet
 	ctl   *Controller
-	logs  *syncBuffer
+	logs  *syncbuf.Buffer
 
 	mu     sync.Mutex
 	leases map[string]*nodeLease
@@ -52,23 +52,6 @@ type nodeLease struct {
 	free     int64
 	stop     chan struct{}
 	stopped  bool
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 var quietRuntime sync.Once
@@ -84,7 +67,7 @@ func startEnv(t *testing.T, cfg Config) *env {
 			t.Fatal(err)
 		}
 	}
-	e := &env{t: t, ctx: ctx, c: c, fleet: &fakeFleet{nodes: map[string]*fakeNode{}}, logs: &syncBuffer{}, leases: map[string]*nodeLease{}}
+	e := &env{t: t, ctx: ctx, c: c, fleet: &fakeFleet{nodes: map[string]*fakeNode{}}, logs: &syncbuf.Buffer{}, leases: map[string]*nodeLease{}}
 	mgr, err := NewManager(rc, ManagerOptions{Namespace: fleet.DefaultNamespace, SkipNameValidation: true})
 	if err != nil {
 		t.Fatal(err)

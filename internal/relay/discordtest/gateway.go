@@ -170,13 +170,7 @@ func (g *Gateway) Seq() int64      { g.lock(); defer g.mu.Unlock(); return g.seq
 func (g *Gateway) Connected() bool { g.lock(); defer g.mu.Unlock(); return g.conn != nil }
 
 // Under the lock (for Wait's cond).
-func (g *Gateway) NIdentifies() int { return len(g.identifies) }
-func (g *Gateway) NResumes() int    { return len(g.resumes) }
-func (g *Gateway) NHeartbeats() int { return g.heartbeats }
-func (g *Gateway) NEnds() int       { return len(g.ends) }
-func (g *Gateway) IsConnected() bool {
-	return g.conn != nil
-}
+func (g *Gateway) NEnds() int { return len(g.ends) }
 
 func (g *Gateway) lock() { g.mu.Lock() }
 

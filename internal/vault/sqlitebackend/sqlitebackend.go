@@ -89,14 +89,8 @@ func Open(path string) (_ *Backend, err error) {
 	return b, nil
 }
 
-// New returns a Backend on connections the caller owns (and closes): w
-// must be a single connection whose transactions BEGIN IMMEDIATE, r may be
-// a read-only pool (or w again). The vault_secrets table must exist and
-// be up to date (Migrate).
-func New(w, r *sql.DB) *Backend { return &Backend{w: w, r: r} }
-
-// Close closes the database if Open opened it. It is safe to call more
-// than once.
+// Close closes the database Open opened. It is safe to call more than
+// once.
 func (b *Backend) Close() error {
 	if b.db == nil {
 		return nil
