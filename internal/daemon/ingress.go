@@ -81,7 +81,7 @@ func startIngress(cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit fu
 		mark = gw.Links().IngressMark()
 	}
 	srv = ingress.New(ingress.Config{
-		Domain: domain, Backend: mgr, Signer: &ingress.Signer{Key: key}, Emit: emit,
+		Domain: domain, Backend: mgr.Ports(), Signer: &ingress.Signer{Key: key}, Emit: emit,
 		Mark: mark, MaxBody: ic.MaxBody, Rate: ic.Rate, SandboxRate: sandboxRate(ic.Rate), Burst: int(2 * ic.Rate), SandboxBurst: int(8 * ic.Rate),
 		Logger: log.With("component", "ingress"),
 	})
@@ -103,7 +103,7 @@ func startIngress(cfg Config, mgr *sandbox.Manager, gw *gateway.Gateway, emit fu
 	if hooksSvc != nil {
 		hooksSvc.SetBaseURL("https://hooks." + strings.TrimSuffix(domain, ".") + suffix)
 	}
-	mgr.SetIngress(&sandbox.Ingress{
+	mgr.Ports().SetIngress(&sandbox.Ingress{
 		Signer: &ingress.Signer{Key: key},
 		URL: func(id string, p uint16) string {
 			return "https://" + ingress.HostFor(id, p, domain) + suffix + "/"

@@ -23,7 +23,7 @@ func (s *Server) addPort(w http.ResponseWriter, r *http.Request, t *store.Tenant
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	p, err := s.mgr.AddPort(r.Context(), scope(t), r.PathValue("id"), req)
+	p, err := s.mgr.Ports().AddPort(r.Context(), scope(t), r.PathValue("id"), req)
 	if err != nil {
 		return err
 	}
@@ -32,7 +32,7 @@ func (s *Server) addPort(w http.ResponseWriter, r *http.Request, t *store.Tenant
 }
 
 func (s *Server) listPorts(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
-	l, err := s.mgr.ListPorts(r.Context(), scope(t), r.PathValue("id"))
+	l, err := s.mgr.Ports().ListPorts(r.Context(), scope(t), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -45,7 +45,7 @@ func (s *Server) removePort(w http.ResponseWriter, r *http.Request, t *store.Ten
 	if err != nil {
 		return err
 	}
-	if err := s.mgr.RemovePort(r.Context(), scope(t), r.PathValue("id"), port); err != nil {
+	if err := s.mgr.Ports().RemovePort(r.Context(), scope(t), r.PathValue("id"), port); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -63,7 +63,7 @@ func (s *Server) portURL(w http.ResponseWriter, r *http.Request, t *store.Tenant
 			return err
 		}
 	}
-	u, err := s.mgr.PortURL(r.Context(), scope(t), r.PathValue("id"), port, req.TTL)
+	u, err := s.mgr.Ports().PortURL(r.Context(), scope(t), r.PathValue("id"), port, req.TTL)
 	if err != nil {
 		return err
 	}

@@ -434,7 +434,7 @@ func (s *Server) addRelay(w http.ResponseWriter, r *http.Request, t *store.Tenan
 		}
 		return err
 	}
-	if err := s.mgr.SyncPublished(r.Context(), sb.ID); err != nil {
+	if err := s.mgr.Ports().SyncPublished(r.Context(), sb.ID); err != nil {
 		_ = s.relays.st.DeleteWebhook(context.WithoutCancel(r.Context()), sb.Tenant, sb.ID, rel.Hook.Name)
 		return fmt.Errorf("admit port %d: %w", req.Port, err)
 	}
@@ -481,7 +481,7 @@ func (s *Server) removeRelay(w http.ResponseWriter, r *http.Request, t *store.Te
 		return err
 	}
 	s.relays.sync(r.Context())
-	if err := s.mgr.SyncPublished(r.Context(), sb.ID); err != nil {
+	if err := s.mgr.Ports().SyncPublished(r.Context(), sb.ID); err != nil {
 		s.log.Warn("unadmit relay port", "sandbox", sb.ID, "err", err)
 	}
 	w.WriteHeader(http.StatusNoContent)

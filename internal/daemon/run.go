@@ -343,7 +343,7 @@ func (d *wiring) manager(ctx context.Context) error {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
 	d.undo.Add(d.mgr.Close)
-	d.mgr.SyncPorts(ctx)
+	d.mgr.Ports().SyncPorts(ctx)
 	if err := d.mgr.PruneImageRefs(ctx); err != nil {
 		d.log.Warn("prune image references", "err", err)
 	}

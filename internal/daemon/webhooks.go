@@ -52,7 +52,7 @@ func newHooks(cfg Config, st store.Store, v *vault.Vault, mgr *sandbox.Manager, 
 	})
 	// A webhook's port is admitted on its sandbox's link like a published
 	// one (only the ingress listener's marked connections reach it).
-	mgr.SetExtraPorts(func(ctx context.Context, id string) []uint16 {
+	mgr.Ports().SetExtraPorts(func(ctx context.Context, id string) []uint16 {
 		ws, err := st.ListWebhooks(ctx, "", id)
 		if err != nil {
 			return nil
@@ -111,7 +111,7 @@ func (s *Server) addWebhook(w http.ResponseWriter, r *http.Request, t *store.Ten
 	if err != nil {
 		return err
 	}
-	if err := s.mgr.SyncPublished(r.Context(), sb.ID); err != nil {
+	if err := s.mgr.Ports().SyncPublished(r.Context(), sb.ID); err != nil {
 		_ = s.hooks.Remove(context.WithoutCancel(r.Context()), sb.Tenant, sb.ID, req.Name)
 		return fmt.Errorf("admit port %d: %w", req.Port, err)
 	}
@@ -140,7 +140,7 @@ func (s *Server) removeWebhook(w http.ResponseWriter, r *http.Request, t *store.
 	if err := s.hooks.Remove(r.Context(), sb.Tenant, sb.ID, r.PathValue("name")); err != nil {
 		return err
 	}
-	if err := s.mgr.SyncPublished(r.Context(), sb.ID); err != nil {
+	if err := s.mgr.Ports().SyncPublished(r.Context(), sb.ID); err != nil {
 		s.log.Warn("unadmit webhook port", "sandbox", sb.ID, "err", err)
 	}
 	w.WriteHeader(http.StatusNoContent)

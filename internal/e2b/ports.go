@@ -71,11 +71,11 @@ func (s *Server) publish(ctx context.Context, id string, port uint16) (string, e
 	defer p.mu.Unlock()
 	tok := p.byID[id][port]
 	if tok != "" {
-		if t, err := s.cfg.Manager.Resolve(ctx, id, port); err == nil && ingress.CheckToken(tok, t.TokenHash) {
+		if t, err := s.cfg.Manager.Ports().Resolve(ctx, id, port); err == nil && ingress.CheckToken(tok, t.TokenHash) {
 			return tok, nil
 		}
 	}
-	pv, err := s.cfg.Manager.AddPort(ctx, "", id, api.PortSpec{Port: int(port)})
+	pv, err := s.cfg.Manager.Ports().AddPort(ctx, "", id, api.PortSpec{Port: int(port)})
 	if err != nil {
 		return "", err
 	}

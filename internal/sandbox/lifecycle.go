@@ -51,7 +51,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	}
 	v, _, err := m.create(ctx, tenant, req)
 	if err == nil && len(req.Publish) > 0 {
-		ports, perr := m.publishOnCreate(ctx, tenant.ID, v.ID, req.Publish)
+		ports, perr := m.ports.publishOnCreate(ctx, tenant.ID, v.ID, req.Publish)
 		if perr != nil {
 			_ = m.RemoveAsync(context.Background(), tenant.ID, v.ID)
 			return nil, perr
@@ -472,7 +472,7 @@ func (m *Manager) destroy(r *store.Sandbox, reason string) error {
 	}
 	m.releaseImage(r.ID)
 	m.detach(r.ID)
-	m.dropPorts(r.ID)
+	m.ports.dropPorts(r.ID)
 	m.endAudit(r.ID)
 	var sr specRecord
 	if json.Unmarshal(r.Spec, &sr) == nil {

@@ -103,11 +103,9 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 
-	// mu guards live, ingress and extraPorts.
-	mu         sync.Mutex
-	live       map[string]*entry
-	ingress    *Ingress
-	extraPorts func(ctx context.Context, id string) []uint16
+	// mu guards live.
+	mu   sync.Mutex
+	live map[string]*entry
 
 	events    *audit.Log
 	ownEvents bool // made by New: Close closes it
@@ -127,9 +125,12 @@ type Manager struct {
 	volMu sync.Mutex
 	// audits holds the auditor of each audited sandbox (audit.go).
 	audits sync.Map
-	// ports caches published ports for ingress (ports.go).
-	ports portCache
+	// ports publishes sandboxes' ports (ports.go).
+	ports *Ports
 }
+
+// Ports is the service of the sandboxes' published ports.
+func (m *Manager) Ports() *Ports { return m.ports }
 
 // entry is a sandbox the daemon is attached to.
 type entry struct {
@@ -174,6 +175,7 @@ func New(cfg Config) *Manager {
 		cfg.MinIsolation = isolation.Namespaces
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, live: map[string]*entry{}, events: cfg.Events}
+	m.ports = &Ports{m: m}
 	if m.events == nil {
 		m.events = audit.New(audit.Config{Store: cfg.Store, Logger: cfg.Logger, Now: cfg.Now})
 		m.ownEvents = true
@@ -350,7 +352,7 @@ func (m *Manager) Get(ctx context.Context, tenant, id string) (*api.Sandbox, err
 		return nil, notFound(id, err)
 	}
 	v := m.view(r)
-	if ps, err := m.ListPorts(ctx, tenant, id); err == nil && len(ps) > 0 {
+	if ps, err := m.ports.ListPorts(ctx, tenant, id); err == nil && len(ps) > 0 {
 		v.Ports = ps
 	}
 	return v, nil

@@ -23,6 +23,21 @@ const (
 	portWakeReason = "ingress"
 )
 
+// Ports is the manager's service of published ports, keyed by sandbox id
+// (Manager.Ports): the port table and its tokens, signed URLs, what the
+// ingress listener resolves a request to (it is the listener's backend:
+// Resolve, Begin, Guest), the ports each link admits, and revocation. The
+// manager calls it as sandboxes are made and go.
+type Ports struct {
+	m *Manager
+	// mu guards ingress and extraPorts.
+	mu         sync.Mutex
+	ingress    *Ingress
+	extraPorts func(ctx context.Context, id string) []uint16
+	// cache holds published ports for ingress.
+	cache portCache
+}
+
 // Ingress is what the manager needs from the daemon's ingress listener.
 type Ingress struct {
 	// Signer makes signed URLs.
@@ -39,24 +54,24 @@ type Ingress struct {
 
 // revoke tells the ingress listener that access to port of sandbox id
 // (0: every port) has changed.
-func (m *Manager) revoke(id string, port uint16) {
-	if in := m.ingressCfg(); in != nil && in.OnRevoke != nil {
+func (pt *Ports) revoke(id string, port uint16) {
+	if in := pt.ingressCfg(); in != nil && in.OnRevoke != nil {
 		in.OnRevoke(id, port)
 	}
 }
 
 // SetIngress tells the manager about the daemon's ingress listener (nil:
 // none; ports are still recorded and published, without URLs).
-func (m *Manager) SetIngress(in *Ingress) {
-	m.mu.Lock()
-	m.ingress = in
-	m.mu.Unlock()
+func (pt *Ports) SetIngress(in *Ingress) {
+	pt.mu.Lock()
+	pt.ingress = in
+	pt.mu.Unlock()
 }
 
-func (m *Manager) ingressCfg() *Ingress {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.ingress
+func (pt *Ports) ingressCfg() *Ingress {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	return pt.ingress
 }
 
 func checkPortSpec(p api.PortSpec) (time.Duration, error) {
@@ -70,9 +85,9 @@ func checkPortSpec(p api.PortSpec) (time.Duration, error) {
 	return ttl, nil
 }
 
-func (m *Manager) portView(p *store.Port, token string) api.Port {
+func (pt *Ports) portView(p *store.Port, token string) api.Port {
 	v := api.Port{Port: p.Port, Public: p.Public, ExpiresAt: p.ExpiresAt, CreatedAt: p.CreatedAt, Token: token}
-	if in := m.ingressCfg(); in != nil {
+	if in := pt.ingressCfg(); in != nil {
 		v.URL = in.URL(p.SandboxID, uint16(p.Port))
 		v.PathURL = in.PathURL(p.SandboxID, uint16(p.Port))
 	}
@@ -82,12 +97,12 @@ func (m *Manager) portView(p *store.Port, token string) api.Port {
 // AddPort publishes a port of a sandbox of tenant ("" = any). Publishing
 // a published port again gives it a new token (the old token and every
 // signed URL made with it stop working).
-func (m *Manager) AddPort(ctx context.Context, tenant, id string, spec api.PortSpec) (*api.Port, error) {
+func (pt *Ports) AddPort(ctx context.Context, tenant, id string, spec api.PortSpec) (*api.Port, error) {
 	ttl, err := checkPortSpec(spec)
 	if err != nil {
 		return nil, err
 	}
-	r, err := m.cfg.Store.GetSandbox(ctx, tenant, id)
+	r, err := pt.m.cfg.Store.GetSandbox(ctx, tenant, id)
 	if err != nil {
 		return nil, notFound(id, err)
 	}
@@ -95,7 +110,7 @@ func (m *Manager) AddPort(ctx context.Context, tenant, id string, spec api.PortS
 	case StatusDestroyed, StatusRemoving, StatusFailed:
 		return nil, fmt.Errorf("%w: sandbox %s is %s", errdefs.ErrConflict, id, r.Status)
 	}
-	existing, err := m.cfg.Store.ListPorts(ctx, "", id)
+	existing, err := pt.m.cfg.Store.ListPorts(ctx, "", id)
 	if err != nil {
 		return nil, err
 	}
@@ -105,66 +120,66 @@ func (m *Manager) AddPort(ctx context.Context, tenant, id string, spec api.PortS
 	token := ingress.NewToken()
 	p := &store.Port{SandboxID: id, TenantID: r.TenantID, Port: spec.Port, Public: spec.Public, TokenHash: ingress.HashToken(token)}
 	if ttl > 0 {
-		exp := m.cfg.Now().Add(ttl)
+		exp := pt.m.cfg.Now().Add(ttl)
 		p.ExpiresAt = &exp
 	}
-	err = m.cfg.Store.PutPort(ctx, p)
-	m.forgetPorts(id) // also on failure: the store may have changed
+	err = pt.m.cfg.Store.PutPort(ctx, p)
+	pt.forgetPorts(id) // also on failure: the store may have changed
 	// A new token (or, on failure, maybe no port): what the old token
 	// opened goes.
-	m.revoke(id, uint16(spec.Port))
+	pt.revoke(id, uint16(spec.Port))
 	if err != nil {
 		return nil, fmt.Errorf("publish port: %w", err)
 	}
-	if err := m.syncPublished(ctx, id); err != nil {
-		_ = m.cfg.Store.DeletePort(context.Background(), "", id, spec.Port)
-		m.forgetPorts(id)
-		m.revoke(id, uint16(spec.Port))
+	if err := pt.syncPublished(ctx, id); err != nil {
+		_ = pt.m.cfg.Store.DeletePort(context.Background(), "", id, spec.Port)
+		pt.forgetPorts(id)
+		pt.revoke(id, uint16(spec.Port))
 		return nil, err
 	}
-	m.log.Info("port published", "sandbox", id, "port", spec.Port, "public", spec.Public)
+	pt.m.log.Info("port published", "sandbox", id, "port", spec.Port, "public", spec.Public)
 	if spec.Public {
 		token = "" // not needed; its hash only keeps signatures unforgeable
 	}
-	v := m.portView(p, token)
+	v := pt.portView(p, token)
 	return &v, nil
 }
 
 // SetExtraPorts adds ports the link admits besides the published ones
 // (a webhook's or relay's target port, delivered through
 // ingress.Server.Send); call SyncPublished after they change.
-func (m *Manager) SetExtraPorts(fn func(ctx context.Context, id string) []uint16) {
-	m.mu.Lock()
-	m.extraPorts = fn
-	m.mu.Unlock()
+func (pt *Ports) SetExtraPorts(fn func(ctx context.Context, id string) []uint16) {
+	pt.mu.Lock()
+	pt.extraPorts = fn
+	pt.mu.Unlock()
 }
 
 // SyncPublished makes a sandbox link's admitted ports its published ports
 // (unexpired) plus its extra ports.
-func (m *Manager) SyncPublished(ctx context.Context, id string) error {
-	return m.syncPublished(ctx, id)
+func (pt *Ports) SyncPublished(ctx context.Context, id string) error {
+	return pt.syncPublished(ctx, id)
 }
 
 // syncPublished makes the link's published ports the store's (unexpired).
-func (m *Manager) syncPublished(ctx context.Context, id string) error {
-	gw := m.cfg.Gateway
+func (pt *Ports) syncPublished(ctx context.Context, id string) error {
+	gw := pt.m.cfg.Gateway
 	if gw == nil {
 		return nil
 	}
-	ps, err := m.cfg.Store.ListPorts(ctx, "", id)
+	ps, err := pt.m.cfg.Store.ListPorts(ctx, "", id)
 	if err != nil {
 		return err
 	}
-	now := m.cfg.Now()
+	now := pt.m.cfg.Now()
 	var ports []uint16
 	for _, p := range ps {
 		if p.ExpiresAt == nil || now.Before(*p.ExpiresAt) {
 			ports = append(ports, uint16(p.Port))
 		}
 	}
-	m.mu.Lock()
-	extra := m.extraPorts
-	m.mu.Unlock()
+	pt.mu.Lock()
+	extra := pt.extraPorts
+	pt.mu.Unlock()
 	if extra != nil {
 		ports = append(ports, extra(ctx, id)...)
 	}
@@ -178,41 +193,41 @@ func (m *Manager) syncPublished(ctx context.Context, id string) error {
 }
 
 // RemovePort unpublishes a port.
-func (m *Manager) RemovePort(ctx context.Context, tenant, id string, port int) error {
-	if _, err := m.cfg.Store.GetSandbox(ctx, tenant, id); err != nil {
+func (pt *Ports) RemovePort(ctx context.Context, tenant, id string, port int) error {
+	if _, err := pt.m.cfg.Store.GetSandbox(ctx, tenant, id); err != nil {
 		return notFound(id, err)
 	}
-	err := m.cfg.Store.DeletePort(ctx, tenant, id, port)
-	m.forgetPorts(id)
+	err := pt.m.cfg.Store.DeletePort(ctx, tenant, id, port)
+	pt.forgetPorts(id)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return fmt.Errorf("%w: port %d of %s is not published (cagebox port ls %s)", errdefs.ErrNotFound, port, id, id)
 		}
 		return err
 	}
-	err = m.syncPublished(ctx, id)
-	m.revoke(id, uint16(port))
+	err = pt.syncPublished(ctx, id)
+	pt.revoke(id, uint16(port))
 	return err
 }
 
 // ListPorts lists a sandbox's published ports (no tokens).
-func (m *Manager) ListPorts(ctx context.Context, tenant, id string) ([]api.Port, error) {
-	if _, err := m.cfg.Store.GetSandbox(ctx, tenant, id); err != nil {
+func (pt *Ports) ListPorts(ctx context.Context, tenant, id string) ([]api.Port, error) {
+	if _, err := pt.m.cfg.Store.GetSandbox(ctx, tenant, id); err != nil {
 		return nil, notFound(id, err)
 	}
-	ps, err := m.cfg.Store.ListPorts(ctx, tenant, id)
+	ps, err := pt.m.cfg.Store.ListPorts(ctx, tenant, id)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]api.Port, 0, len(ps))
 	for _, p := range ps {
-		out = append(out, m.portView(p, ""))
+		out = append(out, pt.portView(p, ""))
 	}
 	return out, nil
 }
 
 // PortURL makes a signed URL of a published, non-public port.
-func (m *Manager) PortURL(ctx context.Context, tenant, id string, port int, ttlStr string) (*api.PortURL, error) {
+func (pt *Ports) PortURL(ctx context.Context, tenant, id string, port int, ttlStr string) (*api.PortURL, error) {
 	ttl, err := parseDuration("ttl", ttlStr)
 	if err != nil {
 		return nil, err
@@ -223,21 +238,21 @@ func (m *Manager) PortURL(ctx context.Context, tenant, id string, port int, ttlS
 	if ttl > MaxURLTTL {
 		return nil, invalid("ttl: %s is longer than the limit of %s", ttl, MaxURLTTL)
 	}
-	if _, err := m.cfg.Store.GetSandbox(ctx, tenant, id); err != nil {
+	if _, err := pt.m.cfg.Store.GetSandbox(ctx, tenant, id); err != nil {
 		return nil, notFound(id, err)
 	}
-	p, err := m.cfg.Store.GetPort(ctx, tenant, id, port)
+	p, err := pt.m.cfg.Store.GetPort(ctx, tenant, id, port)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, fmt.Errorf("%w: port %d of %s is not published (cagebox port add %s %d)", errdefs.ErrNotFound, port, id, id, port)
 		}
 		return nil, err
 	}
-	in := m.ingressCfg()
+	in := pt.ingressCfg()
 	if in == nil || in.Signer == nil {
 		return nil, fmt.Errorf("%w: the daemon runs no ingress listener: start it with --ingress ADDR --ingress-domain DOMAIN", errdefs.ErrConflict)
 	}
-	exp := m.cfg.Now().Add(ttl).Truncate(time.Second)
+	exp := pt.m.cfg.Now().Add(ttl).Truncate(time.Second)
 	if p.ExpiresAt != nil && p.ExpiresAt.Before(exp) {
 		exp = p.ExpiresAt.Truncate(time.Second)
 	}
@@ -246,10 +261,10 @@ func (m *Manager) PortURL(ctx context.Context, tenant, id string, port int, ttlS
 }
 
 // publishOnCreate publishes a create request's ports.
-func (m *Manager) publishOnCreate(ctx context.Context, tenant, id string, specs []api.PortSpec) ([]api.Port, error) {
+func (pt *Ports) publishOnCreate(ctx context.Context, tenant, id string, specs []api.PortSpec) ([]api.Port, error) {
 	var out []api.Port
 	for _, s := range specs {
-		p, err := m.AddPort(ctx, tenant, id, s)
+		p, err := pt.AddPort(ctx, tenant, id, s)
 		if err != nil {
 			return nil, fmt.Errorf("publish port %d: %w", s.Port, err)
 		}
@@ -273,40 +288,40 @@ func checkPublish(specs []api.PortSpec) error {
 // dropPorts forgets a destroyed sandbox's ports (its link, and so its
 // published elements, are gone with it) and its webhooks with their
 // queued deliveries (package hooks).
-func (m *Manager) dropPorts(id string) {
+func (pt *Ports) dropPorts(id string) {
 	ctx := context.Background()
-	if err := m.cfg.Store.DeletePorts(ctx, id); err != nil {
-		m.log.Warn("delete published ports", "sandbox", id, "err", err)
+	if err := pt.m.cfg.Store.DeletePorts(ctx, id); err != nil {
+		pt.m.log.Warn("delete published ports", "sandbox", id, "err", err)
 	}
-	m.forgetPorts(id)
-	m.revoke(id, 0)
-	ws, err := m.cfg.Store.ListWebhooks(ctx, "", id)
+	pt.forgetPorts(id)
+	pt.revoke(id, 0)
+	ws, err := pt.m.cfg.Store.ListWebhooks(ctx, "", id)
 	if err != nil {
-		m.log.Warn("list webhooks", "sandbox", id, "err", err)
+		pt.m.log.Warn("list webhooks", "sandbox", id, "err", err)
 		return
 	}
 	for _, w := range ws {
-		if err := m.cfg.Store.DeleteWebhook(ctx, "", id, w.Name); err != nil {
-			m.log.Warn("delete webhook", "sandbox", id, "webhook", w.Name, "err", err)
+		if err := pt.m.cfg.Store.DeleteWebhook(ctx, "", id, w.Name); err != nil {
+			pt.m.log.Warn("delete webhook", "sandbox", id, "webhook", w.Name, "err", err)
 		}
 	}
 }
 
 // reapPorts unpublishes expired ports.
-func (m *Manager) reapPorts(ctx context.Context) {
-	ps, err := m.cfg.Store.ListPorts(ctx, "", "")
+func (pt *Ports) reapPorts(ctx context.Context) {
+	ps, err := pt.m.cfg.Store.ListPorts(ctx, "", "")
 	if err != nil {
 		return
 	}
-	now := m.cfg.Now()
+	now := pt.m.cfg.Now()
 	for _, p := range ps {
 		if p.ExpiresAt != nil && !now.Before(*p.ExpiresAt) {
-			err := m.cfg.Store.DeletePort(ctx, "", p.SandboxID, p.Port)
-			m.forgetPorts(p.SandboxID)
+			err := pt.m.cfg.Store.DeletePort(ctx, "", p.SandboxID, p.Port)
+			pt.forgetPorts(p.SandboxID)
 			if err == nil {
-				_ = m.syncPublished(ctx, p.SandboxID)
-				m.revoke(p.SandboxID, uint16(p.Port))
-				m.log.Info("published port expired", "sandbox", p.SandboxID, "port", p.Port)
+				_ = pt.syncPublished(ctx, p.SandboxID)
+				pt.revoke(p.SandboxID, uint16(p.Port))
+				pt.m.log.Info("published port expired", "sandbox", p.SandboxID, "port", p.Port)
 			}
 		}
 	}
@@ -315,8 +330,8 @@ func (m *Manager) reapPorts(ctx context.Context) {
 // Resolve implements ingress.Backend: a published, unexpired port of a
 // sandbox that has a link. It runs for every ingress request, so it reads
 // the port cache, not the store.
-func (m *Manager) Resolve(ctx context.Context, id string, port uint16) (*ingress.Target, error) {
-	gw := m.cfg.Gateway
+func (pt *Ports) Resolve(ctx context.Context, id string, port uint16) (*ingress.Target, error) {
+	gw := pt.m.cfg.Gateway
 	if gw == nil {
 		return nil, ingress.ErrNotFound
 	}
@@ -327,12 +342,12 @@ func (m *Manager) Resolve(ctx context.Context, id string, port uint16) (*ingress
 	if !ok {
 		return nil, ingress.ErrNotFound
 	}
-	ps, err := m.publishedPorts(ctx, id)
+	ps, err := pt.publishedPorts(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	p := ps[int(port)]
-	if p == nil || (p.ExpiresAt != nil && !m.cfg.Now().Before(*p.ExpiresAt)) {
+	if p == nil || (p.ExpiresAt != nil && !pt.m.cfg.Now().Before(*p.ExpiresAt)) {
 		return nil, ingress.ErrNotFound
 	}
 	return &ingress.Target{Tenant: p.TenantID, Addr: netip.AddrPortFrom(a.Link.GuestAddr, port), Public: p.Public, TokenHash: p.TokenHash}, nil
@@ -353,8 +368,8 @@ type portCache struct {
 
 // publishedPorts returns a sandbox's published ports (expired ones
 // included: the caller checks), from the cache or else the store.
-func (m *Manager) publishedPorts(ctx context.Context, id string) (map[int]*store.Port, error) {
-	c := &m.ports
+func (pt *Ports) publishedPorts(ctx context.Context, id string) (map[int]*store.Port, error) {
+	c := &pt.cache
 	c.mu.Lock()
 	ps, ok := c.m[id]
 	gen := c.gen
@@ -362,7 +377,7 @@ func (m *Manager) publishedPorts(ctx context.Context, id string) (map[int]*store
 	if ok {
 		return ps, nil
 	}
-	rows, err := m.cfg.Store.ListPorts(ctx, "", id)
+	rows, err := pt.m.cfg.Store.ListPorts(ctx, "", id)
 	if err != nil {
 		return nil, fmt.Errorf("published ports of %s: %w", id, err)
 	}
@@ -383,8 +398,8 @@ func (m *Manager) publishedPorts(ctx context.Context, id string) (map[int]*store
 
 // forgetPorts drops a sandbox's cached ports; call it after every store
 // change to them.
-func (m *Manager) forgetPorts(id string) {
-	c := &m.ports
+func (pt *Ports) forgetPorts(id string) {
+	c := &pt.cache
 	c.mu.Lock()
 	c.gen++
 	delete(c.m, id)
@@ -393,14 +408,14 @@ func (m *Manager) forgetPorts(id string) {
 
 // Begin implements ingress.Backend: wake an idle-paused sandbox and hold
 // it busy (no idle pause) until end.
-func (m *Manager) Begin(ctx context.Context, id, reason string) (func(), error) {
-	m.mu.Lock()
-	e := m.live[id]
-	m.mu.Unlock()
+func (pt *Ports) Begin(ctx context.Context, id, reason string) (func(), error) {
+	pt.m.mu.Lock()
+	e := pt.m.live[id]
+	pt.m.mu.Unlock()
 	if e == nil {
 		return nil, fmt.Errorf("%w: sandbox %s is not running", errdefs.ErrConflict, id)
 	}
-	e.touch(m.cfg.Now())
+	e.touch(pt.m.cfg.Now())
 	e.mu.Lock()
 	e.inbound++
 	e.mu.Unlock()
@@ -408,9 +423,9 @@ func (m *Manager) Begin(ctx context.Context, id, reason string) (func(), error) 
 		e.mu.Lock()
 		e.inbound--
 		e.mu.Unlock()
-		e.touch(m.cfg.Now())
+		e.touch(pt.m.cfg.Now())
 	}
-	if err := m.wake(ctx, e, reason); err != nil {
+	if err := pt.m.wake(ctx, e, reason); err != nil {
 		end()
 		return nil, err
 	}
@@ -418,15 +433,15 @@ func (m *Manager) Begin(ctx context.Context, id, reason string) (func(), error) 
 }
 
 // Guest implements ingress.Backend: a sandbox's tenant and link address.
-func (m *Manager) Guest(ctx context.Context, id string) (string, netip.Addr, error) {
-	r, err := m.cfg.Store.GetSandbox(ctx, "", id)
+func (pt *Ports) Guest(ctx context.Context, id string) (string, netip.Addr, error) {
+	r, err := pt.m.cfg.Store.GetSandbox(ctx, "", id)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return "", netip.Addr{}, ingress.ErrNotFound
 		}
 		return "", netip.Addr{}, err
 	}
-	gw := m.cfg.Gateway
+	gw := pt.m.cfg.Gateway
 	if gw == nil {
 		return "", netip.Addr{}, fmt.Errorf("sandbox %s has no network: %w", id, ingress.ErrNotFound)
 	}
@@ -437,21 +452,21 @@ func (m *Manager) Guest(ctx context.Context, id string) (string, netip.Addr, err
 	return r.TenantID, a.Link.GuestAddr, nil
 }
 
-var _ ingress.Backend = (*Manager)(nil)
+var _ ingress.Backend = (*Ports)(nil)
 
 // SyncPorts makes every link's published ports the store's (at daemon
 // start: a crash between the store write and the rule change, or ports
 // that expired while the daemon was down, leave nothing admitted that is
 // not published).
-func (m *Manager) SyncPorts(ctx context.Context) {
-	m.reapPorts(ctx)
-	gw := m.cfg.Gateway
+func (pt *Ports) SyncPorts(ctx context.Context) {
+	pt.reapPorts(ctx)
+	gw := pt.m.cfg.Gateway
 	if gw == nil {
 		return
 	}
 	for _, l := range gw.Links().List() {
-		if err := m.syncPublished(ctx, l.ID); err != nil {
-			m.log.Warn("sync published ports", "sandbox", l.ID, "err", err)
+		if err := pt.syncPublished(ctx, l.ID); err != nil {
+			pt.m.log.Warn("sync published ports", "sandbox", l.ID, "err", err)
 		}
 	}
 }

@@ -55,11 +55,11 @@ func TestPortCache(t *testing.T) {
 		if err := db.PutPort(ctx, &store.Port{SandboxID: "sb1", TenantID: store.AdminTenantID, Port: 8080, TokenHash: ingress.HashToken(token)}); err != nil {
 			t.Fatal(err)
 		}
-		m.forgetPorts("sb1")
+		m.ports.forgetPorts("sb1")
 	}
 	hash := func() []byte {
 		t.Helper()
-		ps, err := m.publishedPorts(ctx, "sb1")
+		ps, err := m.ports.publishedPorts(ctx, "sb1")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,7 +88,7 @@ func TestPortCache(t *testing.T) {
 
 	// A lookup that read the store before a rotation does not cache the
 	// old token after it.
-	m.forgetPorts("sb1")
+	m.ports.forgetPorts("sb1")
 	h.read, h.release = make(chan struct{}), make(chan struct{})
 	read := h.read
 	stale := make(chan []byte)
@@ -107,7 +107,7 @@ func TestPortCache(t *testing.T) {
 	if err := db.DeletePort(ctx, "", "sb1", 8080); err != nil {
 		t.Fatal(err)
 	}
-	m.forgetPorts("sb1")
+	m.ports.forgetPorts("sb1")
 	if got := hash(); got != nil {
 		t.Fatalf("removed port still resolves: %x", got)
 	}
@@ -130,7 +130,7 @@ func TestPortRevoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got []string
-	m.SetIngress(&Ingress{
+	m.ports.SetIngress(&Ingress{
 		URL:      func(string, uint16) string { return "" },
 		PathURL:  func(string, uint16) string { return "" },
 		OnRevoke: func(id string, port uint16) { got = append(got, fmt.Sprintf("%s:%d", id, port)) },
@@ -142,34 +142,34 @@ func TestPortRevoke(t *testing.T) {
 		}
 		got = nil
 	}
-	if _, err := m.AddPort(ctx, "", "sb1", api.PortSpec{Port: 8080}); err != nil {
+	if _, err := m.ports.AddPort(ctx, "", "sb1", api.PortSpec{Port: 8080}); err != nil {
 		t.Fatal(err)
 	}
 	check("publish", "sb1:8080")
-	if _, err := m.AddPort(ctx, "", "sb1", api.PortSpec{Port: 8080}); err != nil {
+	if _, err := m.ports.AddPort(ctx, "", "sb1", api.PortSpec{Port: 8080}); err != nil {
 		t.Fatal(err)
 	}
 	check("publish again (a new token)", "sb1:8080")
-	if err := m.RemovePort(ctx, "", "sb1", 8080); err != nil {
+	if err := m.ports.RemovePort(ctx, "", "sb1", 8080); err != nil {
 		t.Fatal(err)
 	}
 	check("unpublish", "sb1:8080")
-	if err := m.RemovePort(ctx, "", "sb1", 8080); err == nil {
+	if err := m.ports.RemovePort(ctx, "", "sb1", 8080); err == nil {
 		t.Fatal("unpublished twice")
 	}
 	check("unpublish an unpublished port")
-	if _, err := m.AddPort(ctx, "", "sb1", api.PortSpec{Port: 9000, TTL: "1m"}); err != nil {
+	if _, err := m.ports.AddPort(ctx, "", "sb1", api.PortSpec{Port: 9000, TTL: "1m"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.AddPort(ctx, "", "sb1", api.PortSpec{Port: 9001}); err != nil {
+	if _, err := m.ports.AddPort(ctx, "", "sb1", api.PortSpec{Port: 9001}); err != nil {
 		t.Fatal(err)
 	}
 	got = nil
-	m.reapPorts(ctx)
+	m.ports.reapPorts(ctx)
 	check("before expiry")
 	now = now.Add(time.Minute)
-	m.reapPorts(ctx)
+	m.ports.reapPorts(ctx)
 	check("expiry", "sb1:9000")
-	m.dropPorts("sb1")
+	m.ports.dropPorts("sb1")
 	check("destroy", "sb1:0")
 }

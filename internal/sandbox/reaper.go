@@ -128,7 +128,7 @@ func (m *Manager) RunReaper(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 			m.flushActivity(ctx)
 			m.Reap(ctx)
-			m.reapPorts(ctx)
+			m.ports.reapPorts(ctx)
 		}
 	}
 }
