@@ -32,7 +32,7 @@ type managerBackend struct {
 var _ mcpserver.Backend = managerBackend{}
 
 func (b managerBackend) Tools(ctx context.Context) ([]api.Tool, error) {
-	l, err := b.mgr.ListTools(ctx, b.t.ID)
+	l, err := b.mgr.Tools().ListTools(ctx, b.t.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -43,7 +43,7 @@ func (b managerBackend) Tools(ctx context.Context) ([]api.Tool, error) {
 	return out, nil
 }
 func (b managerBackend) Execute(ctx context.Context, name string, req *api.ExecuteRequest) (*api.ExecuteResult, error) {
-	return b.mgr.Execute(ctx, b.t, name, req)
+	return b.mgr.Tools().Execute(ctx, b.t, name, req)
 }
 func (b managerBackend) Create(ctx context.Context, req *api.CreateSandboxRequest) (*api.Sandbox, error) {
 	return b.mgr.Create(ctx, b.t, req)

@@ -24,7 +24,7 @@ func (s *Server) putTool(w http.ResponseWriter, r *http.Request, t *store.Tenant
 	if err := decode(r, &tool); err != nil {
 		return err
 	}
-	out, err := s.mgr.PutTool(r.Context(), t, &tool, r.URL.Query().Get("replace") == "true")
+	out, err := s.mgr.Tools().PutTool(r.Context(), t, &tool, r.URL.Query().Get("replace") == "true")
 	if err != nil {
 		return err
 	}
@@ -33,7 +33,7 @@ func (s *Server) putTool(w http.ResponseWriter, r *http.Request, t *store.Tenant
 }
 
 func (s *Server) listTools(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
-	l, err := s.mgr.ListTools(r.Context(), t.ID)
+	l, err := s.mgr.Tools().ListTools(r.Context(), t.ID)
 	if err != nil {
 		return err
 	}
@@ -42,7 +42,7 @@ func (s *Server) listTools(w http.ResponseWriter, r *http.Request, t *store.Tena
 }
 
 func (s *Server) getTool(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
-	tool, err := s.mgr.GetTool(r.Context(), t.ID, r.PathValue("name"))
+	tool, err := s.mgr.Tools().GetTool(r.Context(), t.ID, r.PathValue("name"))
 	if err != nil {
 		return err
 	}
@@ -51,7 +51,7 @@ func (s *Server) getTool(w http.ResponseWriter, r *http.Request, t *store.Tenant
 }
 
 func (s *Server) deleteTool(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
-	if err := s.mgr.DeleteTool(r.Context(), t.ID, r.PathValue("name")); err != nil {
+	if err := s.mgr.Tools().DeleteTool(r.Context(), t.ID, r.PathValue("name")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -75,7 +75,7 @@ func (s *Server) executeTool(w http.ResponseWriter, r *http.Request, t *store.Te
 		}
 		return fmt.Errorf("%w: invalid JSON: %v", errdefs.ErrInvalid, err)
 	}
-	res, err := s.mgr.Execute(r.Context(), t, r.PathValue("name"), &req)
+	res, err := s.mgr.Tools().Execute(r.Context(), t, r.PathValue("name"), &req)
 	if err != nil {
 		return err
 	}

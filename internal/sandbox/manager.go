@@ -125,8 +125,10 @@ type Manager struct {
 	volMu sync.Mutex
 	// audits holds the auditor of each audited sandbox (audit.go).
 	audits sync.Map
-	// ports publishes sandboxes' ports (ports.go).
+	// ports publishes sandboxes' ports (ports.go); tools runs the tenants'
+	// registered tools (tools.go).
 	ports *Ports
+	tools *Tools
 }
 
 // Ports is the service of the sandboxes' published ports.
@@ -176,6 +178,7 @@ func New(cfg Config) *Manager {
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, live: map[string]*entry{}, events: cfg.Events}
 	m.ports = &Ports{m: m}
+	m.tools = &Tools{m: m}
 	if m.events == nil {
 		m.events = audit.New(audit.Config{Store: cfg.Store, Logger: cfg.Logger, Now: cfg.Now})
 		m.ownEvents = true

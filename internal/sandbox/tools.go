@@ -36,11 +36,19 @@ const (
 
 var toolName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
 
+// Tools is the manager's service of a tenant's registered tools
+// (Manager.Tools): checked when put, each execute a fresh sandbox made and
+// bound as any create (a pool claim when one matches), removed after.
+type Tools struct{ m *Manager }
+
+// Tools is the service of the tenants' registered tools.
+func (m *Manager) Tools() *Tools { return m.tools }
+
 // PutTool registers (replace: or replaces) a tool of tenant after checking
 // everything an execute needs: a bad tool is refused here, not at its
 // first execute.
-func (m *Manager) PutTool(ctx context.Context, tenant *store.Tenant, t *api.Tool, replace bool) (*api.Tool, error) {
-	if err := m.checkTool(ctx, tenant, t); err != nil {
+func (tl *Tools) PutTool(ctx context.Context, tenant *store.Tenant, t *api.Tool, replace bool) (*api.Tool, error) {
+	if err := tl.checkTool(ctx, tenant, t); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = time.Time{}
@@ -49,7 +57,7 @@ func (m *Manager) PutTool(ctx context.Context, tenant *store.Tenant, t *api.Tool
 		return nil, err
 	}
 	st := &store.Tool{TenantID: tenant.ID, Name: t.Name, Spec: spec}
-	if err := m.cfg.Store.PutTool(ctx, st, replace); err != nil {
+	if err := tl.m.cfg.Store.PutTool(ctx, st, replace); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return nil, fmt.Errorf("%w: a tool named %q exists: remove it first (cagebox tool rm %s) or replace it", errdefs.ErrConflict, t.Name, t.Name)
 		}
@@ -60,7 +68,7 @@ func (m *Manager) PutTool(ctx context.Context, tenant *store.Tenant, t *api.Tool
 	return &out, nil
 }
 
-func (m *Manager) checkTool(ctx context.Context, tenant *store.Tenant, t *api.Tool) error {
+func (tl *Tools) checkTool(ctx context.Context, tenant *store.Tenant, t *api.Tool) error {
 	if !toolName.MatchString(t.Name) {
 		return invalid("name: %q must be 1-63 lowercase letters, digits, '-' or '_', starting with a letter", t.Name)
 	}
@@ -87,7 +95,7 @@ func (m *Manager) checkTool(ctx context.Context, tenant *store.Tenant, t *api.To
 		}
 	}
 	if t.PolicyRef != "" {
-		if _, err := m.cfg.Store.GetNamedPolicy(ctx, tenant.ID, t.PolicyRef); err != nil {
+		if _, err := tl.m.cfg.Store.GetNamedPolicy(ctx, tenant.ID, t.PolicyRef); err != nil {
 			if errors.Is(err, store.ErrNotFound) {
 				return invalid("policy_ref: no policy is named %q; create it with `cagebox policy create %s FILE`", t.PolicyRef, t.PolicyRef)
 			}
@@ -110,10 +118,10 @@ func (m *Manager) checkTool(ctx context.Context, tenant *store.Tenant, t *api.To
 	if img == "" {
 		img = "default"
 	}
-	if _, err := m.cfg.Images.Get(img); err != nil {
+	if _, err := tl.m.cfg.Images.Get(img); err != nil {
 		return invalid("image: %v", err)
 	}
-	if _, err := m.toolRuntime(t, tenant); err != nil {
+	if _, err := tl.toolRuntime(t, tenant); err != nil {
 		return err
 	}
 	return nil
@@ -133,8 +141,8 @@ func toolTimeout(s string) (time.Duration, error) {
 // toolRuntime picks the runtime of an execute: the tool's (or auto, or
 // the daemon's default), at or above both the tool's floor and the
 // tenant's.
-func (m *Manager) toolRuntime(t *api.Tool, tenant *store.Tenant) (isolation.Runtime, error) {
-	floor := m.Floor(tenant)
+func (tl *Tools) toolRuntime(t *api.Tool, tenant *store.Tenant) (isolation.Runtime, error) {
+	floor := tl.m.Floor(tenant)
 	if t.RuntimeFloor != "" {
 		c, err := isolation.ParseClass(t.RuntimeFloor)
 		if err != nil {
@@ -146,7 +154,7 @@ func (m *Manager) toolRuntime(t *api.Tool, tenant *store.Tenant) (isolation.Runt
 	}
 	name := t.Runtime
 	if name == "" {
-		if d := m.cfg.DefaultRuntime; d != "" && d != "auto" {
+		if d := tl.m.cfg.DefaultRuntime; d != "" && d != "auto" {
 			if rt, err := isolation.Pick(d, floor); err == nil {
 				return rt, nil
 			}
@@ -164,8 +172,8 @@ func (m *Manager) toolRuntime(t *api.Tool, tenant *store.Tenant) (isolation.Runt
 }
 
 // GetTool returns a tool of tenant.
-func (m *Manager) GetTool(ctx context.Context, tenant, name string) (*api.Tool, error) {
-	st, err := m.cfg.Store.GetTool(ctx, tenant, name)
+func (tl *Tools) GetTool(ctx context.Context, tenant, name string) (*api.Tool, error) {
+	st, err := tl.m.cfg.Store.GetTool(ctx, tenant, name)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, fmt.Errorf("%w: no tool %q (cagebox tool ls lists yours)", errdefs.ErrNotFound, name)
@@ -185,8 +193,8 @@ func toolOf(st *store.Tool) (*api.Tool, error) {
 }
 
 // ListTools lists the tools of tenant ("" = all).
-func (m *Manager) ListTools(ctx context.Context, tenant string) ([]*api.Tool, error) {
-	sts, err := m.cfg.Store.ListTools(ctx, tenant)
+func (tl *Tools) ListTools(ctx context.Context, tenant string) ([]*api.Tool, error) {
+	sts, err := tl.m.cfg.Store.ListTools(ctx, tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -202,8 +210,8 @@ func (m *Manager) ListTools(ctx context.Context, tenant string) ([]*api.Tool, er
 }
 
 // DeleteTool removes a tool of tenant.
-func (m *Manager) DeleteTool(ctx context.Context, tenant, name string) error {
-	if err := m.cfg.Store.DeleteTool(ctx, tenant, name); err != nil {
+func (tl *Tools) DeleteTool(ctx context.Context, tenant, name string) error {
+	if err := tl.m.cfg.Store.DeleteTool(ctx, tenant, name); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return fmt.Errorf("%w: no tool %q (cagebox tool ls lists yours)", errdefs.ErrNotFound, name)
 		}
@@ -216,8 +224,8 @@ func (m *Manager) DeleteTool(ctx context.Context, tenant, name string) error {
 // input on stdin (or in the tool's input file), and back its exit code,
 // bounded output, duration and the egress decisions made; the sandbox is
 // removed after.
-func (m *Manager) Execute(ctx context.Context, tenant *store.Tenant, name string, req *api.ExecuteRequest) (*api.ExecuteResult, error) {
-	t, err := m.GetTool(ctx, tenant.ID, name)
+func (tl *Tools) Execute(ctx context.Context, tenant *store.Tenant, name string, req *api.ExecuteRequest) (*api.ExecuteResult, error) {
+	t, err := tl.GetTool(ctx, tenant.ID, name)
 	if err != nil {
 		return nil, err
 	}
@@ -232,12 +240,12 @@ func (m *Manager) Execute(ctx context.Context, tenant *store.Tenant, name string
 	if err != nil {
 		return nil, err
 	}
-	rt, err := m.toolRuntime(t, tenant)
+	rt, err := tl.toolRuntime(t, tenant)
 	if err != nil {
 		return nil, err
 	}
 	t0 := time.Now()
-	sb, pooled, err := m.create(ctx, tenant, &api.CreateSandboxRequest{
+	sb, pooled, err := tl.m.create(ctx, tenant, &api.CreateSandboxRequest{
 		Runtime: rt.Name(), Image: t.Image, MemoryBytes: t.MemoryBytes, CPUs: t.CPUs,
 		Env: t.Env, Allow: t.Allow, PolicyRef: t.PolicyRef, Secrets: t.Secrets,
 		// A backstop: the exec's own timeout ends the run first.
@@ -247,8 +255,8 @@ func (m *Manager) Execute(ctx context.Context, tenant *store.Tenant, name string
 		return nil, fmt.Errorf("tool %s: %w", name, err)
 	}
 	defer func() {
-		if err := m.RemoveAsync(context.Background(), tenant.ID, sb.ID); err != nil {
-			m.log.Error("remove a tool's sandbox", "sandbox", sb.ID, "err", err)
+		if err := tl.m.RemoveAsync(context.Background(), tenant.ID, sb.ID); err != nil {
+			tl.m.log.Error("remove a tool's sandbox", "sandbox", sb.ID, "err", err)
 		}
 	}()
 	res := &api.ExecuteResult{Tool: name, Sandbox: sb.ID, Runtime: sb.Runtime, Pooled: pooled, Egress: []api.EgressDecision{}}
@@ -256,7 +264,7 @@ func (m *Manager) Execute(ctx context.Context, tenant *store.Tenant, name string
 		egMu sync.Mutex
 		eg   []api.EgressDecision
 	)
-	if gw := m.cfg.Gateway; gw != nil {
+	if gw := tl.m.cfg.Gateway; gw != nil {
 		if a, ok := gw.Get(sb.ID); ok {
 			stop := a.Observe(func(p api.EventPayload) {
 				var d api.Egress
@@ -282,7 +290,7 @@ func (m *Manager) Execute(ctx context.Context, tenant *store.Tenant, name string
 	}
 	var stdin io.Reader
 	if t.InputFile != "" {
-		if err := m.WriteFile(ctx, tenant.ID, sb.ID, t.InputFile, 0o644, strings.NewReader(req.Input)); err != nil {
+		if err := tl.m.WriteFile(ctx, tenant.ID, sb.ID, t.InputFile, 0o644, strings.NewReader(req.Input)); err != nil {
 			return nil, fmt.Errorf("tool %s: write input to %s: %w", name, t.InputFile, err)
 		}
 	} else {
@@ -290,7 +298,7 @@ func (m *Manager) Execute(ctx context.Context, tenant *store.Tenant, name string
 	}
 	stdout, stderr := &capped{max: maxOut}, &capped{max: maxOut}
 	ereq := &api.ExecRequest{Argv: t.Argv, Timeout: timeout.String(), Stdin: stdin != nil}
-	frame, err := m.Exec(ctx, tenant.ID, sb.ID, ereq, stdin, ExecOutput{Stdout: stdout, Stderr: stderr})
+	frame, err := tl.m.Exec(ctx, tenant.ID, sb.ID, ereq, stdin, ExecOutput{Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		return nil, fmt.Errorf("tool %s: %w", name, err)
 	}
@@ -303,7 +311,7 @@ func (m *Manager) Execute(ctx context.Context, tenant *store.Tenant, name string
 	res.Stderr, res.StderrTruncated = stderr.String(), stderr.cut
 	// The proxy reports a request when it ends, which can be a moment
 	// after the process that made it exited.
-	if m.cfg.Gateway != nil {
+	if tl.m.cfg.Gateway != nil {
 		time.Sleep(20 * time.Millisecond)
 	}
 	egMu.Lock()
