@@ -15,7 +15,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request, t *store.T
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	v, err := s.mgr.CreateVolume(r.Context(), t, &req)
+	v, err := s.mgr.Volumes().CreateVolume(r.Context(), t, &req)
 	if err != nil {
 		return err
 	}
@@ -26,7 +26,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request, t *store.T
 // listVolumes: GET /v1/volumes lists the tenant's volumes and the
 // sandboxes that mount them.
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
-	l, err := s.mgr.ListVolumes(r.Context(), t.ID)
+	l, err := s.mgr.Volumes().ListVolumes(r.Context(), t.ID)
 	if err != nil {
 		return err
 	}
@@ -37,7 +37,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request, t *store.Te
 // removeVolume: DELETE /v1/volumes/{name} deletes a volume and its data
 // (409 while a sandbox mounts it).
 func (s *Server) removeVolume(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
-	if err := s.mgr.RemoveVolume(r.Context(), t.ID, r.PathValue("name")); err != nil {
+	if err := s.mgr.Volumes().RemoveVolume(r.Context(), t.ID, r.PathValue("name")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

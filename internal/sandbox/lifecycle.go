@@ -166,7 +166,7 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 			return nil, invalid("idle_action: the %s runtime cannot hibernate a sandbox (microVMs can: --runtime qemu); use pause (frozen in memory) or destroy", rt.Name())
 		}
 	}
-	ms, err := m.checkMounts(ctx, tenant, req, rt)
+	ms, err := m.volumes.checkMounts(ctx, tenant, req, rt)
 	if err != nil {
 		return nil, err
 	}

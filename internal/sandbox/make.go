@@ -163,7 +163,7 @@ func (m *Manager) make(ctx context.Context, ms *makeSpec) (_ *made, err error) {
 	}
 	// Bind sources are opened now and held until the runtime has mounted
 	// them (mounts.Source).
-	ims, err := m.resolveMounts(ms.row.TenantID, ms.mounts, rt)
+	ims, err := m.volumes.resolveMounts(ms.row.TenantID, ms.mounts, rt)
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +171,7 @@ func (m *Manager) make(ctx context.Context, ms *makeSpec) (_ *made, err error) {
 	// The row exists before anything is made on the host, so a crash at
 	// any later point is found and cleaned up by Recover. A cold create's
 	// row is also what holds its volumes.
-	if err := m.recordWithVolumes(ctx, ms.row, ms.mounts, rt); err != nil {
+	if err := m.volumes.recordWithVolumes(ctx, ms.row, ms.mounts, rt); err != nil {
 		return nil, err
 	}
 	md.undo.Add(func() { m.dropRow(md) })

@@ -120,15 +120,14 @@ type Manager struct {
 	// makes and binds count calls of make and bind (make.go): every way
 	// to create a sandbox goes through both, and tests check it.
 	makes, binds atomic.Int64
-	// volMu serialises volume creates, removals and the check-and-record
-	// of a sandbox that mounts volumes (volumes.go).
-	volMu sync.Mutex
 	// audits holds the auditor of each audited sandbox (audit.go).
 	audits sync.Map
 	// ports publishes sandboxes' ports (ports.go); tools runs the tenants'
-	// registered tools (tools.go).
-	ports *Ports
-	tools *Tools
+	// registered tools (tools.go); volumes keeps the tenants' volumes and
+	// checks mounts (volumes.go).
+	ports   *Ports
+	tools   *Tools
+	volumes *Volumes
 }
 
 // Ports is the service of the sandboxes' published ports.
@@ -179,6 +178,7 @@ func New(cfg Config) *Manager {
 	m := &Manager{cfg: cfg, log: cfg.Logger, live: map[string]*entry{}, events: cfg.Events}
 	m.ports = &Ports{m: m}
 	m.tools = &Tools{m: m}
+	m.volumes = &Volumes{m: m}
 	if m.events == nil {
 		m.events = audit.New(audit.Config{Store: cfg.Store, Logger: cfg.Logger, Now: cfg.Now})
 		m.ownEvents = true

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cagebox/cagebox/api"
@@ -27,7 +28,21 @@ import (
 // it goes. A sandbox holds its volumes from create until it is removed
 // (stopped included: its mounts stay until rm). The rule is a readers-
 // writer lock per volume: one holder read-write, or any number read-only,
-// never both. volMu makes check-then-record atomic within this daemon.
+// never both. Volumes.mu makes check-then-record atomic within this daemon.
+
+// Volumes is the manager's service of the tenants' volumes and of the
+// mounts a create asks for (Manager.Volumes): volumes made, listed and
+// removed, mounts checked and resolved, and the check-then-record of a
+// sandbox that mounts volumes, which create calls.
+type Volumes struct {
+	m *Manager
+	// mu serialises volume creates, removals and the check-and-record of
+	// a sandbox that mounts volumes.
+	mu sync.Mutex
+}
+
+// Volumes is the service of the tenants' volumes.
+func (m *Manager) Volumes() *Volumes { return m.volumes }
 
 // mountErr turns a mounts error into the API's kinds.
 func mountErr(err error) error {
@@ -40,7 +55,7 @@ func mountErr(err error) error {
 // checkMounts checks a create request's mounts: syntax, targets, that each
 // volume exists and may be mounted by rt, and that bind mounts are allowed
 // at all. Bind sources are resolved later (resolveMounts), at create.
-func (m *Manager) checkMounts(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest, rt isolation.Runtime) ([]mounts.Spec, error) {
+func (vs *Volumes) checkMounts(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest, rt isolation.Runtime) ([]mounts.Spec, error) {
 	if len(req.Mounts) == 0 && !req.ReadOnlyRoot {
 		return nil, nil
 	}
@@ -63,7 +78,7 @@ func (m *Manager) checkMounts(ctx context.Context, tenant *store.Tenant, req *ap
 		if s.Type != mounts.Volume {
 			continue
 		}
-		v, err := m.cfg.Store.GetVolume(ctx, tenant.ID, s.Source)
+		v, err := vs.m.cfg.Store.GetVolume(ctx, tenant.ID, s.Source)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, invalid("mount %s: no volume is named %q: create it with `cagebox volume create %s`", s, s.Source, s.Source)
 		}
@@ -78,8 +93,8 @@ func (m *Manager) checkMounts(ctx context.Context, tenant *store.Tenant, req *ap
 }
 
 // volumePath is where a tenant's volume image lives.
-func (m *Manager) volumePath(tenant, name string) string {
-	return filepath.Join(m.cfg.VolumeDir, tenant, name+".ext4")
+func (vs *Volumes) volumePath(tenant, name string) string {
+	return filepath.Join(vs.m.cfg.VolumeDir, tenant, name+".ext4")
 }
 
 // resolveMounts resolves specs for a sandbox of tenant: bind sources are
@@ -87,13 +102,13 @@ func (m *Manager) volumePath(tenant, name string) string {
 // runtime mounts through the descriptor, so a path swapped after the check
 // changes nothing). The caller closes what it returns (closeMounts) once
 // the runtime's Create has returned.
-func (m *Manager) resolveMounts(tenant string, specs []mounts.Spec, rt isolation.Runtime) ([]isolation.Mount, error) {
+func (vs *Volumes) resolveMounts(tenant string, specs []mounts.Spec, rt isolation.Runtime) ([]isolation.Mount, error) {
 	var out []isolation.Mount
 	for _, s := range specs {
 		im := isolation.Mount{Type: s.Type, Name: s.Source, Target: s.Target, RW: s.RW, Exec: s.Exec}
 		switch s.Type {
 		case mounts.Bind:
-			src, err := m.cfg.MountRoots.Resolve(s.Source)
+			src, err := vs.m.cfg.MountRoots.Resolve(s.Source)
 			if err != nil {
 				closeMounts(out)
 				return nil, mountErr(err)
@@ -105,7 +120,7 @@ func (m *Manager) resolveMounts(tenant string, specs []mounts.Spec, rt isolation
 			}
 			im.Bind = src
 		case mounts.Volume:
-			im.Image = m.volumePath(tenant, s.Source)
+			im.Image = vs.volumePath(tenant, s.Source)
 		}
 		out = append(out, im)
 	}
@@ -126,8 +141,8 @@ type volumeHolder struct {
 
 // holders lists the sandboxes of tenant (not yet removed) that mount
 // volume name.
-func (m *Manager) holders(ctx context.Context, tenant, name string) ([]volumeHolder, error) {
-	all, err := m.volumeHolders(ctx, tenant)
+func (vs *Volumes) holders(ctx context.Context, tenant, name string) ([]volumeHolder, error) {
+	all, err := vs.volumeHolders(ctx, tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -136,8 +151,8 @@ func (m *Manager) holders(ctx context.Context, tenant, name string) ([]volumeHol
 
 // volumeHolders maps each of tenant's mounted volumes to the sandboxes
 // holding it.
-func (m *Manager) volumeHolders(ctx context.Context, tenant string) (map[string][]volumeHolder, error) {
-	rs, err := m.cfg.Store.ListSandboxes(ctx, tenant)
+func (vs *Volumes) volumeHolders(ctx context.Context, tenant string) (map[string][]volumeHolder, error) {
+	rs, err := vs.m.cfg.Store.ListSandboxes(ctx, tenant)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
@@ -168,10 +183,10 @@ const removalWait = 30 * time.Second
 // mount, no read-write holder for a read-only one (ErrConflict otherwise;
 // a holder being removed is waited for). A volume a microVM mounts
 // read-write is marked VMWritten first.
-func (m *Manager) recordWithVolumes(ctx context.Context, rec *store.Sandbox, specs []mounts.Spec, rt isolation.Runtime) error {
+func (vs *Volumes) recordWithVolumes(ctx context.Context, rec *store.Sandbox, specs []mounts.Spec, rt isolation.Runtime) error {
 	deadline := time.Now().Add(removalWait)
 	for {
-		removing, err := m.tryRecordWithVolumes(ctx, rec, specs, rt)
+		removing, err := vs.tryRecordWithVolumes(ctx, rec, specs, rt)
 		if !removing || time.Now().After(deadline) {
 			return err
 		}
@@ -185,9 +200,9 @@ func (m *Manager) recordWithVolumes(ctx context.Context, rec *store.Sandbox, spe
 
 // tryRecordWithVolumes is one attempt of recordWithVolumes; removing
 // reports a conflict only with sandboxes being removed.
-func (m *Manager) tryRecordWithVolumes(ctx context.Context, rec *store.Sandbox, specs []mounts.Spec, rt isolation.Runtime) (removing bool, err error) {
-	m.volMu.Lock()
-	defer m.volMu.Unlock()
+func (vs *Volumes) tryRecordWithVolumes(ctx context.Context, rec *store.Sandbox, specs []mounts.Spec, rt isolation.Runtime) (removing bool, err error) {
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
 	var held map[string][]volumeHolder
 	removing = true
 	for _, s := range specs {
@@ -195,7 +210,7 @@ func (m *Manager) tryRecordWithVolumes(ctx context.Context, rec *store.Sandbox, 
 			continue
 		}
 		if held == nil {
-			if held, err = m.volumeHolders(ctx, rec.TenantID); err != nil {
+			if held, err = vs.volumeHolders(ctx, rec.TenantID); err != nil {
 				return false, err
 			}
 		}
@@ -218,12 +233,12 @@ func (m *Manager) tryRecordWithVolumes(ctx context.Context, rec *store.Sandbox, 
 	}
 	for _, s := range specs {
 		if s.Type == mounts.Volume && s.RW && rt.Class() == isolation.Hypervisor {
-			if err := m.cfg.Store.SetVolumeVMWritten(ctx, rec.TenantID, s.Source); err != nil {
+			if err := vs.m.cfg.Store.SetVolumeVMWritten(ctx, rec.TenantID, s.Source); err != nil {
 				return false, fmt.Errorf("mark volume %s: %w", s.Source, err)
 			}
 		}
 	}
-	if err := m.cfg.Store.CreateSandbox(ctx, rec); err != nil {
+	if err := vs.m.cfg.Store.CreateSandbox(ctx, rec); err != nil {
 		return false, fmt.Errorf("record sandbox: %w", err)
 	}
 	return false, nil
@@ -231,8 +246,8 @@ func (m *Manager) tryRecordWithVolumes(ctx context.Context, rec *store.Sandbox, 
 
 // CreateVolume makes a tenant's named volume: a sparse ext4 image under
 // the daemon's home.
-func (m *Manager) CreateVolume(ctx context.Context, tenant *store.Tenant, req *api.CreateVolumeRequest) (*api.Volume, error) {
-	if m.cfg.VolumeDir == "" {
+func (vs *Volumes) CreateVolume(ctx context.Context, tenant *store.Tenant, req *api.CreateVolumeRequest) (*api.Volume, error) {
+	if vs.m.cfg.VolumeDir == "" {
 		return nil, fmt.Errorf("%w: this daemon keeps no volumes", errdefs.ErrUnavailable)
 	}
 	if err := mounts.ValidVolumeName(req.Name); err != nil {
@@ -242,16 +257,16 @@ func (m *Manager) CreateVolume(ctx context.Context, tenant *store.Tenant, req *a
 	if err != nil {
 		return nil, mountErr(err)
 	}
-	m.volMu.Lock()
-	defer m.volMu.Unlock()
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
 	v := &store.Volume{TenantID: tenant.ID, Name: req.Name, SizeBytes: size}
-	if err := m.cfg.Store.CreateVolume(ctx, v); err != nil {
+	if err := vs.m.cfg.Store.CreateVolume(ctx, v); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return nil, fmt.Errorf("%w: volume %s exists: pick another name, or remove it first (cagebox volume rm %s)", errdefs.ErrConflict, req.Name, req.Name)
 		}
 		return nil, err
 	}
-	p := m.volumePath(tenant.ID, req.Name)
+	p := vs.volumePath(tenant.ID, req.Name)
 	err = statedir.Make(filepath.Dir(p))
 	if err == nil {
 		// A file left by a create that crashed between the two steps.
@@ -259,25 +274,25 @@ func (m *Manager) CreateVolume(ctx context.Context, tenant *store.Tenant, req *a
 		err = mounts.CreateImage(context.WithoutCancel(ctx), p, size, req.Name)
 	}
 	if err != nil {
-		_ = m.cfg.Store.DeleteVolume(context.WithoutCancel(ctx), tenant.ID, req.Name)
+		_ = vs.m.cfg.Store.DeleteVolume(context.WithoutCancel(ctx), tenant.ID, req.Name)
 		return nil, fmt.Errorf("create volume %s: %w", req.Name, err)
 	}
-	m.log.Info("volume created", "tenant", tenant.ID, "volume", req.Name, "size", size)
+	vs.m.log.Info("volume created", "tenant", tenant.ID, "volume", req.Name, "size", size)
 	return &api.Volume{Name: v.Name, SizeBytes: v.SizeBytes, CreatedAt: v.CreatedAt}, nil
 }
 
 // ListVolumes lists a tenant's volumes and what holds them.
-func (m *Manager) ListVolumes(ctx context.Context, tenant string) ([]api.Volume, error) {
-	vs, err := m.cfg.Store.ListVolumes(ctx, tenant)
+func (vs *Volumes) ListVolumes(ctx context.Context, tenant string) ([]api.Volume, error) {
+	rows, err := vs.m.cfg.Store.ListVolumes(ctx, tenant)
 	if err != nil {
 		return nil, err
 	}
-	held, err := m.volumeHolders(ctx, tenant)
+	held, err := vs.volumeHolders(ctx, tenant)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]api.Volume, 0, len(vs))
-	for _, v := range vs {
+	out := make([]api.Volume, 0, len(rows))
+	for _, v := range rows {
 		av := api.Volume{Name: v.Name, SizeBytes: v.SizeBytes, CreatedAt: v.CreatedAt, VMOnly: v.VMWritten}
 		for _, h := range held[v.Name] {
 			av.AttachedTo = append(av.AttachedTo, h.VolumeAttachment)
@@ -289,10 +304,10 @@ func (m *Manager) ListVolumes(ctx context.Context, tenant string) ([]api.Volume,
 
 // RemoveVolume deletes a tenant's volume and its data; a volume a sandbox
 // still mounts is a conflict (a sandbox being removed is waited for).
-func (m *Manager) RemoveVolume(ctx context.Context, tenant, name string) error {
+func (vs *Volumes) RemoveVolume(ctx context.Context, tenant, name string) error {
 	deadline := time.Now().Add(removalWait)
 	for {
-		removing, err := m.tryRemoveVolume(ctx, tenant, name)
+		removing, err := vs.tryRemoveVolume(ctx, tenant, name)
 		if !removing || time.Now().After(deadline) {
 			return err
 		}
@@ -304,16 +319,16 @@ func (m *Manager) RemoveVolume(ctx context.Context, tenant, name string) error {
 	}
 }
 
-func (m *Manager) tryRemoveVolume(ctx context.Context, tenant, name string) (removing bool, err error) {
-	m.volMu.Lock()
-	defer m.volMu.Unlock()
-	if _, err := m.cfg.Store.GetVolume(ctx, tenant, name); err != nil {
+func (vs *Volumes) tryRemoveVolume(ctx context.Context, tenant, name string) (removing bool, err error) {
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
+	if _, err := vs.m.cfg.Store.GetVolume(ctx, tenant, name); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return false, fmt.Errorf("%w: no volume is named %q (cagebox volume ls lists them)", errdefs.ErrNotFound, name)
 		}
 		return false, err
 	}
-	hs, err := m.holders(ctx, tenant, name)
+	hs, err := vs.holders(ctx, tenant, name)
 	if err != nil {
 		return false, err
 	}
@@ -326,14 +341,14 @@ func (m *Manager) tryRemoveVolume(ctx context.Context, tenant, name string) (rem
 		}
 		return removing, fmt.Errorf("%w: volume %s is mounted by %s: remove the sandbox first (cagebox rm %s)", errdefs.ErrConflict, name, strings.Join(ids, ", "), ids[0])
 	}
-	p := m.volumePath(tenant, name)
+	p := vs.volumePath(tenant, name)
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return false, fmt.Errorf("remove volume image: %w", err)
 	}
-	if err := m.cfg.Store.DeleteVolume(ctx, tenant, name); err != nil {
+	if err := vs.m.cfg.Store.DeleteVolume(ctx, tenant, name); err != nil {
 		return false, err
 	}
-	m.log.Info("volume removed", "tenant", tenant, "volume", name)
+	vs.m.log.Info("volume removed", "tenant", tenant, "volume", name)
 	return false, nil
 }
 

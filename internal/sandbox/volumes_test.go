@@ -54,17 +54,17 @@ func TestVolumesAndMounts(t *testing.T) {
 	}
 	vol := func(rw bool) api.Mount { return api.Mount{Type: "volume", Src: "data", Dst: "/data", RW: rw} }
 
-	if _, err := m.CreateVolume(ctx, tn, &api.CreateVolumeRequest{Name: "data", SizeBytes: 32 << 20}); err != nil {
+	if _, err := m.volumes.CreateVolume(ctx, tn, &api.CreateVolumeRequest{Name: "data", SizeBytes: 32 << 20}); err != nil {
 		t.Fatal(err)
 	}
-	if fi, err := os.Stat(m.volumePath("t1", "data")); err != nil || fi.Size() != 32<<20 {
+	if fi, err := os.Stat(m.volumes.volumePath("t1", "data")); err != nil || fi.Size() != 32<<20 {
 		t.Fatalf("volume image: %v %v", fi, err)
 	}
-	_, err := m.CreateVolume(ctx, tn, &api.CreateVolumeRequest{Name: "data"})
+	_, err := m.volumes.CreateVolume(ctx, tn, &api.CreateVolumeRequest{Name: "data"})
 	kind(t, "create twice", err, errdefs.ErrConflict, "exists")
-	_, err = m.CreateVolume(ctx, tn, &api.CreateVolumeRequest{Name: "Data/../x"})
+	_, err = m.volumes.CreateVolume(ctx, tn, &api.CreateVolumeRequest{Name: "Data/../x"})
 	kind(t, "bad name", err, errdefs.ErrInvalid, "volume name")
-	_, err = m.CreateVolume(ctx, tn, &api.CreateVolumeRequest{Name: "huge", SizeBytes: 1 << 50})
+	_, err = m.volumes.CreateVolume(ctx, tn, &api.CreateVolumeRequest{Name: "huge", SizeBytes: 1 << 50})
 	kind(t, "too big", err, errdefs.ErrInvalid, "GiB")
 
 	// A runtime that takes no mounts is told so.
@@ -88,16 +88,16 @@ func TestVolumesAndMounts(t *testing.T) {
 	kind(t, "second writer", err, errdefs.ErrConflict, "mounted read-write by sandbox "+a.ID)
 	_, err = create("mounttest", vol(false))
 	kind(t, "reader while a writer", err, errdefs.ErrConflict, "mounted read-write by sandbox "+a.ID)
-	err = m.RemoveVolume(ctx, "t1", "data")
+	err = m.volumes.RemoveVolume(ctx, "t1", "data")
 	kind(t, "rm while mounted", err, errdefs.ErrConflict, "cagebox rm "+a.ID)
-	if l, _ := m.ListVolumes(ctx, "t1"); len(l) != 1 || len(l[0].AttachedTo) != 1 || l[0].AttachedTo[0] != (api.VolumeAttachment{Sandbox: a.ID, RW: true}) {
+	if l, _ := m.volumes.ListVolumes(ctx, "t1"); len(l) != 1 || len(l[0].AttachedTo) != 1 || l[0].AttachedTo[0] != (api.VolumeAttachment{Sandbox: a.ID, RW: true}) {
 		t.Errorf("list: %+v", l)
 	}
 	if got, _ := m.Get(ctx, "t1", a.ID); len(got.Mounts) != 1 || got.Mounts[0] != vol(true) {
 		t.Errorf("the sandbox's view: %+v", got.Mounts)
 	}
 	// Another tenant's volume of the same name is another volume.
-	if _, err := m.ListVolumes(ctx, "t2"); err != nil {
+	if _, err := m.volumes.ListVolumes(ctx, "t2"); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Remove(ctx, "t1", a.ID); err != nil {
@@ -130,17 +130,17 @@ func TestVolumesAndMounts(t *testing.T) {
 	if err := m.Remove(ctx, "t1", v.ID); err != nil {
 		t.Fatal(err)
 	}
-	if l, _ := m.ListVolumes(ctx, "t1"); len(l) != 1 || !l[0].VMOnly {
+	if l, _ := m.volumes.ListVolumes(ctx, "t1"); len(l) != 1 || !l[0].VMOnly {
 		t.Errorf("a volume a VM wrote is not marked: %+v", l)
 	}
 	_, err = create("mounttest", vol(false))
 	kind(t, "host mount of a VM-written volume", err, errdefs.ErrInvalid, "microVM")
 
-	if err := m.RemoveVolume(ctx, "t1", "data"); err != nil {
+	if err := m.volumes.RemoveVolume(ctx, "t1", "data"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(m.volumePath("t1", "data")); !os.IsNotExist(err) {
+	if _, err := os.Stat(m.volumes.volumePath("t1", "data")); !os.IsNotExist(err) {
 		t.Errorf("image left after rm: %v", err)
 	}
-	kind(t, "rm twice", m.RemoveVolume(ctx, "t1", "data"), errdefs.ErrNotFound, "no volume")
+	kind(t, "rm twice", m.volumes.RemoveVolume(ctx, "t1", "data"), errdefs.ErrNotFound, "no volume")
 }
