@@ -27,8 +27,9 @@ for _ in $(seq 50); do [ -s "$work/addr" ] && break; sleep 0.1; done
 addr=$(cat "$work/addr")
 
 # Restart the daemon with those overrides (sandboxes keep running across it).
-pkill -f "cagebox --home $home daemon" 2>/dev/null || true
-pkill -f "cagebox daemon --home $home" 2>/dev/null || true
+# (`cagebox daemon` runs as cagebox-server, the full build: same pid.)
+pkill -f "cagebox(-server)? --home $home daemon" 2>/dev/null || true
+pkill -f "cagebox(-server)? daemon --home $home" 2>/dev/null || true
 sleep 0.5
 $cb daemon --resolve "api.example.test:443=$addr" --resolve "other.example.test:443=$addr" \
   --upstream-ca "$work/ca.pem" >"$work/daemon.log" 2>&1 &
