@@ -25,6 +25,7 @@ import (
 func controllerCmd(g *globals) *cobra.Command {
 	var kubeconfig, ns, keyFile, caFile, ingress, domain, health, metrics, logLevel, minIso string
 	var bestOf int
+	var imageMap []string
 	var resync time.Duration
 	var leaderElect bool
 	cmd := &cobra.Command{
@@ -73,6 +74,10 @@ each node's API with the fleet admin key.`,
 				}
 				floor = f
 			}
+			images, err := controller.ParseImageMap(imageMap)
+			if err != nil {
+				return fmt.Errorf("--image-map: %w", err)
+			}
 			rc, err := kubeConfig(kubeconfig)
 			if err != nil {
 				return err
@@ -83,7 +88,7 @@ each node's API with the fleet admin key.`,
 			}
 			ctl := controller.New(controller.Config{
 				Namespace: ns, Dial: controller.TCPDialer(key, caFile), BestOf: bestOf,
-				IngressDomain: domain, Resync: resync, Log: log, MinIsolation: floor,
+				IngressDomain: domain, Resync: resync, Log: log, MinIsolation: floor, ImageMap: images,
 			})
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
@@ -111,6 +116,7 @@ each node's API with the fleet admin key.`,
 	f.StringVar(&keyFile, "node-key-file", "", "file holding the fleet admin key the node agents accept (required)")
 	f.StringVar(&caFile, "node-ca", "", "CA certificate (PEM) that issued the node agents' API certificates (besides the system roots)")
 	f.StringVar(&minIso, "min-isolation", "", "the fleet's isolation floor: namespaces, app-kernel or hypervisor (a Namespace's cagebox.dev/isolation-floor annotation raises it for that namespace; templates can only raise it further)")
+	f.StringArrayVar(&imageMap, "image-map", nil, "REF=IMAGE (repeatable): a template image REF (matched exactly, without its digest, or by repository) runs as the cagebox image IMAGE; any other full reference (REGISTRY/REPO[:TAG][@sha256:…]) is pulled by the node")
 	f.IntVar(&bestOf, "best-of", 2, "how many eligible nodes a placement samples; the one with the most free memory wins (warm pools first for claims)")
 	f.StringVar(&ingress, "ingress", "", "serve the fleet ingress router on ADDR (needs --ingress-domain)")
 	f.StringVar(&domain, "ingress-domain", "", "the fleet's domain: Sandbox URLs are https://PORT-ID.DOMAIN/ and serviceFQDN ID.DOMAIN")

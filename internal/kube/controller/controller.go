@@ -74,6 +74,10 @@ type Config struct {
 	// floor (annotation fleet.AnnIsolationFloor on the Namespace object,
 	// which its users usually cannot edit) raises it for that namespace.
 	MinIsolation isolation.Class
+	// ImageMap maps the OCI references templates name to cagebox images
+	// (upstream's runtime images to one the nodes have); a reference it
+	// does not map is pulled by the node (images.go).
+	ImageMap ImageMap
 }
 
 // Controller reconciles the agent-sandbox objects onto cagebox nodes.
@@ -101,7 +105,11 @@ type Controller struct {
 	inflight map[types.UID]string
 	// pushed is the pool targets last sent to each node, and when.
 	pushed map[string]pushedPools
-	rng    *rand.Rand
+	// pullRefs is the reference each pulled image name was made from;
+	// pulled the "ENDPOINT NAME" pairs the nodes have pulled.
+	pullRefs map[string]string
+	pulled   map[string]bool
+	rng      *rand.Rand
 }
 
 // Index names of the cache's field indexes.
@@ -134,6 +142,8 @@ func New(cfg Config) *Controller {
 		nodeLive:      map[string]bool{},
 		inflight:      map[types.UID]string{},
 		pushed:        map[string]pushedPools{},
+		pullRefs:      map[string]string{},
+		pulled:        map[string]bool{},
 		rng:           rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6361676562)),
 	}
 }
