@@ -23,7 +23,7 @@ import (
 )
 
 func controllerCmd(g *globals) *cobra.Command {
-	var kubeconfig, ns, keyFile, caFile, ingress, domain, health, metrics, logLevel, minIso string
+	var kubeconfig, ns, keyFile, caFile, ingress, domain, health, metrics, logLevel, minIso, routerAddr, routerBase string
 	var bestOf int
 	var imageMap []string
 	var resync time.Duration
@@ -95,7 +95,14 @@ each node's API with the fleet admin key.`,
 			if err := ctl.SetupWithManager(ctx, mgr); err != nil {
 				return fmt.Errorf("controller: %w", err)
 			}
-			errc := make(chan error, 2)
+			errc := make(chan error, 3)
+			if routerAddr != "" {
+				go func() {
+					if err := runtimeRouter(ctx, routerAddr, routerBase, rc, ctl, log.With("component", "sandbox-router")); err != nil && ctx.Err() == nil {
+						errc <- fmt.Errorf("sandbox router: %w", err)
+					}
+				}()
+			}
 			if ingress != "" {
 				go func() {
 					if err := fleetRouter(ctx, ingress, domain, ctl.LookupIngress, log.With("component", "router")); err != nil && ctx.Err() == nil {
@@ -120,6 +127,8 @@ each node's API with the fleet admin key.`,
 	f.IntVar(&bestOf, "best-of", 2, "how many eligible nodes a placement samples; the one with the most free memory wins (warm pools first for claims)")
 	f.StringVar(&ingress, "ingress", "", "serve the fleet ingress router on ADDR (needs --ingress-domain)")
 	f.StringVar(&domain, "ingress-domain", "", "the fleet's domain: Sandbox URLs are https://PORT-ID.DOMAIN/ and serviceFQDN ID.DOMAIN")
+	f.StringVar(&routerAddr, "router-listen", "", "serve the agent-sandbox clients' sandbox-router and legacy runtime API (plain HTTP, X-Sandbox-ID/X-Sandbox-Namespace headers, Kubernetes bearer tokens) on ADDR, e.g. :8080")
+	f.StringVar(&routerBase, "router-base-dir", "/app", "the directory in each sandbox that the runtime API's relative paths and commands start from")
 	f.StringVar(&health, "health", "", "serve /healthz and /readyz on ADDR (e.g. :8081)")
 	f.StringVar(&metrics, "metrics", "", "serve controller-runtime's /metrics on ADDR (off by default)")
 	f.DurationVar(&resync, "resync", 5*time.Second, "how often unplaced Sandboxes, node liveness and stray node sandboxes are checked")
