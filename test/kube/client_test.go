@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/kube/fleet"
 )
 
@@ -173,6 +175,34 @@ func TestOfficialGoClient(t *testing.T) {
 	if _, err := sb.Read(ctx, "../etc/passwd"); !errors.As(err, &herr) || herr.StatusCode != http.StatusForbidden {
 		t.Fatalf("Read outside the base directory: %v", err)
 	}
+
+	// Router overhead: the same command through the router and through
+	// the node API directly (as the controller holds it), 20 times each.
+	var got0 sandboxv1beta1.Sandbox
+	if err := c.k.Get(ctx, ctrlclient.ObjectKey{Namespace: ns, Name: sb.SandboxName()}, &got0); err != nil {
+		t.Fatal(err)
+	}
+	direct := c.api(c.nodeByName(got0.Status.NodeName))
+	var viaRouter, viaNode []time.Duration
+	for range 20 {
+		t0 := time.Now()
+		if res, err := sb.Run(ctx, "true"); err != nil || res.ExitCode != 0 {
+			t.Fatalf("Run true: %+v %v", res, err)
+		}
+		viaRouter = append(viaRouter, time.Since(t0))
+		t0 = time.Now()
+		if f, err := direct.Exec(ctx, got0.Annotations[fleet.AnnSandboxID], &api.ExecRequest{Argv: []string{"true"}}, nil, io.Discard, io.Discard); err != nil || f.ExitCode == nil || *f.ExitCode != 0 {
+			t.Fatalf("node exec true: %+v %v", f, err)
+		}
+		viaNode = append(viaNode, time.Since(t0))
+	}
+	pct := func(d []time.Duration, p int) time.Duration {
+		d = slices.Clone(d)
+		slices.Sort(d)
+		return d[(len(d)-1)*p/100].Round(100 * time.Microsecond)
+	}
+	t.Logf("Run true: via the router p50 %v p99 %v; node API directly p50 %v p99 %v",
+		pct(viaRouter, 50), pct(viaRouter, 99), pct(viaNode, 50), pct(viaNode, 99))
 
 	// It came from the pool: a warm launch on a node.
 	var got sandboxv1beta1.Sandbox
