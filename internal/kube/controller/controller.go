@@ -495,7 +495,9 @@ func (c *Controller) SandboxOnNode(ctx context.Context, ns, name string) (NodeAP
 	c.mu.Lock()
 	id, cached := c.onNode[sb.UID]
 	c.mu.Unlock()
-	if cached && id.node == n.Name {
+	// A re-placement rewrites the annotation: then ask the node again
+	// (a forged annotation only costs a lookup).
+	if cached && id.node == n.Name && id.id == sb.Annotations[fleet.AnnSandboxID] {
 		return node, id.id, nil
 	}
 	have, err := node.ListLabeled(ctx, uidLabels(&sb))
