@@ -23,8 +23,9 @@ import (
 )
 
 func controllerCmd(g *globals) *cobra.Command {
-	var kubeconfig, ns, keyFile, caFile, ingress, domain, health, metrics, logLevel, minIso string
+	var kubeconfig, ns, keyFile, caFile, ingress, domain, health, metrics, logLevel, minIso, routerAddr, routerBase string
 	var bestOf int
+	var imageMap []string
 	var resync time.Duration
 	var leaderElect bool
 	cmd := &cobra.Command{
@@ -73,6 +74,10 @@ each node's API with the fleet admin key.`,
 				}
 				floor = f
 			}
+			images, err := controller.ParseImageMap(imageMap)
+			if err != nil {
+				return fmt.Errorf("--image-map: %w", err)
+			}
 			rc, err := kubeConfig(kubeconfig)
 			if err != nil {
 				return err
@@ -83,14 +88,21 @@ each node's API with the fleet admin key.`,
 			}
 			ctl := controller.New(controller.Config{
 				Namespace: ns, Dial: controller.TCPDialer(key, caFile), BestOf: bestOf,
-				IngressDomain: domain, Resync: resync, Log: log, MinIsolation: floor,
+				IngressDomain: domain, Resync: resync, Log: log, MinIsolation: floor, ImageMap: images,
 			})
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			if err := ctl.SetupWithManager(ctx, mgr); err != nil {
 				return fmt.Errorf("controller: %w", err)
 			}
-			errc := make(chan error, 2)
+			errc := make(chan error, 3)
+			if routerAddr != "" {
+				go func() {
+					if err := runtimeRouter(ctx, routerAddr, routerBase, rc, ctl, log.With("component", "sandbox-router")); err != nil && ctx.Err() == nil {
+						errc <- fmt.Errorf("sandbox router: %w", err)
+					}
+				}()
+			}
 			if ingress != "" {
 				go func() {
 					if err := fleetRouter(ctx, ingress, domain, ctl.LookupIngress, log.With("component", "router")); err != nil && ctx.Err() == nil {
@@ -111,9 +123,12 @@ each node's API with the fleet admin key.`,
 	f.StringVar(&keyFile, "node-key-file", "", "file holding the fleet admin key the node agents accept (required)")
 	f.StringVar(&caFile, "node-ca", "", "CA certificate (PEM) that issued the node agents' API certificates (besides the system roots)")
 	f.StringVar(&minIso, "min-isolation", "", "the fleet's isolation floor: namespaces, app-kernel or hypervisor (a Namespace's cagebox.dev/isolation-floor annotation raises it for that namespace; templates can only raise it further)")
+	f.StringArrayVar(&imageMap, "image-map", nil, "REF=IMAGE (repeatable): a template image REF (matched exactly, without its digest, or by repository) runs as the cagebox image IMAGE; any other full reference (REGISTRY/REPO[:TAG][@sha256:…]) is pulled by the node")
 	f.IntVar(&bestOf, "best-of", 2, "how many eligible nodes a placement samples; the one with the most free memory wins (warm pools first for claims)")
 	f.StringVar(&ingress, "ingress", "", "serve the fleet ingress router on ADDR (needs --ingress-domain)")
 	f.StringVar(&domain, "ingress-domain", "", "the fleet's domain: Sandbox URLs are https://PORT-ID.DOMAIN/ and serviceFQDN ID.DOMAIN")
+	f.StringVar(&routerAddr, "router-listen", "", "serve the agent-sandbox clients' sandbox-router and legacy runtime API (plain HTTP, X-Sandbox-ID/X-Sandbox-Namespace headers, Kubernetes bearer tokens) on ADDR, e.g. :8080")
+	f.StringVar(&routerBase, "router-base-dir", "/app", "the directory in each sandbox that the runtime API's relative paths and commands start from")
 	f.StringVar(&health, "health", "", "serve /healthz and /readyz on ADDR (e.g. :8081)")
 	f.StringVar(&metrics, "metrics", "", "serve controller-runtime's /metrics on ADDR (off by default)")
 	f.DurationVar(&resync, "resync", 5*time.Second, "how often unplaced Sandboxes, node liveness and stray node sandboxes are checked")

@@ -18,7 +18,7 @@ import (
 )
 
 // The agent-sandbox project's published targets (roadmap.md of
-// sigs.k8s.io/agent-sandbox v0.5.6): claim latency 200 ms now, 100 ms and
+// sigs.k8s.io/agent-sandbox v1.0.3): claim latency 200 ms now, 100 ms and
 // then 50 ms planned; a controller that handles 1000+ claims per second.
 const (
 	targetClaimLatency = 200 * time.Millisecond

@@ -146,6 +146,7 @@ type cluster struct {
 	nodes     []*node
 	ctrlLog   syncbuf.Buffer
 	ingress   string // the controller's fleet ingress address
+	router    string // the controller's sandbox router (--router-listen)
 	up        *upstream
 	nodeKubes map[string]string // kubeconfig file per identity
 }
@@ -509,12 +510,15 @@ func (c *cluster) sweepNode(n *node) {
 func (c *cluster) startController(extra ...string) {
 	t := c.t
 	c.ingress = "127.0.0.1:" + freePortOn(t, "127.0.0.1")
+	c.router = "127.0.0.1:" + freePortOn(t, "127.0.0.1")
 	args := append([]string{"controller",
 		"--kubeconfig", c.kubeconfig("cagebox-controller"),
 		"--namespace", fleetNS,
 		"--node-key-file", c.keyFile, "--node-ca", c.caFile,
 		"--ingress", c.ingress, "--ingress-domain", domain,
 		"--resync", "1s",
+		"--router-listen", c.router,
+		"--image-map", "us-central1-docker.pkg.dev/k8s-staging-images/agent-sandbox/python-runtime-sandbox=default",
 	}, extra...)
 	cmd := exec.Command(filepath.Join(binDir, "cagebox"), args...)
 	cmd.Stdout, cmd.Stderr = &c.ctrlLog, &c.ctrlLog

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -20,13 +21,21 @@ import (
 	"github.com/cagebox/cagebox/internal/kube/kubetypes"
 )
 
-// Condition reasons of a SandboxClaim.
+// Condition reasons of a SandboxClaim. The refusals carry the names
+// upstream's controller uses, which the official clients know: the
+// Python client (k8s_agent_sandbox) stops waiting on TemplateNotFound,
+// WarmPoolNotFound and its TERMINAL_CLAIM_READY_REASONS (InvalidMetadata,
+// EnvVarsInjectionRejected, VolumeClaimTemplatesError, ClaimExpired,
+// SandboxExpired); the Go client (clients/go/sandbox v1.0.3) stops on none
+// of them, only on its timeout or a deleted claim.
 const (
-	ReasonWarmPoolNotFound = "WarmPoolNotFound"
-	ReasonTemplateNotFound = "TemplateNotFound"
-	ReasonClaimRefused     = "ClaimRefused"
-	ReasonSandboxNameTaken = "SandboxNameTaken"
-	ReasonSandboxPending   = "SandboxPending"
+	ReasonWarmPoolNotFound          = "WarmPoolNotFound"
+	ReasonTemplateNotFound          = "TemplateNotFound"
+	ReasonInvalidMetadata           = "InvalidMetadata"
+	ReasonEnvVarsInjectionRejected  = "EnvVarsInjectionRejected"
+	ReasonVolumeClaimTemplatesError = "VolumeClaimTemplatesError"
+	ReasonSandboxNameTaken          = "SandboxNameTaken"
+	ReasonSandboxPending            = "SandboxPending"
 )
 
 const condReady = string(sandboxv1beta1.SandboxConditionReady)
@@ -92,8 +101,13 @@ func (c *Controller) reconcileClaim(ctx context.Context, req reconcile.Request) 
 	}
 	bp, err := ClaimBlueprint(&tpl, &cl)
 	if err != nil {
-		if c.setClaimReady(ctx, &cl, metav1.ConditionFalse, ReasonClaimRefused, err.Error()) {
-			c.rec.Eventf(&cl, nil, corev1.EventTypeWarning, ReasonClaimRefused, "Claim", "%s", err.Error())
+		reason := ReasonInvalidTemplate
+		var se *SpecError
+		if errors.As(err, &se) {
+			reason = se.Reason
+		}
+		if c.setClaimReady(ctx, &cl, metav1.ConditionFalse, reason, err.Error()) {
+			c.rec.Eventf(&cl, nil, corev1.EventTypeWarning, reason, "Claim", "%s", err.Error())
 		}
 		return res, nil
 	}
@@ -131,10 +145,10 @@ func (c *Controller) reconcileClaim(ctx context.Context, req reconcile.Request) 
 func ClaimBlueprint(tpl *extv1beta1.SandboxTemplate, cl *extv1beta1.SandboxClaim) (*sandboxv1beta1.SandboxBlueprint, error) {
 	bp := tpl.Spec.SandboxBlueprint.DeepCopy()
 	if len(cl.Spec.VolumeClaimTemplates) > 0 {
-		return nil, fmt.Errorf("spec.volumeClaimTemplates: cagebox sandboxes have no persistent volumes; drop them")
+		return nil, specErr(ReasonVolumeClaimTemplatesError, "spec.volumeClaimTemplates: cagebox sandboxes have no persistent volumes; drop them")
 	}
 	if len(bp.PodTemplate.Spec.Containers) == 0 {
-		return nil, fmt.Errorf("template %s has no container", tpl.Name)
+		return nil, specErr(ReasonInvalidTemplate, "template %s has no container", tpl.Name)
 	}
 	ctr := &bp.PodTemplate.Spec.Containers[0]
 	tplAnn := bp.PodTemplate.ObjectMeta.Annotations
@@ -144,32 +158,32 @@ func ClaimBlueprint(tpl *extv1beta1.SandboxTemplate, cl *extv1beta1.SandboxClaim
 			policy = extv1beta1.EnvVarsInjectionPolicyDisallowed
 		}
 		if policy == extv1beta1.EnvVarsInjectionPolicyDisallowed {
-			return nil, fmt.Errorf("template %s does not let claims set env (envVarsInjectionPolicy %s): drop spec.env or set the template's policy to Allowed or Overrides", tpl.Name, policy)
+			return nil, specErr(ReasonEnvVarsInjectionRejected, "template %s does not let claims set env (envVarsInjectionPolicy %s): drop spec.env or set the template's policy to Allowed or Overrides", tpl.Name, policy)
 		}
 		for _, e := range cl.Spec.Env {
 			if e.ContainerName != "" && e.ContainerName != ctr.Name {
-				return nil, fmt.Errorf("env %s: container %q is not the sandbox's container %q", e.Name, e.ContainerName, ctr.Name)
+				return nil, specErr(ReasonEnvVarsInjectionRejected, "env %s: container %q is not the sandbox's container %q", e.Name, e.ContainerName, ctr.Name)
 			}
 			if _, bound := tplAnn[fleet.AnnSecretHostsPrefix+e.Name]; bound {
-				return nil, fmt.Errorf("env %s is a credential of template %s; a claim cannot set it", e.Name, tpl.Name)
+				return nil, specErr(ReasonEnvVarsInjectionRejected, "env %s is a credential of template %s; a claim cannot set it", e.Name, tpl.Name)
 			}
 			i := envIndex(ctr.Env, e.Name)
 			switch {
 			case i < 0:
 				ctr.Env = append(ctr.Env, corev1.EnvVar{Name: e.Name, Value: e.Value})
 			case ctr.Env[i].ValueFrom != nil:
-				return nil, fmt.Errorf("env %s is a credential of template %s; a claim cannot set it", e.Name, tpl.Name)
+				return nil, specErr(ReasonEnvVarsInjectionRejected, "env %s is a credential of template %s; a claim cannot set it", e.Name, tpl.Name)
 			case policy == extv1beta1.EnvVarsInjectionPolicyOverrides:
 				ctr.Env[i].Value = e.Value
 			default:
-				return nil, fmt.Errorf("env %s is set by template %s and its envVarsInjectionPolicy %s does not let a claim override it (Overrides would)", e.Name, tpl.Name, policy)
+				return nil, specErr(ReasonEnvVarsInjectionRejected, "env %s is set by template %s and its envVarsInjectionPolicy %s does not let a claim override it (Overrides would)", e.Name, tpl.Name, policy)
 			}
 		}
 	}
 	md := cl.Spec.AdditionalPodMetadata
 	for k, v := range md.Annotations {
 		if reservedAnnotation(k) {
-			return nil, fmt.Errorf("spec.additionalPodMetadata annotation %s is the template's to set (cagebox.dev/ and secrets.cagebox.dev/ annotations)", k)
+			return nil, specErr(ReasonInvalidMetadata, "spec.additionalPodMetadata annotation %s is the template's to set (cagebox.dev/ and secrets.cagebox.dev/ annotations)", k)
 		}
 		if bp.PodTemplate.ObjectMeta.Annotations == nil {
 			bp.PodTemplate.ObjectMeta.Annotations = map[string]string{}

@@ -158,7 +158,7 @@ func TestClaimFromWarmPool(t *testing.T) {
 	}
 	e.eventually(30*time.Second, "the sneaky claim refused", func() bool {
 		r := meta.FindStatusCondition(e.getClaim("sneaky").Status.Conditions, condReady)
-		return r != nil && r.Reason == ReasonClaimRefused && strings.Contains(r.Message, fleet.AnnAllow)
+		return r != nil && r.Reason == ReasonInvalidMetadata && strings.Contains(r.Message, fleet.AnnAllow)
 	})
 	if e.getSandbox("sneaky") != nil {
 		t.Error("a Sandbox was made for the refused claim")

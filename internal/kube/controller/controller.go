@@ -28,6 +28,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -74,6 +76,10 @@ type Config struct {
 	// floor (annotation fleet.AnnIsolationFloor on the Namespace object,
 	// which its users usually cannot edit) raises it for that namespace.
 	MinIsolation isolation.Class
+	// ImageMap maps the OCI references templates name to cagebox images
+	// (upstream's runtime images to one the nodes have); a reference it
+	// does not map is pulled by the node (images.go).
+	ImageMap ImageMap
 }
 
 // Controller reconciles the agent-sandbox objects onto cagebox nodes.
@@ -101,6 +107,12 @@ type Controller struct {
 	inflight map[types.UID]string
 	// pushed is the pool targets last sent to each node, and when.
 	pushed map[string]pushedPools
+	// pullRefs is the reference each pulled image name was made from;
+	// pulled the "ENDPOINT NAME" pairs the nodes have pulled.
+	pullRefs map[string]string
+	pulled   map[string]bool
+	// onNode caches SandboxOnNode's answers by Sandbox UID.
+	onNode map[types.UID]nodeSandbox
 	rng    *rand.Rand
 }
 
@@ -134,6 +146,9 @@ func New(cfg Config) *Controller {
 		nodeLive:      map[string]bool{},
 		inflight:      map[types.UID]string{},
 		pushed:        map[string]pushedPools{},
+		pullRefs:      map[string]string{},
+		pulled:        map[string]bool{},
+		onNode:        map[types.UID]nodeSandbox{},
 		rng:           rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6361676562)),
 	}
 }
@@ -446,3 +461,59 @@ func (c *Controller) raiseFloor(ctx context.Context, ns string, spec *Spec, memo
 	}
 	return nil
 }
+
+// ErrNotRunning is SandboxOnNode's answer for a Sandbox that is not
+// placed and ready.
+var ErrNotRunning = errors.New("not placed and ready")
+
+// SandboxOnNode is where Sandbox ns/name runs: its node's API and the node
+// sandbox's id. The id is the node's own answer for the Sandbox's UID
+// label (which only the controller sets), never the object's annotation
+// (which whoever may edit the Sandbox could point at another one).
+func (c *Controller) SandboxOnNode(ctx context.Context, ns, name string) (NodeAPI, string, error) {
+	var sb sandboxv1beta1.Sandbox
+	if err := c.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &sb); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, "", fmt.Errorf("sandbox %s/%s: %w", ns, name, ErrNotRunning)
+		}
+		return nil, "", err
+	}
+	if sb.Status.NodeName == "" || !meta.IsStatusConditionTrue(sb.Status.Conditions, condReady) {
+		return nil, "", fmt.Errorf("sandbox %s/%s: %w", ns, name, ErrNotRunning)
+	}
+	n, ok, err := c.reg.Node(ctx, sb.Status.NodeName)
+	if err != nil {
+		return nil, "", err
+	}
+	if !ok || !n.Live(time.Now()) {
+		return nil, "", fmt.Errorf("sandbox %s/%s: node %s is not live: %w", ns, name, sb.Status.NodeName, ErrNotRunning)
+	}
+	node, err := c.cfg.Dial(n.Endpoint)
+	if err != nil {
+		return nil, "", err
+	}
+	c.mu.Lock()
+	id, cached := c.onNode[sb.UID]
+	c.mu.Unlock()
+	// A re-placement rewrites the annotation: then ask the node again
+	// (a forged annotation only costs a lookup).
+	if cached && id.node == n.Name && id.id == sb.Annotations[fleet.AnnSandboxID] {
+		return node, id.id, nil
+	}
+	have, err := node.ListLabeled(ctx, uidLabels(&sb))
+	if err != nil {
+		return nil, "", fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	if len(have) == 0 {
+		return nil, "", fmt.Errorf("sandbox %s/%s: node %s has no sandbox for it: %w", ns, name, n.Name, ErrNotRunning)
+	}
+	c.mu.Lock()
+	if len(c.onNode) > 10000 {
+		clear(c.onNode)
+	}
+	c.onNode[sb.UID] = nodeSandbox{node: n.Name, id: have[0].ID}
+	c.mu.Unlock()
+	return node, have[0].ID, nil
+}
+
+type nodeSandbox struct{ node, id string }

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/client"
+	"github.com/cagebox/cagebox/internal/image"
 	"github.com/cagebox/cagebox/internal/kube/fleet"
 	"github.com/cagebox/cagebox/internal/pool"
 	"github.com/cagebox/cagebox/isolation"
@@ -36,6 +38,11 @@ type fakeNode struct {
 	// loseAnswer makes the next create succeed on the node but fail for
 	// the caller (a timeout after the node acted).
 	loseAnswer bool
+	// pulls are the image pulls asked for; pullErr fails those of a ref;
+	// ops is "pull NAME", "create IMAGE" and "pools IMAGE" in order.
+	pulls   []api.PullImageRequest
+	pullErr map[string]error
+	ops     []string
 }
 
 func newFakeNode(name string) *fakeNode {
@@ -56,6 +63,12 @@ func (n *fakeNode) Create(ctx context.Context, req *api.CreateSandboxRequest) (*
 	if req.Runtime == "" || req.Runtime == "auto" {
 		return nil, &client.Error{Status: 400, Kind: "invalid", Msg: "the controller must send a concrete runtime"}
 	}
+	if name, _, _ := strings.Cut(req.Image, "@"); name != "" {
+		if err := image.ValidateName(name); err != nil {
+			return nil, &client.Error{Status: 400, Kind: "invalid", Msg: err.Error()}
+		}
+	}
+	n.ops = append(n.ops, "create "+req.Image)
 	n.creates = append(n.creates, *req)
 	n.nextID++
 	id := fmt.Sprintf("%s-sb%d", n.name, n.nextID)
@@ -124,12 +137,32 @@ func (n *fakeNode) SetPools(ctx context.Context, req *api.SetPoolsRequest) (*api
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.sets++
+	for _, t := range req.Targets {
+		n.ops = append(n.ops, "pools "+t.Image)
+	}
 	n.targets = append([]api.PoolTarget(nil), req.Targets...)
 	n.ready = map[string]int{}
 	for _, t := range req.Targets {
 		n.ready[n.class(t)] = t.Size // filled at once
 	}
 	return n.poolsLocked(), nil
+}
+
+func (n *fakeNode) PullImage(ctx context.Context, req *api.PullImageRequest) (*api.Image, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.pulls = append(n.pulls, *req)
+	if err := n.pullErr[req.Ref]; err != nil {
+		return nil, err
+	}
+	n.ops = append(n.ops, "pull "+req.Name)
+	return &api.Image{Name: req.Name}, nil
+}
+
+func (n *fakeNode) history() (pulls []api.PullImageRequest, ops []string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]api.PullImageRequest(nil), n.pulls...), append([]string(nil), n.ops...)
 }
 
 func (n *fakeNode) class(t api.PoolTarget) string {

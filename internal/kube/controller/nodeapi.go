@@ -22,6 +22,7 @@ type NodeAPI interface {
 	Remove(ctx context.Context, id string) error
 	SetPools(ctx context.Context, req *api.SetPoolsRequest) (*api.Pools, error)
 	Pools(ctx context.Context) (*api.Pools, error)
+	PullImage(ctx context.Context, req *api.PullImageRequest) (*api.Image, error)
 }
 
 var _ NodeAPI = (*client.Client)(nil)

@@ -108,7 +108,7 @@ func (c *Controller) reconcileSandbox(ctx context.Context, req reconcile.Request
 
 // place puts an unplaced Sandbox on a node.
 func (c *Controller) place(ctx context.Context, sb *sandboxv1beta1.Sandbox) (reconcile.Result, error) {
-	spec, err := Translate(ctx, c.apiReader, sb)
+	spec, err := c.translate(ctx, c.apiReader, sb)
 	if err == nil {
 		err = c.raiseFloor(ctx, sb.Namespace, spec, nil)
 	}
@@ -176,9 +176,7 @@ func (c *Controller) place(ctx context.Context, sb *sandboxv1beta1.Sandbox) (rec
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, nodeCreateTimeout)
-	defer cancel()
-	v, launch, err := c.createOn(cctx, node, sb, spec, cand.runtime)
+	v, launch, err := c.pullAndCreate(ctx, cand.node.Endpoint, node, sb, spec, cand.runtime)
 	if err != nil {
 		kind := nodeErrKind(err)
 		if kind == "invalid" || kind == "denied" || kind == "not_found" || kind == "conflict" {
@@ -226,6 +224,24 @@ func (c *Controller) forget(sb *sandboxv1beta1.Sandbox) {
 
 // createOn creates sb's sandbox on node, or finds the one an earlier
 // attempt made (by the uid label).
+// pullAndCreate has the node pull the spec's image if it is a reference,
+// then creates the sandbox there.
+func (c *Controller) pullAndCreate(ctx context.Context, endpoint string, node NodeAPI, sb *sandboxv1beta1.Sandbox, spec *Spec, runtime string) (*api.Sandbox, string, error) {
+	if spec.PullRef != "" {
+		if err := c.ensureImage(ctx, endpoint, node, spec.PullRef, spec.Req.Image); err != nil {
+			return nil, "", err
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, nodeCreateTimeout)
+	defer cancel()
+	v, launch, err := c.createOn(cctx, node, sb, spec, runtime)
+	if err != nil && spec.PullRef != "" && isNotFound(err) {
+		// The node may have lost the image: pull again next time.
+		c.forgetPulls(endpoint)
+	}
+	return v, launch, err
+}
+
 func (c *Controller) createOn(ctx context.Context, node NodeAPI, sb *sandboxv1beta1.Sandbox, spec *Spec, runtime string) (*api.Sandbox, string, error) {
 	have, err := node.ListLabeled(ctx, uidLabels(sb))
 	if err != nil {

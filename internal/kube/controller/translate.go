@@ -47,6 +47,9 @@ func specErr(reason, format string, args ...any) *SpecError {
 type Spec struct {
 	Req   *api.CreateSandboxRequest
 	Floor isolation.Class
+	// PullRef is the OCI reference the node pulls as Req.Image before
+	// the create ("" when Req.Image is a cagebox image; see images.go).
+	PullRef string
 }
 
 // PoolClass is the warm pool class a create of s with runtime (concrete)

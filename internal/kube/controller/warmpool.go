@@ -115,6 +115,9 @@ func (c *Controller) spreadPool(ctx context.Context, wp *extv1beta1.SandboxWarmP
 	}
 	spec, err := PoolSpec(ctx, &tpl)
 	if err == nil {
+		err = c.resolveImage(spec)
+	}
+	if err == nil {
 		err = c.raiseFloor(ctx, wp.Namespace, spec, floors)
 	}
 	if err != nil {
@@ -182,6 +185,11 @@ func (c *Controller) pushPools(ctx context.Context, n Node, want map[poolClassKe
 	node, err := c.cfg.Dial(n.Endpoint)
 	if err != nil {
 		return err
+	}
+	for _, p := range c.pullsFor(targets) {
+		if err := c.ensureImage(ctx, n.Endpoint, node, p[0], p[1]); err != nil {
+			return fmt.Errorf("node %s: warm pool image: %w", n.Name, err)
+		}
 	}
 	cctx, cancel := context.WithTimeout(ctx, nodeCallTimeout)
 	defer cancel()
