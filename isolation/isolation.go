@@ -395,6 +395,14 @@ type LogTailer interface {
 	LogTail() string
 }
 
+// Closer is implemented by runtimes that do work in the background (the
+// qemu runtime's template builds): Close ends it and waits for its
+// cleanup, so nothing outlives the daemon that stops. Sandboxes keep
+// running.
+type Closer interface {
+	Close()
+}
+
 // LeakChecker is implemented by sandboxes that can list what of them is
 // left on the host (cgroups, mounts, state, processes); after Destroy the
 // list must be empty.

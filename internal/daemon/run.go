@@ -173,6 +173,13 @@ func (d *wiring) store(ctx context.Context) error {
 	d.st = st
 	d.undo.Add(func() { st.Close() })
 	RegisterRuntimes(cfg.Home)
+	d.undo.Add(func() {
+		for _, rt := range isolation.All() {
+			if c, ok := rt.(isolation.Closer); ok {
+				c.Close()
+			}
+		}
+	})
 	// A KVM probe VMM whose daemon died mid-probe without taking it along
 	// (the parent-death signal normally does) is killed now.
 	kvm.SweepProbes(kvm.DefaultStateDir, log)

@@ -152,6 +152,7 @@ func TestKVMProbeBoundedOnHang(t *testing.T) {
 func TestKVMProbeWithoutDevice(t *testing.T) {
 	base := testRuntime(t)
 	rt := New(Options{Dir: base.cache.Dir, Device: "/nonexistent/kvm"})
+	t.Cleanup(rt.Close) // a background template build ends with the test
 	v := rt.KVM()
 	if v.Usable || !strings.Contains(v.Reason, "no usable /nonexistent/kvm") {
 		t.Fatalf("verdict without a device: %s", v)

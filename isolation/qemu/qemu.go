@@ -152,6 +152,7 @@ func New(o Options) *Runtime {
 		ram:        map[string]*os.File{},
 		failed:     map[string]time.Time{},
 	}
+	rt.tpl.stop, rt.tpl.cancel = context.WithCancel(context.Background())
 	if rt.tpl.dir == "" {
 		rt.tpl.dir = filepath.Join(o.Dir, "templates")
 	}

@@ -44,6 +44,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -140,9 +141,15 @@ type Template struct {
 
 // templates is the runtime's template store.
 type templates struct {
-	dir        string
-	enabled    bool
+	dir     string
+	enabled bool
+	// background (read and cleared under mu): creates that miss a
+	// template start its build in the background.
 	background bool
+	// stop ends background builds and bg counts them (Runtime.Close).
+	stop   context.Context
+	cancel context.CancelFunc
+	bg     sync.WaitGroup
 
 	// mu guards the fields below.
 	mu sync.Mutex
@@ -324,18 +331,21 @@ func (rt *Runtime) BuildTemplate(ctx context.Context, spec *isolation.Spec) (Tem
 // maybeBuildTemplate starts a background build of req's template unless
 // one runs, or this one failed recently. It never blocks.
 func (rt *Runtime) maybeBuildTemplate(req *templateRequest) {
+	rt.tpl.mu.Lock()
 	if !rt.tpl.background {
+		rt.tpl.mu.Unlock()
 		return
 	}
-	rt.tpl.mu.Lock()
 	if rt.tpl.building || time.Since(rt.tpl.failed[req.digest]) < templateRetryAfter {
 		rt.tpl.mu.Unlock()
 		return
 	}
 	rt.tpl.building = true
+	rt.tpl.bg.Add(1)
 	rt.tpl.mu.Unlock()
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), templateBuildTimeout)
+		defer rt.tpl.bg.Done()
+		ctx, cancel := context.WithTimeout(rt.tpl.stop, templateBuildTimeout)
 		defer cancel()
 		_, err := rt.buildTemplate(ctx, req, false)
 		rt.tpl.mu.Lock()
@@ -349,6 +359,27 @@ func (rt *Runtime) maybeBuildTemplate(req *templateRequest) {
 		}
 	}()
 }
+
+// Close ends a background template build and waits for it to remove what
+// it made (its VMM, run directory and build directory), at most closeWait:
+// the daemon calls it as it stops (isolation.Closer), so no build outlives
+// it. Later creates cold-boot.
+func (rt *Runtime) Close() {
+	rt.tpl.mu.Lock()
+	rt.tpl.background = false
+	rt.tpl.mu.Unlock()
+	rt.tpl.cancel()
+	done := make(chan struct{})
+	go func() { rt.tpl.bg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(closeWait):
+		rt.log.Warn("a template build did not end in time; the next build removes what it left")
+	}
+}
+
+// closeWait bounds Close's wait for a background build to clean up.
+const closeWait = 15 * time.Second
 
 // errBuildBusy: another build holds the lock (a background build skips).
 var errBuildBusy = errors.New("another template build is running")
@@ -388,6 +419,7 @@ func (rt *Runtime) lockBuild(ctx context.Context, wait bool) (func(), error) {
 // removeStaleBuilds removes what builds that died left (their QEMU died
 // with them: Pdeathsig); the caller holds the build lock.
 func (rt *Runtime) removeStaleBuilds() {
+	sweepRunDirs(os.TempDir(), time.Now())
 	ents, _ := os.ReadDir(rt.tpl.dir)
 	for _, e := range ents {
 		name := e.Name()
@@ -397,6 +429,43 @@ func (rt *Runtime) removeStaleBuilds() {
 			_ = os.RemoveAll(filepath.Join(rt.tpl.dir, name))
 		case strings.HasPrefix(name, ".gone-"):
 			_ = os.RemoveAll(filepath.Join(rt.tpl.dir, name))
+		}
+	}
+}
+
+// runDirPrefix starts a template build's run directory in the temporary
+// directory (its sockets need a short path), followed by the building
+// process's pid: a build is removed by its own deferred cleanup, but one
+// cut short with its process (a daemon or test binary that exits, or is
+// killed, while a background build runs) would leave it behind, so every
+// build first removes those of processes that are gone (sweepRunDirs).
+const runDirPrefix = "cbxtpl-"
+
+// sweepRunDirs removes build run directories in dir whose process is gone
+// (no /proc/PID), and those of releases before the pid was in the name
+// (cbxtplNNN) untouched for an hour. A live pid that is not a builder
+// keeps its directory: conservative, and a few megabytes at most.
+func sweepRunDirs(dir string, now time.Time) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		name := e.Name()
+		if !e.IsDir() || !strings.HasPrefix(name, "cbxtpl") {
+			continue
+		}
+		p := filepath.Join(dir, name)
+		if rest, ok := strings.CutPrefix(name, runDirPrefix); ok {
+			pid, _, _ := strings.Cut(rest, "-")
+			n, err := strconv.Atoi(pid)
+			if err != nil || n <= 0 || n == os.Getpid() {
+				continue
+			}
+			if _, err := os.Stat("/proc/" + pid); errors.Is(err, fs.ErrNotExist) {
+				_ = os.RemoveAll(p)
+			}
+			continue
+		}
+		if fi, err := e.Info(); err == nil && now.Sub(fi.ModTime()) > time.Hour {
+			_ = os.RemoveAll(p)
 		}
 	}
 }
@@ -428,7 +497,7 @@ func (rt *Runtime) buildTemplate(ctx context.Context, req *templateRequest, wait
 	defer os.RemoveAll(tmp) // gone once renamed
 	// Sockets, console and initramfs in a short directory of their own
 	// (unix socket paths are limited to 108 bytes).
-	run, err := os.MkdirTemp("", "cbxtpl")
+	run, err := os.MkdirTemp("", runDirPrefix+strconv.Itoa(os.Getpid())+"-")
 	if err != nil {
 		return nil, fmt.Errorf("template run dir: %w", err)
 	}

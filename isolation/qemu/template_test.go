@@ -380,6 +380,7 @@ func TestTemplateBackground(t *testing.T) {
 	base := testRuntime(t)
 	dir := t.TempDir()
 	rt := New(Options{Dir: base.cache.Dir, TemplateDir: dir})
+	t.Cleanup(rt.Close)
 	// What a build that died mid-way leaves: never listed, removed.
 	if err := os.MkdirAll(filepath.Join(dir, ".build-dead", "x"), 0o700); err != nil {
 		t.Fatal(err)
