@@ -38,7 +38,7 @@ if [ -e /dev/kvm ] && ! getent group kvm >/dev/null; then
 fi
 
 export PATH=$PATH:/usr/local/go/bin
-echo "setup: building bin/cagebox and bin/cagebox-agent"
+echo "setup: building bin/cagebox, bin/cagebox-server and bin/cagebox-agent"
 make -s build
 
 home=${CAGEBOX_HOME:-/var/lib/cagebox}
