@@ -107,6 +107,7 @@ func e2bBench(agentPath string, n int) {
 		fail(err)
 	}
 	waitReady(c, class.String(), 2)
+	before := poolOf(c, class.String())
 	cmd := exec.Command("node", "bench.mjs")
 	cmd.Dir = e2bDir
 	cmd.Env = append(os.Environ(),
@@ -130,6 +131,7 @@ func e2bBench(agentPath string, n int) {
 	if r.Fatal != "" {
 		fail("bench.mjs: " + r.Fatal)
 	}
+	after := poolOf(c, class.String())
 	msd := func(v []float64) []time.Duration {
 		d := make([]time.Duration, len(v))
 		for i, x := range v {
@@ -137,7 +139,9 @@ func e2bBench(agentPath string, n int) {
 		}
 		return d
 	}
-	fmt.Printf("E2B SDK (npm e2b 2.51.0) on the E2B front beside cagebox's TypeScript SDK — %d CPUs, container runtime, Debian image, warm pool of 2, loopback TCP\n\n", numCPU())
+	fmt.Printf("E2B SDK (npm e2b 2.51.0) on the E2B front beside cagebox's TypeScript SDK — %d CPUs, container runtime, Debian image, warm pool of 2, loopback TCP\n", numCPU())
+	// A miss is a cold create (seconds): it shows as the p99 of a side.
+	fmt.Printf("pool: %d hits, %d misses over both SDKs' creates\n\n", after.Claims-before.Claims, after.Misses-before.Misses)
 	row := func(title, goal string, e, cg []float64) {
 		ed, cd := msd(e), msd(cg)
 		fmt.Printf("%s (n = %d each): goal %s\n", title, len(ed), goal)
