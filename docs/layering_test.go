@@ -65,6 +65,8 @@ var cliMustNotLink = []string{
 	module + "isolation",
 	"k8s.io/",
 	"sigs.k8s.io/",
+	// The MCP SDK: `cagebox mcp` is long-lived, it runs in cagebox-server.
+	"github.com/modelcontextprotocol/",
 }
 
 // imports is every package of the module and the module's packages it

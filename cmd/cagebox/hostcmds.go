@@ -1,8 +1,9 @@
 package main
 
 // The host-side commands — the daemon, a fleet node, the fleet controller,
-// the image cache's build/ls/rm, the vault's master-key rotation and the
-// runtimes of this host when no daemon runs — link the whole daemon
+// the image cache's build/ls/rm, the vault's master-key rotation, the
+// runtimes of this host when no daemon runs, and the MCP stdio server —
+// link the whole daemon
 // (runtimes, gateway, store) and, for the fleet, client-go and
 // controller-runtime, whose package initialisation alone cost ~35 ms at
 // every start. So there are two builds of this one command tree:
@@ -31,4 +32,7 @@ var (
 	docImageLs    = cmdDoc{"ls", "List cached images, and the microVM templates made from them"}
 	docImageRm    = cmdDoc{"rm NAME", "Remove a cached image (refused while sandboxes use it)"}
 	docRotateKey  = cmdDoc{"rotate-master-key", "Re-seal every secret under a new master key (stop the daemon first)"}
+	// mcp is a client of the API, but a long-lived one: it pays the exec
+	// once per MCP session, and the CLI does not link the MCP SDK.
+	docMCP = cmdDoc{"mcp", "Serve the Model Context Protocol over stdio: your registered tools, sandbox tools and request_access (the daemon also serves it at /mcp)"}
 )

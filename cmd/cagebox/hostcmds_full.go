@@ -15,7 +15,7 @@ import (
 
 // hostCommands are the top-level host-side commands (hostcmds.go).
 func hostCommands(g *globals) []*cobra.Command {
-	return []*cobra.Command{daemonCmd(g), nodeCmd(g), controllerCmd(g)}
+	return []*cobra.Command{daemonCmd(g), nodeCmd(g), controllerCmd(g), mcpCmd(g)}
 }
 
 // localRuntimes describes this host's runtimes when no daemon answers.

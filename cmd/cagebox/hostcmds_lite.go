@@ -24,7 +24,7 @@ func init() { runtime.LockOSThread() }
 
 // hostCommands are stand-ins that hand the command to cagebox-server.
 func hostCommands(*globals) []*cobra.Command {
-	return []*cobra.Command{serverCmd(docDaemon), serverCmd(docNode), serverCmd(docController)}
+	return []*cobra.Command{serverCmd(docDaemon), serverCmd(docNode), serverCmd(docController), serverCmd(docMCP)}
 }
 
 func imageHostCmds(*globals) []*cobra.Command {

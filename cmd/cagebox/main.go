@@ -98,7 +98,6 @@ func newRoot() *cobra.Command {
 		toolCmd(g),
 		volumeCmd(g),
 		executeCmd(g),
-		mcpCmd(g),
 		secretCmd(g),
 		policyCmd(g),
 		approvalsCmd(g),

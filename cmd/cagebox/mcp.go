@@ -1,3 +1,5 @@
+//go:build !lite
+
 package main
 
 import (
@@ -13,8 +15,8 @@ import (
 
 func mcpCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   "mcp",
-		Short: "Serve the Model Context Protocol over stdio: your registered tools, sandbox tools and request_access (the daemon also serves it at /mcp)",
+		Use:   docMCP.use,
+		Short: docMCP.short,
 		Long: `cagebox mcp speaks MCP on stdin/stdout for a client that starts it (an agent's
 MCP configuration: command "cagebox", args ["mcp"]). It reaches the daemon like every
 other command (the unix socket as the admin, or --host/CAGEBOX_HOST with an API key) and
