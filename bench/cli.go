@@ -43,16 +43,22 @@ func cliBench(agentPath string, n int) {
 	}
 	start(cli) // page both binaries in once
 	start(server)
+	truePath, err := exec.LookPath("true")
+	if err != nil {
+		fail(err)
+	}
 	k := max(n, 50)
-	var lite, full []time.Duration
+	var lite, full, floor []time.Duration
 	for i := 0; i < k; i++ {
 		lite = append(lite, start(cli))
 		full = append(full, start(server))
+		floor = append(floor, start(truePath))
 	}
 	fmt.Printf("cagebox CLI — %d CPUs\n\n", numCPU())
 	fmt.Printf("`--version`, pair by pair (n = %d): goal ≤ 5 ms\n", k)
 	fmt.Printf("  %-60s p50 %9s  p99 %9s\n", "bin/cagebox (the CLI: -tags lite)", ms(pct(lite, 50)), ms(pct(lite, 99)))
 	fmt.Printf("  %-60s p50 %9s  p99 %9s\n", "bin/cagebox-server (the full build, the CLI before)", ms(pct(full, 50)), ms(pct(full, 99)))
+	fmt.Printf("  %-60s p50 %9s  p99 %9s\n", "floor: "+truePath+" started the same way", ms(pct(floor, 50)), ms(pct(floor, 99)))
 	fmt.Printf("  %-60s p50 %8.2fx  p99 %8.2fx\n\n", "ratio CLI/full", ratio(pct(lite, 50), pct(full, 50)), ratio(pct(lite, 99), pct(full, 99)))
 
 	home, err := os.MkdirTemp("", "cbx-cli-bench")
