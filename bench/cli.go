@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -31,16 +30,7 @@ func cliBench(agentPath string, n int) {
 			fail(fmt.Errorf("%v: run `make build` first", err))
 		}
 	}
-	start := func(bin string) time.Duration {
-		cmd := exec.Command(bin, "--version")
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		t0 := time.Now()
-		if err := cmd.Run(); err != nil {
-			fail(fmt.Errorf("%s --version: %v: %s", bin, err, out.String()))
-		}
-		return time.Since(t0)
-	}
+	start := func(bin string) time.Duration { return timed(bin, "--version") }
 	start(cli) // page both binaries in once
 	start(server)
 	truePath, err := exec.LookPath("true")
@@ -75,16 +65,7 @@ func cliBench(agentPath string, n int) {
 	stop := startBenchDaemon(home, agentPath, []pool.Target{{Class: class, Size: 4}})
 	defer stop()
 	c := client.Unix(client.SocketPath(home))
-	run := func(args ...string) time.Duration {
-		cmd := exec.Command(cli, append([]string{"--home", home, "run"}, args...)...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		t0 := time.Now()
-		if err := cmd.Run(); err != nil {
-			fail(fmt.Errorf("cagebox run: %v: %s", err, out.String()))
-		}
-		return time.Since(t0)
-	}
+	run := cliRun(cli, home)
 	waitReady(c, class.String(), 4)
 	run("--runtime", "container", "--", "true")
 	cliVsPodman(c, run, img.Path, n, 0.10)

@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -77,26 +75,11 @@ func e2bBench(agentPath string, n int) {
 	}
 	apiAddr, e2bAddr := freeAddr(), freeAddr()
 	class := pool.ClassOf("container", "default", isolation.Resources{})
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- daemon.Run(ctx, daemon.Config{
-			Home: home, AgentPath: agentPath, DefaultRuntime: "container",
-			Pools: []pool.Target{{Class: class, Size: 2}}, PoolMemory: 8 << 30,
-			Listen: apiAddr, E2B: daemon.E2BConfig{Listen: e2bAddr},
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:  func() { close(ready) },
-		})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		fail(err)
-	}
-	stop := func() { cancel(); <-done }
-	onFail(stop)
-	defer stop()
+	defer runBenchDaemon(daemon.Config{
+		Home: home, AgentPath: agentPath, DefaultRuntime: "container",
+		Pools: []pool.Target{{Class: class, Size: 2}}, PoolMemory: 8 << 30,
+		Listen: apiAddr, E2B: daemon.E2BConfig{Listen: e2bAddr},
+	})()
 	c := client.Unix(client.SocketPath(home))
 	bg := context.Background()
 	if _, err := c.CreateTenant(bg, &api.CreateTenantRequest{Name: "bench"}); err != nil {

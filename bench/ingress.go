@@ -12,7 +12,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -92,43 +91,18 @@ func ingressBench(agentPath string, latN int, dur time.Duration, conc int) {
 	if out, err := build.CombinedOutput(); err != nil {
 		fail(fmt.Errorf("build the guest server: %v: %s", err, out))
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fail(err)
-	}
-	ingAddr := l.Addr().String()
-	l.Close()
+	ingAddr := freeAddr()
 	// The plain-HTTP listener a TLS-terminating proxy on the host would
 	// use: the proxy's own cost, without TLS's.
-	pl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fail(err)
-	}
-	plainAddr := pl.Addr().String()
-	pl.Close()
+	plainAddr := freeAddr()
 	netCfg := daemon.NetworkConfig{TableName: os.Getenv("CAGEBOX_NET_TABLE"), IfPrefix: os.Getenv("CAGEBOX_NET_IFPREFIX")}
 	if p := os.Getenv("CAGEBOX_LINK_POOL"); p != "" {
 		netCfg.Pool = netip.MustParsePrefix(p)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- daemon.Run(ctx, daemon.Config{
-			Home: home, AgentPath: agentPath, DefaultRuntime: "container", Network: netCfg,
-			Ingress: daemon.IngressConfig{Addr: ingAddr, Domain: benchDomain, Rate: -1, PlainAddr: plainAddr},
-			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:   func() { close(ready) },
-		})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		fail(err)
-	}
-	stop := func() { cancel(); <-done }
-	onFail(stop)
-	defer stop()
+	defer runBenchDaemon(daemon.Config{
+		Home: home, AgentPath: agentPath, DefaultRuntime: "container", Network: netCfg,
+		Ingress: daemon.IngressConfig{Addr: ingAddr, Domain: benchDomain, Rate: -1, PlainAddr: plainAddr},
+	})()
 	c := client.Unix(client.SocketPath(home))
 
 	gc := newGuestCert()

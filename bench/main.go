@@ -27,12 +27,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cagebox/cagebox/agentproto"
 	"github.com/cagebox/cagebox/api"
@@ -43,7 +44,6 @@ import (
 	"github.com/cagebox/cagebox/isolation"
 	"github.com/cagebox/cagebox/isolation/container"
 	"github.com/cagebox/cagebox/isolation/oci"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 func main() {
@@ -129,21 +129,7 @@ func main() {
 		fail(err)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- daemon.Run(ctx, daemon.Config{
-			Home: home, AgentPath: agentPath,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:  func() { close(ready) },
-		})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		fail(err)
-	}
+	stop := runBenchDaemon(daemon.Config{Home: home, AgentPath: agentPath})
 	c := client.Unix(client.SocketPath(home))
 	rt := container.New(container.Options{StateRoot: filepath.Join(home, "oci")})
 
@@ -172,8 +158,7 @@ func main() {
 	fmt.Printf("  %-44s p50 %8s  p99 %8s   (floor: process spawn on this host)\n", "bare fork+exec+wait of /bin/true on the host", ms(pct(floor, 50)), ms(pct(floor, 99)))
 	fmt.Printf("  cagebox added over the bare spawn            p50 %7.2fms\n", float64(pct(viaAPI, 50)-pct(floor, 50))/1e6)
 	_ = c.Remove(context.Background(), sb.ID)
-	cancel()
-	<-done
+	stop()
 	_ = cgroups.Remove("/cagebox-bench")
 	if *only == "" {
 		fmt.Println()

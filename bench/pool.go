@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cagebox/cagebox/api"
@@ -121,16 +122,7 @@ func poolBench(agentPath string, n, vmN, sustained int, names string) {
 		fmt.Printf("CLI benchmarks skipped: %v (run `make build`)\n", err)
 		return
 	}
-	run := func(args ...string) time.Duration {
-		cmd := exec.Command(cli, append([]string{"--home", home, "run"}, args...)...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		t0 := time.Now()
-		if err := cmd.Run(); err != nil {
-			fail(fmt.Errorf("cagebox run: %v: %s", err, out.String()))
-		}
-		return time.Since(t0)
-	}
+	run := cliRun(cli, home)
 	for _, name := range rts {
 		rt, _ := isolation.Lookup(name)
 		k := sustained
@@ -175,23 +167,48 @@ func machineVMDir() string {
 
 // startBenchDaemon runs a daemon in this process with pools; stop stops it.
 func startBenchDaemon(home, agentPath string, targets []pool.Target) (stop func()) {
+	return runBenchDaemon(daemon.Config{Home: home, AgentPath: agentPath, Pools: targets, PoolMemory: 16 << 30})
+}
+
+// runBenchDaemon runs a daemon of cfg in this process (its log discarded)
+// until stop (once; a failure of the bench calls it too); it returns once
+// the daemon serves.
+func runBenchDaemon(cfg daemon.Config) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan error, 1)
-	go func() {
-		done <- daemon.Run(ctx, daemon.Config{
-			Home: home, AgentPath: agentPath, Pools: targets, PoolMemory: 16 << 30,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:  func() { close(ready) },
-		})
-	}()
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.Ready = func() { close(ready) }
+	go func() { done <- daemon.Run(ctx, cfg) }()
 	select {
 	case <-ready:
 	case err := <-done:
 		fail(err)
 	}
-	onFail(func() { cancel(); <-done })
-	return func() { cancel(); <-done }
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	onFail(stop)
+	return stop
+}
+
+// timed runs argv to its end and returns how long it took; a failure
+// fails the bench with its output.
+func timed(argv ...string) time.Duration {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	t0 := time.Now()
+	if err := cmd.Run(); err != nil {
+		fail(fmt.Errorf("%s: %v: %s", strings.Join(argv, " "), err, out.String()))
+	}
+	return time.Since(t0)
+}
+
+// cliRun is `cli --home home run ARGS…`, timed.
+func cliRun(cli, home string) func(args ...string) time.Duration {
+	return func(args ...string) time.Duration {
+		return timed(append([]string{cli, "--home", home, "run"}, args...)...)
+	}
 }
 
 func poolOf(c *client.Client, class string) api.PoolStatus {
@@ -256,17 +273,10 @@ func cliVsPodman(c *client.Client, run func(args ...string) time.Duration, rootf
 	}
 	defer exec.Command(podman, "rmi", "-f", tag).Run()
 	podmanRun := func() time.Duration {
-		cmd := exec.Command(podman, "run", "--rm", "--network", "none", "--runtime", "runc",
+		return timed(podman, "run", "--rm", "--network", "none", "--runtime", "runc",
 			// podman's default rlimits exceed what some hosts allow a
 			// container (a low hard limit fails runc's setrlimit).
 			"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", tag, "true")
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		t0 := time.Now()
-		if err := cmd.Run(); err != nil {
-			fail(fmt.Errorf("podman run: %v: %s", err, out.String()))
-		}
-		return time.Since(t0)
 	}
 	podmanRun() // warm podman's storage once
 	waitReady(c, pool.ClassOf("container", "default", isolation.Resources{}).String(), 4)
