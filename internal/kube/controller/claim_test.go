@@ -45,6 +45,27 @@ func (e *env) getPool(name string) *extv1beta1.SandboxWarmPool {
 	return &wp
 }
 
+// createTemplatePool creates template tpl (one container of image) and its
+// warm pool pool of replicas.
+func (e *env) createTemplatePool(tpl, image, pool string, replicas int32) {
+	e.t.Helper()
+	t := &extv1beta1.SandboxTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: tpl, Namespace: testNS},
+		Spec: extv1beta1.SandboxTemplateSpec{SandboxBlueprint: sandboxv1beta1.SandboxBlueprint{PodTemplate: sandboxv1beta1.PodTemplate{
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: image}}},
+		}}},
+	}
+	wp := &extv1beta1.SandboxWarmPool{
+		ObjectMeta: metav1.ObjectMeta{Name: pool, Namespace: testNS},
+		Spec:       extv1beta1.SandboxWarmPoolSpec{Replicas: ptr.To(replicas), TemplateRef: extv1beta1.SandboxTemplateRef{Name: tpl}},
+	}
+	for _, o := range []client.Object{t, wp} {
+		if err := e.c.Create(e.ctx, o); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
 func poolSize(ts []api.PoolTarget) int {
 	n := 0
 	for _, t := range ts {
@@ -192,21 +213,7 @@ func TestClaimFromWarmPool(t *testing.T) {
 func TestWarmPoolRespreadsWhenNodesChange(t *testing.T) {
 	e := startEnv(t, Config{})
 	a := e.addNode("a", 8<<30, "container", rtContainer)
-	tpl := &extv1beta1.SandboxTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "t", Namespace: testNS},
-		Spec: extv1beta1.SandboxTemplateSpec{SandboxBlueprint: sandboxv1beta1.SandboxBlueprint{PodTemplate: sandboxv1beta1.PodTemplate{
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
-		}}},
-	}
-	wp := &extv1beta1.SandboxWarmPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: testNS},
-		Spec:       extv1beta1.SandboxWarmPoolSpec{Replicas: ptr.To(int32(4)), TemplateRef: extv1beta1.SandboxTemplateRef{Name: "t"}},
-	}
-	for _, o := range []client.Object{tpl, wp} {
-		if err := e.c.Create(e.ctx, o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.createTemplatePool("t", "busybox", "p", 4)
 	e.eventually(30*time.Second, "4 on a", func() bool { ta, _ := a.poolTargets(); return poolSize(ta) == 4 })
 	b := e.addNode("b", 8<<30, "container", rtContainer)
 	e.eventually(30*time.Second, "2 and 2", func() bool {
@@ -377,21 +384,7 @@ func TestManyClaimsServedWarm(t *testing.T) {
 		e.addNode("b", 8<<30, "container", rtContainer),
 		e.addNode("c", 8<<30, "container", rtContainer),
 	}
-	tpl := &extv1beta1.SandboxTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "t", Namespace: testNS},
-		Spec: extv1beta1.SandboxTemplateSpec{SandboxBlueprint: sandboxv1beta1.SandboxBlueprint{PodTemplate: sandboxv1beta1.PodTemplate{
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
-		}}},
-	}
-	wp := &extv1beta1.SandboxWarmPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: testNS},
-		Spec:       extv1beta1.SandboxWarmPoolSpec{Replicas: ptr.To(int32(replicas)), TemplateRef: extv1beta1.SandboxTemplateRef{Name: "t"}},
-	}
-	for _, o := range []client.Object{tpl, wp} {
-		if err := e.c.Create(e.ctx, o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.createTemplatePool("t", "busybox", "p", int32(replicas))
 	e.eventually(30*time.Second, "pools ready", func() bool { return e.getPool("p").Status.ReadyReplicas == replicas })
 	t0 := time.Now()
 	for i := 0; i < claims; i++ {

@@ -10,10 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cagebox/cagebox/api"
 	cbclient "github.com/cagebox/cagebox/client"
@@ -124,21 +122,7 @@ func TestTemplateImageReferences(t *testing.T) {
 	// A warm pool of a template with a reference: the node pulls it
 	// before it is given the pool target.
 	poolRef := "ghcr.io/example/runtime:v2"
-	tpl := &extv1beta1.SandboxTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "rt", Namespace: testNS},
-		Spec: extv1beta1.SandboxTemplateSpec{SandboxBlueprint: sandboxv1beta1.SandboxBlueprint{PodTemplate: sandboxv1beta1.PodTemplate{
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: poolRef}}},
-		}}},
-	}
-	wp := &extv1beta1.SandboxWarmPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "rtp", Namespace: testNS},
-		Spec:       extv1beta1.SandboxWarmPoolSpec{Replicas: ptr.To(int32(2)), TemplateRef: extv1beta1.SandboxTemplateRef{Name: "rt"}},
-	}
-	for _, o := range []client.Object{tpl, wp} {
-		if err := e.c.Create(e.ctx, o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.createTemplatePool("rt", poolRef, "rtp", 2)
 	pn := PulledName(poolRef)
 	e.eventually(30*time.Second, "pool target of the pulled image", func() bool {
 		ts, _ := n.poolTargets()
@@ -167,21 +151,7 @@ func TestTemplateImageReferences(t *testing.T) {
 func TestClaimRefusalReasons(t *testing.T) {
 	e := startEnv(t, Config{})
 	e.addNode("a", 8<<30, "container", rtContainer)
-	tpl := &extv1beta1.SandboxTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "t", Namespace: testNS},
-		Spec: extv1beta1.SandboxTemplateSpec{SandboxBlueprint: sandboxv1beta1.SandboxBlueprint{PodTemplate: sandboxv1beta1.PodTemplate{
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "python"}}},
-		}}},
-	}
-	wp := &extv1beta1.SandboxWarmPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "wp", Namespace: testNS},
-		Spec:       extv1beta1.SandboxWarmPoolSpec{Replicas: ptr.To(int32(1)), TemplateRef: extv1beta1.SandboxTemplateRef{Name: "t"}},
-	}
-	for _, o := range []client.Object{tpl, wp} {
-		if err := e.c.Create(e.ctx, o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.createTemplatePool("t", "python", "wp", 1)
 	ref := extv1beta1.SandboxWarmPoolRef{Name: "wp"}
 	cases := map[string]struct {
 		spec   extv1beta1.SandboxClaimSpec
