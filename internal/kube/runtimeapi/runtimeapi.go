@@ -312,14 +312,19 @@ func (s *Server) upload(ctx context.Context, w http.ResponseWriter, r *http.Requ
 }
 
 // decoded is an escaped path of the URL, unescaped.
-func decoded(rest string) (string, error) {
-	return url.PathUnescape(rest)
+// requestPath is the path a route's rest names (percent-decoded) and that
+// file beneath the base directory (safePath).
+func (s *Server) requestPath(rest string) (rel, full string, err error) {
+	if rel, err = url.PathUnescape(rest); err != nil {
+		return "", "", err
+	}
+	full, err = s.safePath(rel)
+	return rel, full, err
 }
 
 func (s *Server) download(ctx context.Context, w http.ResponseWriter, rest string, t target) {
-	p, err := decoded(rest)
-	full, err2 := s.safePath(p)
-	if err != nil || err2 != nil {
+	_, full, err := s.requestPath(rest)
+	if err != nil {
 		fail(w, http.StatusForbidden, "Access denied")
 		return
 	}
@@ -343,9 +348,8 @@ func (s *Server) download(ctx context.Context, w http.ResponseWriter, rest strin
 }
 
 func (s *Server) list(ctx context.Context, w http.ResponseWriter, rest string, t target) {
-	p, err := decoded(rest)
-	full, err2 := s.safePath(p)
-	if err != nil || err2 != nil {
+	_, full, err := s.requestPath(rest)
+	if err != nil {
 		fail(w, http.StatusForbidden, "Access denied")
 		return
 	}
@@ -381,9 +385,8 @@ func (s *Server) list(ctx context.Context, w http.ResponseWriter, rest string, t
 }
 
 func (s *Server) exists(ctx context.Context, w http.ResponseWriter, rest string, t target) {
-	p, err := decoded(rest)
-	full, err2 := s.safePath(p)
-	if err != nil || err2 != nil {
+	p, full, err := s.requestPath(rest)
+	if err != nil {
 		fail(w, http.StatusForbidden, "Access denied")
 		return
 	}
