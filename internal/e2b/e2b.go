@@ -143,14 +143,20 @@ func FromE2BID(id string) string {
 }
 
 // AccessToken is the envd access token (X-Access-Token) of sandbox id.
-func (s *Server) AccessToken(id string) string {
+func (s *Server) AccessToken(id string) string { return s.sandboxToken("ea_", "e2b-envd-access", id) }
+
+func (s *Server) tokenOK(id, token string) bool { return tokenIs(token, s.AccessToken(id)) }
+
+// sandboxToken is a token of sandbox id for one use (purpose): an HMAC
+// under the front's key, so it is stored nowhere and differs per use.
+func (s *Server) sandboxToken(prefix, purpose, id string) string {
 	m := hmac.New(sha256.New, s.cfg.Key)
-	m.Write([]byte("e2b-envd-access\x00" + id))
-	return "ea_" + hex.EncodeToString(m.Sum(nil))
+	m.Write([]byte(purpose + "\x00" + id))
+	return prefix + hex.EncodeToString(m.Sum(nil))
 }
 
-func (s *Server) tokenOK(id, token string) bool {
-	want := s.AccessToken(id)
+// tokenIs compares a presented token with the one wanted, in constant time.
+func tokenIs(token, want string) bool {
 	return len(token) == len(want) && subtle.ConstantTimeCompare([]byte(token), []byte(want)) == 1
 }
 

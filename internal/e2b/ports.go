@@ -2,10 +2,6 @@ package e2b
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
 	"fmt"
 	"net/http"
 	"sync"
@@ -38,15 +34,10 @@ const labelPublic = "e2b.public-traffic"
 
 // TrafficToken is the trafficAccessToken of sandbox id.
 func (s *Server) TrafficToken(id string) string {
-	m := hmac.New(sha256.New, s.cfg.Key)
-	m.Write([]byte("e2b-traffic-access\x00" + id))
-	return "ta_" + hex.EncodeToString(m.Sum(nil))
+	return s.sandboxToken("ta_", "e2b-traffic-access", id)
 }
 
-func (s *Server) trafficOK(id, token string) bool {
-	want := s.TrafficToken(id)
-	return len(token) == len(want) && subtle.ConstantTimeCompare([]byte(token), []byte(want)) == 1
-}
+func (s *Server) trafficOK(id, token string) bool { return tokenIs(token, s.TrafficToken(id)) }
 
 // portTokens are the ingress tokens of the ports the front published,
 // by cagebox id and port. A token lost (a restart) or replaced (the port
