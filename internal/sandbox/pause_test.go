@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,10 +24,7 @@ import (
 func TestOperatorPauseStands(t *testing.T) {
 	testRuntime.use(createPlan{recoverable: true})
 	m, db, _ := newCreateManager(t, "")
-	var mu sync.Mutex
-	now := time.Now()
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	clock, advance := fakeClock()
 	m.cfg.Now = clock
 	ctx := context.Background()
 	req := createRequest()

@@ -279,16 +279,22 @@ func TestMakeBind(t *testing.T) {
 	}
 }
 
+// fakeClock is a clock (for Config.Now) that stands until advance moves it.
+func fakeClock() (clock func() time.Time, advance func(time.Duration)) {
+	var mu sync.Mutex
+	now := time.Now()
+	return func() time.Time { mu.Lock(); defer mu.Unlock(); return now },
+		func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+}
+
 // TestIdlePause: with idle action pause the idle timeout freezes the
 // sandbox (event with the reason); the next exec or file operation wakes
 // it; a sandbox paused through the API is not woken.
 func TestIdlePause(t *testing.T) {
 	testRuntime.use(createPlan{})
 	m, db, _ := newCreateManager(t, "")
-	var mu sync.Mutex
-	now := time.Now()
-	m.cfg.Now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	clock, advance := fakeClock()
+	m.cfg.Now = clock
 	ctx := context.Background()
 	req := createRequest()
 	req.IdleTimeout, req.IdleAction = "1m", IdlePause
