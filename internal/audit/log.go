@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -101,10 +102,11 @@ type Log struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	// watchMu guards watchers (registered while the daemon wires; read on
-	// every Emit).
-	watchMu  sync.RWMutex
-	watchers []watcher
+	// watchMu serialises Watch; watchers is read by every Emit without a
+	// lock (copied on write: watchers are registered while the daemon
+	// wires).
+	watchMu  sync.Mutex
+	watchers atomic.Pointer[[]watcher]
 
 	// mu guards q, pending, pendingBytes, sources, closed, warned and stats.
 	mu           sync.Mutex
@@ -202,8 +204,13 @@ type watcher struct {
 // store. fn runs on the emitter's goroutine and must not block.
 func (l *Log) Watch(fn func(tenant, sandbox string, ev api.EventPayload), kinds ...Kind) {
 	l.watchMu.Lock()
-	l.watchers = append(l.watchers, watcher{kinds: kinds, fn: fn})
-	l.watchMu.Unlock()
+	defer l.watchMu.Unlock()
+	var ws []watcher
+	if cur := l.watchers.Load(); cur != nil {
+		ws = append(ws, *cur...)
+	}
+	ws = append(ws, watcher{kinds: kinds, fn: fn})
+	l.watchers.Store(&ws)
 }
 
 // Emit records an event about sandbox (or, when sandbox is "", about the
@@ -217,13 +224,13 @@ func (l *Log) Emit(tenant, sandbox string, ev api.EventPayload) {
 	}
 	now := l.cfg.Now()
 	kind := ev.EventKind()
-	l.watchMu.RLock()
-	for _, w := range l.watchers {
-		if slices.Contains(w.kinds, kind) {
-			w.fn(tenant, sandbox, ev)
+	if ws := l.watchers.Load(); ws != nil {
+		for _, w := range *ws {
+			if slices.Contains(w.kinds, kind) {
+				w.fn(tenant, sandbox, ev)
+			}
 		}
 	}
-	l.watchMu.RUnlock()
 	cls := kind.Class()
 	if cls == Report {
 		cls = Priority // only the reporter makes reports
