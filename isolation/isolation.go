@@ -137,6 +137,18 @@ type Spec struct {
 	// ReadOnlyRoot makes the image root read-only: only Mounts and a
 	// size-bounded /tmp (Resources.DiskBytes) are writable.
 	ReadOnlyRoot bool
+	// FromSnapshot is a directory a sandbox of this runtime wrote with
+	// Snapshotter.Snapshot (the daemon keeps it unchanged and checks its
+	// digest): Create starts the sandbox from it instead of from RootFS
+	// alone. Resources and RootFS are the snapshotted sandbox's. A
+	// filesystem snapshot gives the new sandbox the writable layer as it
+	// was, and its agent starts afresh as Spec says. A memory snapshot
+	// resumes the guest as it was, processes and all: its agent answers
+	// to AgentToken (the snapshotted sandbox's token; AwaitClaim is set)
+	// and the sandbox is Claimable — its claim re-keys the guest (token,
+	// entropy, clock, address, hostname, CA, environment) before it runs
+	// anything new. Only runtimes that are SnapshottingRuntimes see it.
+	FromSnapshot string
 	// Audit, when its Classes are not empty, streams the guest's audited
 	// system calls (`cagebox create --audit`) to its Sink. A runtime that
 	// cannot audit does not implement AuditGaps, and the sandbox manager
@@ -265,6 +277,39 @@ type ClaimInfo struct {
 	GuestNet bool
 	// MAC is the hardware address the guest's NIC takes, if it changes.
 	MAC string
+}
+
+// Snapshotter is implemented by sandboxes that can be saved while they
+// run, for new sandboxes to start from (cagebox snapshot, fork). Snapshot
+// writes the snapshot into dir (an empty directory the caller made and
+// removes on error) and leaves the sandbox running as it was; it may be
+// paused (frozen) while the snapshot is taken, never longer. What it
+// writes must be complete when Snapshot returns nil, and is never written
+// again: restores only read it.
+type Snapshotter interface {
+	Snapshot(ctx context.Context, dir string) (SnapshotInfo, error)
+}
+
+// SnapshotInfo says what a snapshot holds.
+type SnapshotInfo struct {
+	// Memory: the guest's memory and device state as well as its disks —
+	// processes go on in every restore, each re-keyed by its claim. Without
+	// it, the writable filesystem layer only: a restore boots afresh on it.
+	Memory bool `json:"memory"`
+	// Bytes is the host disk space the snapshot takes.
+	Bytes int64 `json:"bytes"`
+	// Digest ("sha256:…") covers everything in dir a restore reads; a
+	// restore refuses a snapshot whose content no longer matches it.
+	Digest string `json:"digest"`
+}
+
+// SnapshottingRuntime is implemented by runtimes whose sandboxes are
+// Snapshotters and whose Create honours Spec.FromSnapshot.
+type SnapshottingRuntime interface {
+	// Snapshots says what kind of snapshot its sandboxes take here
+	// (memory true: processes are kept), or an error saying why this host
+	// cannot take them.
+	Snapshots() (memory bool, err error)
 }
 
 // Hibernator is implemented by sandboxes that can be saved whole — memory
