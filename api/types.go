@@ -74,6 +74,65 @@ type CreateSandboxRequest struct {
 	// controller finds its sandboxes by them). At most 16; keys up to 253
 	// characters of [A-Za-z0-9._/-], values up to 63 of [A-Za-z0-9._-].
 	Labels map[string]string `json:"labels,omitempty"`
+	// FromSnapshot names one of the tenant's snapshots (POST
+	// /v1/sandboxes/{id}/snapshots) to start from: its runtime, image,
+	// resources, environment, policy and secret bindings are the
+	// snapshotted sandbox's (Runtime, Image and the limits must then be
+	// empty or equal; Policy, Allow, PolicyRef, Secrets and Env, when
+	// given, replace the snapshot's). A microVM snapshot resumes its
+	// processes; a container or gVisor snapshot starts afresh on its
+	// files.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
+}
+
+// CreateSnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots.
+type CreateSnapshotRequest struct {
+	// Name names the snapshot within its tenant: 1–63 of [a-z0-9-],
+	// starting with a letter or digit. Empty: the daemon picks one.
+	Name string `json:"name,omitempty"`
+}
+
+// Snapshot is a saved state of a sandbox that new sandboxes start from
+// (POST /v1/sandboxes with from_snapshot).
+type Snapshot struct {
+	Name   string `json:"name"`
+	Tenant string `json:"tenant"`
+	// Sandbox is the sandbox it was taken of (which may be gone).
+	Sandbox string `json:"sandbox"`
+	Runtime string `json:"runtime"`
+	Image   string `json:"image"`
+	// Kind is "memory" (a microVM's memory, devices and disks: processes
+	// go on in every sandbox started from it) or "filesystem" (the
+	// writable layer: sandboxes boot afresh on its files).
+	Kind      string    `json:"kind"`
+	Resources Resources `json:"resources"`
+	// SizeBytes is the host disk space it takes; Digest covers its
+	// content and is checked at every start from it.
+	SizeBytes int64  `json:"size_bytes"`
+	Digest    string `json:"digest"`
+	// Fork: made by POST /v1/sandboxes/{id}/fork, removed with the last
+	// sandbox started from it.
+	Fork bool `json:"fork,omitempty"`
+	// InUse counts the sandboxes started from it that still exist; a
+	// snapshot in use cannot be removed.
+	InUse     int       `json:"in_use"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
+type ForkRequest struct {
+	// Count is how many copies to make (1–16; 0 means 1).
+	Count int `json:"count,omitempty"`
+	// Labels are given to every copy (with cagebox.fork.parent=ID).
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// ForkResponse is the answer of POST /v1/sandboxes/{id}/fork.
+type ForkResponse struct {
+	// Snapshot is the fork's snapshot (Fork true).
+	Snapshot Snapshot `json:"snapshot"`
+	// Sandboxes are the copies, each a sandbox of its own.
+	Sandboxes []Sandbox `json:"sandboxes"`
 }
 
 // PortSpec publishes a guest port through the ingress listener; it is
@@ -243,6 +302,13 @@ type Sandbox struct {
 	// Pooled is true in the answer of a create that a warm pool served
 	// (the fleet controller marks such a Sandbox object "warm").
 	Pooled bool `json:"pooled,omitempty"`
+	// Snapshot names the snapshot the sandbox was started from (a fork's
+	// copies: the fork's snapshot).
+	Snapshot string `json:"snapshot,omitempty"`
+	// Persists says what of the sandbox survives a daemon restart and a
+	// host reboot: "restart" (a running or paused sandbox: the daemon
+	// finds it again), "reboot" (a hibernated microVM: saved on disk).
+	Persists string `json:"persists,omitempty"`
 }
 
 // Network describes a sandbox's routed link.
