@@ -199,6 +199,8 @@ type Store interface {
 
 	// VolumeStore is the tenants' named volumes.
 	VolumeStore
+	// SnapshotStore is the tenants' sandbox snapshots.
+	SnapshotStore
 
 	// Close releases the store. It does not cancel anything the daemon
 	// runs.
@@ -390,6 +392,51 @@ type VolumeStore interface {
 	SetVolumeVMWritten(ctx context.Context, tenantID, name string) error
 	// DeleteVolume removes the row. ErrNotFound if missing.
 	DeleteVolume(ctx context.Context, tenantID, name string) error
+}
+
+// Snapshot is a saved state of a sandbox that new sandboxes start from
+// (package sandbox). Its files live under the daemon's home, named by ID;
+// which sandboxes were started from it is not kept here: their records
+// name it, as they name their volumes.
+type Snapshot struct {
+	ID       string
+	TenantID string
+	Name     string // unique per tenant
+	// SandboxID is the sandbox it was taken of (which may be gone).
+	SandboxID string
+	Runtime   string
+	Image     string
+	// Status is "creating" (its files are being written: a daemon that
+	// finds it so at start removes it) or "ready".
+	Status    string
+	Kind      string // "memory" or "filesystem"
+	SizeBytes int64
+	Digest    string
+	// Fork: made by a fork, removed with the last sandbox started from it.
+	Fork bool
+	// Spec is what a sandbox started from it is created with (package
+	// sandbox's record; never a secret value).
+	Spec      json.RawMessage
+	CreatedAt time.Time // set by CreateSnapshot
+}
+
+// SnapshotStore keeps snapshots. Tenant isolation follows the Store
+// conventions.
+type SnapshotStore interface {
+	// CreateSnapshot inserts s. ErrConflict if the tenant has one of that
+	// name or id; ErrNotFound if the tenant does not exist.
+	CreateSnapshot(ctx context.Context, s *Snapshot) error
+	// UpdateSnapshot writes s's status, kind, size, digest and spec.
+	// ErrNotFound if missing.
+	UpdateSnapshot(ctx context.Context, s *Snapshot) error
+	// GetSnapshot returns the tenant's snapshot by name (tenantID "": any
+	// tenant's, by id) or ErrNotFound.
+	GetSnapshot(ctx context.Context, tenantID, name string) (*Snapshot, error)
+	// ListSnapshots returns the tenant's snapshots by name (tenantID "":
+	// every tenant's, by tenant then name).
+	ListSnapshots(ctx context.Context, tenantID string) ([]*Snapshot, error)
+	// DeleteSnapshot removes the row by id. ErrNotFound if missing.
+	DeleteSnapshot(ctx context.Context, id string) error
 }
 
 // Port is a sandbox's published port (package ingress).

@@ -230,4 +230,23 @@ CREATE TABLE freezes (
 	PRIMARY KEY (scope, target)
 );
 `},
+	// Snapshots (package sandbox): a tenant's saved sandbox states.
+	{Version: 13, Name: "snapshots", SQL: `
+CREATE TABLE snapshots (
+	id         TEXT PRIMARY KEY,
+	tenant_id  TEXT NOT NULL REFERENCES tenants(id),
+	name       TEXT NOT NULL,
+	sandbox_id TEXT NOT NULL,
+	runtime    TEXT NOT NULL,
+	image      TEXT NOT NULL,
+	status     TEXT NOT NULL,
+	kind       TEXT NOT NULL DEFAULT '',
+	size_bytes INTEGER NOT NULL DEFAULT 0,
+	digest     TEXT NOT NULL DEFAULT '',
+	fork       INTEGER NOT NULL DEFAULT 0,
+	spec       TEXT,
+	created_at INTEGER NOT NULL,
+	UNIQUE (tenant_id, name)
+);
+`},
 }

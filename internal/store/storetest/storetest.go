@@ -61,6 +61,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Webhooks", testWebhooks},
 		{"Relays", testRelays},
 		{"Volumes", testVolumes},
+		{"Snapshots", testSnapshots},
 		{"Ports", testPorts},
 	}
 	for _, tt := range tests {
