@@ -34,6 +34,10 @@ const (
 	EventSandboxDestroyed  EventKind = "sandbox.destroyed"
 	EventSandboxLost       EventKind = "sandbox.lost"
 	EventSandboxReattached EventKind = "sandbox.reattached"
+	// Snapshots (the sandbox manager): the event's sandbox is the one
+	// snapshotted.
+	EventSandboxSnapshotted  EventKind = "sandbox.snapshotted"
+	EventSandboxSnapshotGone EventKind = "sandbox.snapshot_removed"
 
 	// Credentials (the vault API, the sandbox manager and the gateway's
 	// credential pipeline).
@@ -153,6 +157,7 @@ func EventPayloads() []EventPayload {
 var eventCatalog = []EventPayload{
 	SandboxCreated{}, SandboxFailed{}, SandboxExec{}, SandboxPaused{}, SandboxResumed{},
 	SandboxStopped{}, SandboxDestroyed{}, SandboxLost{}, SandboxReattached{},
+	SandboxSnapshotted{}, SandboxSnapshotRemoved{},
 	SecretPut{}, SecretRotated{}, SecretDeleted{}, SecretRevoked{}, SecretUnbound{},
 	SecretEnvDelivered{}, SecretUsed{}, SecretRefused{}, SecretAlert{}, SecretError{},
 	SecretExfilSuspect{}, SecretExfilUnscanned{}, SecretReflected{},
@@ -280,6 +285,22 @@ type SandboxDestroyed struct {
 	// Reason is "removed", or why the daemon destroyed it (its maximum
 	// lifetime, its idle timeout).
 	Reason string `json:"reason"`
+}
+
+// SandboxSnapshotted: a snapshot of the sandbox was taken (also the
+// snapshot of a fork).
+type SandboxSnapshotted struct {
+	Snapshot   string `json:"snapshot"`
+	Kind       string `json:"kind"`
+	SizeBytes  int64  `json:"size_bytes"`
+	Fork       bool   `json:"fork,omitempty"`
+	DurationMs int64  `json:"duration_ms"`
+}
+
+// SandboxSnapshotRemoved: a snapshot of the sandbox was removed (a fork's:
+// with the last sandbox started from it).
+type SandboxSnapshotRemoved struct {
+	Snapshot string `json:"snapshot"`
 }
 
 // SandboxLost: a sandbox could not be recovered after a daemon restart
@@ -457,33 +478,35 @@ type DroppedLimit struct {
 	Burst int     `json:"burst"`
 }
 
-func (SandboxCreated) EventKind() EventKind       { return EventSandboxCreated }
-func (SandboxFailed) EventKind() EventKind        { return EventSandboxFailed }
-func (SandboxExec) EventKind() EventKind          { return EventSandboxExec }
-func (SandboxPaused) EventKind() EventKind        { return EventSandboxPaused }
-func (SandboxResumed) EventKind() EventKind       { return EventSandboxResumed }
-func (SandboxStopped) EventKind() EventKind       { return EventSandboxStopped }
-func (SandboxDestroyed) EventKind() EventKind     { return EventSandboxDestroyed }
-func (SandboxLost) EventKind() EventKind          { return EventSandboxLost }
-func (SandboxReattached) EventKind() EventKind    { return EventSandboxReattached }
-func (SecretPut) EventKind() EventKind            { return EventSecretPut }
-func (SecretRotated) EventKind() EventKind        { return EventSecretRotated }
-func (SecretDeleted) EventKind() EventKind        { return EventSecretDeleted }
-func (SecretRevoked) EventKind() EventKind        { return EventSecretRevoked }
-func (SecretUnbound) EventKind() EventKind        { return EventSecretUnbound }
-func (SecretEnvDelivered) EventKind() EventKind   { return EventSecretEnvDelivered }
-func (SecretUsed) EventKind() EventKind           { return EventSecretUsed }
-func (SecretRefused) EventKind() EventKind        { return EventSecretRefused }
-func (SecretAlert) EventKind() EventKind          { return EventSecretAlert }
-func (SecretError) EventKind() EventKind          { return EventSecretError }
-func (SecretExfilSuspect) EventKind() EventKind   { return EventSecretExfilSuspect }
-func (SecretExfilUnscanned) EventKind() EventKind { return EventSecretExfilUnscanned }
-func (SecretReflected) EventKind() EventKind      { return EventSecretReflected }
-func (EgressAllow) EventKind() EventKind          { return EventEgressAllow }
-func (EgressDeny) EventKind() EventKind           { return EventEgressDeny }
-func (EgressError) EventKind() EventKind          { return EventEgressError }
-func (DNSQuery) EventKind() EventKind             { return EventDNSQuery }
-func (EventsDropped) EventKind() EventKind        { return EventDropped }
+func (SandboxCreated) EventKind() EventKind         { return EventSandboxCreated }
+func (SandboxFailed) EventKind() EventKind          { return EventSandboxFailed }
+func (SandboxExec) EventKind() EventKind            { return EventSandboxExec }
+func (SandboxPaused) EventKind() EventKind          { return EventSandboxPaused }
+func (SandboxResumed) EventKind() EventKind         { return EventSandboxResumed }
+func (SandboxStopped) EventKind() EventKind         { return EventSandboxStopped }
+func (SandboxDestroyed) EventKind() EventKind       { return EventSandboxDestroyed }
+func (SandboxLost) EventKind() EventKind            { return EventSandboxLost }
+func (SandboxReattached) EventKind() EventKind      { return EventSandboxReattached }
+func (SandboxSnapshotted) EventKind() EventKind     { return EventSandboxSnapshotted }
+func (SandboxSnapshotRemoved) EventKind() EventKind { return EventSandboxSnapshotGone }
+func (SecretPut) EventKind() EventKind              { return EventSecretPut }
+func (SecretRotated) EventKind() EventKind          { return EventSecretRotated }
+func (SecretDeleted) EventKind() EventKind          { return EventSecretDeleted }
+func (SecretRevoked) EventKind() EventKind          { return EventSecretRevoked }
+func (SecretUnbound) EventKind() EventKind          { return EventSecretUnbound }
+func (SecretEnvDelivered) EventKind() EventKind     { return EventSecretEnvDelivered }
+func (SecretUsed) EventKind() EventKind             { return EventSecretUsed }
+func (SecretRefused) EventKind() EventKind          { return EventSecretRefused }
+func (SecretAlert) EventKind() EventKind            { return EventSecretAlert }
+func (SecretError) EventKind() EventKind            { return EventSecretError }
+func (SecretExfilSuspect) EventKind() EventKind     { return EventSecretExfilSuspect }
+func (SecretExfilUnscanned) EventKind() EventKind   { return EventSecretExfilUnscanned }
+func (SecretReflected) EventKind() EventKind        { return EventSecretReflected }
+func (EgressAllow) EventKind() EventKind            { return EventEgressAllow }
+func (EgressDeny) EventKind() EventKind             { return EventEgressDeny }
+func (EgressError) EventKind() EventKind            { return EventEgressError }
+func (DNSQuery) EventKind() EventKind               { return EventDNSQuery }
+func (EventsDropped) EventKind() EventKind          { return EventDropped }
 
 // PolicyChanged: a sandbox's live policy got a new generation.
 type PolicyChanged struct {
