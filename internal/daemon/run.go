@@ -319,7 +319,7 @@ func (d *wiring) manager(ctx context.Context) error {
 		return err
 	}
 	d.mgr = sandbox.New(sandbox.Config{
-		MountRoots: roots, VolumeDir: filepath.Join(cfg.Home, "volumes"),
+		MountRoots: roots, VolumeDir: filepath.Join(cfg.Home, "volumes"), SnapshotDir: filepath.Join(cfg.Home, "snapshots"),
 		Gateway: d.gw, Vault: d.v,
 		Store: d.st, Images: d.images, StateDir: filepath.Join(cfg.Home, "sandboxes"),
 		AgentPath: cfg.AgentPath, Logger: d.log, MinIsolation: cfg.MinIsolation,

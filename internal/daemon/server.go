@@ -111,6 +111,11 @@ func Routes() []Route {
 		{Method: "POST", Path: "/v1/volumes", handler: (*Server).createVolume},
 		{Method: "GET", Path: "/v1/volumes", handler: (*Server).listVolumes},
 		{Method: "DELETE", Path: "/v1/volumes/{name}", handler: (*Server).removeVolume},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/snapshots", handler: (*Server).createSnapshot},
+		{Method: "GET", Path: "/v1/snapshots", handler: (*Server).listSnapshots},
+		{Method: "GET", Path: "/v1/snapshots/{name}", handler: (*Server).getSnapshot},
+		{Method: "DELETE", Path: "/v1/snapshots/{name}", handler: (*Server).removeSnapshot},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/fork", handler: (*Server).forkSandbox},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/ports", handler: (*Server).addPort},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/ports", handler: (*Server).listPorts},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}/ports/{port}", handler: (*Server).removePort},
@@ -264,6 +269,20 @@ func decode(r *http.Request, v any) error {
 		return fmt.Errorf("%w: invalid JSON: data after the object", errdefs.ErrInvalid)
 	}
 	return nil
+}
+
+// decodeOptional is decode for a body that may be empty (all its fields
+// optional): an empty body leaves v as it is.
+func decodeOptional(r *http.Request, v any) error {
+	b, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxJSONBody))
+	if err != nil {
+		return fmt.Errorf("%w: body: %v", errdefs.ErrInvalid, err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil
+	}
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	return decode(r, v)
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {

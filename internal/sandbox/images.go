@@ -79,6 +79,14 @@ func (m *Manager) PruneImageRefs(ctx context.Context) error {
 	for _, r := range pooled {
 		alive[r.ID] = true
 	}
+	// Snapshots hold references of their own.
+	snaps, err := m.snapshots.snapshotIDs(ctx)
+	if err != nil {
+		return fmt.Errorf("list snapshots: %w", err)
+	}
+	for _, id := range snaps {
+		alive[id] = true
+	}
 	if err := m.cfg.Images.PruneRefs(m.refOwner(), func(id string) bool { return alive[id] }); err != nil {
 		return err
 	}

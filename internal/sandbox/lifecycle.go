@@ -41,6 +41,22 @@ type createParams struct {
 	// mounts are the request's mounts, checked (checkMounts).
 	mounts []mounts.Spec
 	audit  syscallaudit.Set
+	// snap and snapSpec: the snapshot the sandbox starts from
+	// (from_snapshot); release lets go of the hold on it (startFrom).
+	snap     *store.Snapshot
+	snapSpec *snapshotSpec
+	release  func()
+	// labels are added to the request's after its labels are checked
+	// (the daemon's own: a fork's parent).
+	labels map[string]string
+}
+
+// recordSnapshot names, in a sandbox's record, the snapshot it starts
+// from: the record holds the snapshot from then on.
+func (p *createParams) recordSnapshot(sr *specRecord) {
+	if p.snap != nil {
+		sr.Snapshot, sr.SnapshotName = p.snap.ID, p.snap.Name
+	}
 }
 
 // Create creates and starts a sandbox for tenant: from a warm pool when
@@ -49,7 +65,7 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	if err := checkPublish(req.Publish); err != nil {
 		return nil, err
 	}
-	v, _, err := m.create(ctx, tenant, req)
+	v, _, err := m.create(ctx, tenant, req, nil)
 	if err == nil && len(req.Publish) > 0 {
 		ports, perr := m.ports.publishOnCreate(ctx, tenant.ID, v.ID, req.Publish)
 		if perr != nil {
@@ -61,13 +77,20 @@ func (m *Manager) Create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	return v, err
 }
 
-// create is Create, also saying whether the sandbox came from a pool.
-func (m *Manager) create(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (*api.Sandbox, bool, error) {
+// create is Create, also saying whether the sandbox came from a pool;
+// labels (nil: none) are the daemon's own, added to the request's.
+func (m *Manager) create(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest, labels map[string]string) (*api.Sandbox, bool, error) {
 	t0 := time.Now()
 	p, err := m.prepare(ctx, tenant, req)
 	if err != nil {
 		return nil, false, err
 	}
+	if p.release != nil {
+		// The sandbox's row, written by make, holds the snapshot from then
+		// on (or the create failed).
+		defer p.release()
+	}
+	p.labels = labels
 	m.creating.Add(1)
 	defer m.creating.Add(-1)
 	v, claimed, err := m.fromPool(ctx, tenant, p)
@@ -85,7 +108,21 @@ func (m *Manager) create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 
 // prepare checks a create request and resolves its policy, runtime and
 // image.
-func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (*createParams, error) {
+func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.CreateSandboxRequest) (_ *createParams, err error) {
+	var snap *store.Snapshot
+	var snapSpec *snapshotSpec
+	var release func()
+	if req.FromSnapshot != "" {
+		// The request is filled in from the snapshot, then checked as any.
+		if snap, snapSpec, release, err = m.snapshots.startFrom(ctx, tenant, req); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				release()
+			}
+		}()
+	}
 	if req.MemoryBytes != 0 && req.MemoryBytes < MinMemory {
 		return nil, invalid("memory: %d bytes is below the minimum of %d MiB", req.MemoryBytes, MinMemory>>20)
 	}
@@ -160,6 +197,14 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 	if err != nil {
 		return nil, imageError(imgName, err)
 	}
+	if snap != nil {
+		if err := checkSnapshotImage(snap, snapSpec, img.Digest); err != nil {
+			return nil, err
+		}
+		if _, ok := rt.(isolation.SnapshottingRuntime); !ok || rt.Name() != snap.Runtime {
+			return nil, invalid("from_snapshot: snapshot %s is of the %s runtime, which cannot start sandboxes from it here", snap.Name, snap.Runtime)
+		}
+	}
 
 	if req.IdleAction == IdleHibernate {
 		if h, ok := rt.(isolation.HibernatingRuntime); !ok || !h.Hibernates() {
@@ -174,7 +219,8 @@ func (m *Manager) prepare(ctx context.Context, tenant *store.Tenant, req *api.Cr
 		return nil, err
 	}
 	res := isolation.Resources{MemoryBytes: req.MemoryBytes, CPUs: req.CPUs, PIDs: req.PIDs, DiskBytes: req.DiskBytes}
-	return &createParams{req: req, timeout: timeout, idle: idle, doc: doc, rt: rt, img: img, res: res.WithDefaults(), mounts: ms, audit: auditClasses}, nil
+	return &createParams{req: req, timeout: timeout, idle: idle, doc: doc, rt: rt, img: img, res: res.WithDefaults(), mounts: ms, audit: auditClasses,
+		snap: snap, snapSpec: snapSpec, release: release}, nil
 }
 
 // createCold makes a sandbox for the request and binds it (make, then
@@ -192,8 +238,12 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 		Policy: p.doc, PolicyRef: req.PolicyRef, Secrets: b.bound, Mounts: p.mounts, ReadOnlyRoot: req.ReadOnlyRoot, Audit: p.audit.Strings()}
 	sr.ExecCwd, sr.ExecUser = imageExecDefaults(p.img)
 	ms := &makeSpec{id: id, rt: p.rt, img: p.img, res: p.res,
-		row:    m.newRecord(id, tenant, p, &sr, StatusCreating, m.cfg.Now().UTC()),
 		mounts: p.mounts, readOnlyRoot: req.ReadOnlyRoot, audit: m.startAudit(tenant.ID, id, p.audit)}
+	if sn := p.snap; sn != nil {
+		p.recordSnapshot(&sr)
+		ms.fromSnapshot, ms.snapshotToken = m.snapshots.dir(sn.ID), p.snapSpec.AgentToken
+	}
+	ms.row = m.newRecord(id, tenant, p, &sr, StatusCreating, m.cfg.Now().UTC())
 	if req.ReadOnlyRoot {
 		ms.early = b
 	}
@@ -478,6 +528,7 @@ func (m *Manager) destroy(r *store.Sandbox, reason string) error {
 	if json.Unmarshal(r.Spec, &sr) == nil {
 		m.dropInline(r.TenantID, sr.Secrets)
 	}
+	defer m.snapshots.released(r.TenantID, sr.Snapshot)
 	r.Status = StatusDestroyed
 	if reason != "removed" {
 		r.Error = reason
@@ -543,6 +594,15 @@ func (m *Manager) newRecord(id string, tenant *store.Tenant, p *createParams, sr
 		ID: id, TenantID: tenant.ID, Runtime: p.rt.Name(), Image: p.img.Name,
 		Status: status, Spec: specJSON, CreatedAt: now, UpdatedAt: now,
 		IdleTimeout: p.idle, LastActive: now, Labels: p.req.Labels,
+	}
+	if len(p.labels) > 0 {
+		rec.Labels = map[string]string{}
+		for k, v := range p.req.Labels {
+			rec.Labels[k] = v
+		}
+		for k, v := range p.labels {
+			rec.Labels[k] = v
+		}
 	}
 	timeout := p.timeout
 	if timeout == 0 {

@@ -68,6 +68,10 @@ type makeSpec struct {
 	// the claim's guest files, so they are written at Create, and the
 	// agent starts as the bound sandbox instead of awaiting a claim.
 	early *binding
+	// fromSnapshot is the directory of the snapshot the sandbox starts
+	// from (isolation.Spec.FromSnapshot); snapshotToken, for a memory
+	// snapshot, the token its agent answers to until its claim.
+	fromSnapshot, snapshotToken string
 }
 
 // made is a sandbox that make made: started, its agent awaiting its
@@ -196,6 +200,12 @@ func (m *Manager) make(ctx context.Context, ms *makeSpec) (_ *made, err error) {
 		Mounts:       ims,
 		ReadOnlyRoot: ms.readOnlyRoot,
 		Audit:        ms.audit,
+		FromSnapshot: ms.fromSnapshot,
+	}
+	if ms.snapshotToken != "" {
+		// A memory snapshot's guest resumes answering to the token of
+		// the sandbox snapshotted; bind's claim re-keys it.
+		spec.AgentToken = ms.snapshotToken
 	}
 	if gw := m.cfg.Gateway; gw != nil {
 		l, err := gw.PrepareLink(sctx, id)
@@ -350,6 +360,7 @@ func (m *Manager) bind(ctx context.Context, b *binding, md *made) (_ *api.Sandbo
 		IdleTimeout: req.IdleTimeout, IdleAction: req.IdleAction, Policy: p.doc, PolicyRef: req.PolicyRef, Secrets: b.bound,
 		Mounts: p.mounts, ReadOnlyRoot: req.ReadOnlyRoot, Audit: p.audit.Strings()}
 	sr.ExecCwd, sr.ExecUser = imageExecDefaults(p.img)
+	p.recordSnapshot(&sr)
 	rec := m.newRecord(id, tenant, p, &sr, StatusRunning, now)
 	rec.State = md.rec.State
 	if md.rec.TenantID == "" {

@@ -96,6 +96,10 @@ type Config struct {
 	// no volumes).
 	MountRoots *mounts.Roots
 	VolumeDir  string
+	// SnapshotDir holds the snapshots' files ("": no snapshots);
+	// MaxSnapshots bounds each tenant's count (0: DefaultMaxSnapshots).
+	SnapshotDir  string
+	MaxSnapshots int
 }
 
 // Manager runs sandboxes for every tenant.
@@ -125,9 +129,10 @@ type Manager struct {
 	// ports publishes sandboxes' ports (ports.go); tools runs the tenants'
 	// registered tools (tools.go); volumes keeps the tenants' volumes and
 	// checks mounts (volumes.go).
-	ports   *Ports
-	tools   *Tools
-	volumes *Volumes
+	ports     *Ports
+	tools     *Tools
+	volumes   *Volumes
+	snapshots *Snapshots
 }
 
 // Ports is the service of the sandboxes' published ports.
@@ -179,6 +184,7 @@ func New(cfg Config) *Manager {
 	m.ports = &Ports{m: m}
 	m.tools = &Tools{m: m}
 	m.volumes = &Volumes{m: m}
+	m.snapshots = &Snapshots{m: m}
 	if m.events == nil {
 		m.events = audit.New(audit.Config{Store: cfg.Store, Logger: cfg.Logger, Now: cfg.Now})
 		m.ownEvents = true
@@ -216,6 +222,10 @@ type specRecord struct {
 	Audit    []string `json:"audit,omitempty"`
 	// Pool is the class a pooled sandbox was made for (until bound).
 	Pool string `json:"pool,omitempty"`
+	// Snapshot is the id (SnapshotName the name) of the snapshot the
+	// sandbox was started from: it holds the snapshot (snapshots.go).
+	Snapshot     string `json:"snapshot,omitempty"`
+	SnapshotName string `json:"snapshot_name,omitempty"`
 }
 
 func newID() string {
@@ -287,6 +297,13 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 		v.Policy, _ = json.Marshal(sr.Policy)
 	}
 	v.LastWake = sr.LastWake
+	v.Snapshot = sr.SnapshotName
+	switch r.Status {
+	case StatusRunning, StatusPaused:
+		v.Persists = "restart"
+	case StatusHibernated:
+		v.Persists = "reboot"
+	}
 	if r.Status == StatusPaused || r.Status == StatusHibernated {
 		v.PausedBy = sr.PausedBy
 	}

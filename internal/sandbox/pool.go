@@ -172,7 +172,7 @@ func (m *Manager) Discard(it pool.Item) {
 // — and the caller makes the sandbox cold. err is set (claimed false) only
 // when the request is at fault: a cold create would fail the same way.
 func (m *Manager) fromPool(ctx context.Context, tenant *store.Tenant, p *createParams) (sb *api.Sandbox, claimed bool, err error) {
-	if m.pool == nil || !p.audit.Empty() {
+	if m.pool == nil || !p.audit.Empty() || p.snap != nil {
 		// A pooled sandbox was made without audit.
 		return nil, false, nil
 	}

@@ -158,7 +158,8 @@ func (m *Manager) Recover(ctx context.Context) error {
 		m.Emit(r.TenantID, r.ID, api.SandboxReattached{})
 		log.Info("re-attached sandbox after restart", "status", r.Status)
 	}
-	return nil
+	// After the sandboxes: which snapshots they hold is known now.
+	return m.snapshots.recoverSnapshots(ctx)
 }
 
 // recoverPooled destroys a pooled sandbox a stopped daemon left and

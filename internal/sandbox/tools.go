@@ -250,7 +250,7 @@ func (tl *Tools) Execute(ctx context.Context, tenant *store.Tenant, name string,
 		Env: t.Env, Allow: t.Allow, PolicyRef: t.PolicyRef, Secrets: t.Secrets,
 		// A backstop: the exec's own timeout ends the run first.
 		Timeout: (timeout + time.Minute).String(),
-	})
+	}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("tool %s: %w", name, err)
 	}

@@ -9,7 +9,7 @@ import (
 	"os"
 )
 
-// SandboxStatus reads sandbox id's status from the store at path without
+// SandboxStatus reads sandbox (or snapshot) id's status from the store at path without
 // changing anything (read-only, no migrations, no seeding): another home's
 // store, whose daemon is not running. found is false when the store has
 // no such sandbox.
@@ -28,7 +28,13 @@ func SandboxStatus(ctx context.Context, path, id string) (status string, found b
 	defer db.Close()
 	err = db.QueryRowContext(ctx, `SELECT status FROM sandboxes WHERE id = ?`, id).Scan(&status)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", false, nil
+		// A snapshot holds image references too (a store older than
+		// snapshots has no such table: no such snapshot).
+		err = db.QueryRowContext(ctx, `SELECT status FROM snapshots WHERE id = ?`, id).Scan(&status)
+		if err != nil {
+			return "", false, nil
+		}
+		return status, true, nil
 	}
 	if err != nil {
 		return "", false, fmt.Errorf("store %s: %w", path, err)
