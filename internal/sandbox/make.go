@@ -339,6 +339,11 @@ func (m *Manager) bind(ctx context.Context, b *binding, md *made) (_ *api.Sandbo
 	undo.Add(b.drop)
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	if p.snapSpec != nil {
+		if err := m.snapshots.seedUsage(sctx, id, p.snapSpec); err != nil {
+			return nil, err
+		}
+	}
 	if md.net == nil {
 		if err := m.attach(ctx, sctx, b, md, &undo); err != nil {
 			return nil, err

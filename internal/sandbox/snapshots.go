@@ -38,7 +38,8 @@ import (
 // gateway, and fresh placeholders bound to the same vault entries (never
 // the placeholder values of another sandbox). Its live policy starts from
 // the document of the snapshotted sandbox's generation at the snapshot;
-// budgets are per sandbox and start unspent (docs/policy.md).
+// budgets are per sandbox, each started with what the snapshotted sandbox
+// had spent (docs/policy.md): a fork copies the spend, it cannot reset it.
 //
 // A fork is a snapshot (Fork true) and COUNT sandboxes started from it;
 // the snapshot goes with the last of them.
@@ -99,6 +100,10 @@ type snapshotSpec struct {
 	// AgentToken is the token a memory snapshot's agent answers to until
 	// its claim (the snapshotted sandbox's).
 	AgentToken string `json:"agent_token,omitempty"`
+	// Usage is what the sandbox had used of its budgets: every sandbox
+	// started from the snapshot starts with it (a fork cannot reset
+	// spending).
+	Usage []store.BudgetUsage `json:"usage,omitempty"`
 }
 
 // Snapshots is the manager's service of the tenants' snapshots and of
@@ -189,6 +194,13 @@ func (ss *Snapshots) create(ctx context.Context, scope, id, name string, fork bo
 		if ls, ok := live.Get(id); ok {
 			spec.Policy, _, spec.PolicyRef = ls.Policy()
 		}
+	}
+	us, err := m.cfg.Store.ListBudgetUsage(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: its budgets' usage: %w", id, err)
+	}
+	for _, u := range us {
+		spec.Usage = append(spec.Usage, *u)
 	}
 	sn := &store.Snapshot{ID: snID, TenantID: r.TenantID, Name: name, SandboxID: id, Runtime: r.Runtime, Image: r.Image,
 		Status: snapshotCreating, Fork: fork}
@@ -547,6 +559,19 @@ func (ss *Snapshots) startFrom(ctx context.Context, tenant *store.Tenant, req *a
 		})
 	}
 	return sn, &spec, release, nil
+}
+
+// seedUsage gives sandbox id, started from a snapshot, the budget usage
+// of the sandbox snapshotted, before its gateway is attached (which
+// reads it).
+func (ss *Snapshots) seedUsage(ctx context.Context, id string, spec *snapshotSpec) error {
+	for _, u := range spec.Usage {
+		u.SandboxID = id
+		if _, err := ss.m.cfg.Store.AddBudgetUsage(ctx, u); err != nil {
+			return fmt.Errorf("budget usage from the snapshot: %w", err)
+		}
+	}
+	return nil
 }
 
 // checkImage refuses a start from sn when its image is no longer the one

@@ -222,6 +222,10 @@ func TestFork(t *testing.T) {
 	if _, err := m.Snapshots().Fork(ctx, "t1", parent.ID, &api.ForkRequest{Count: MaxForkCount + 1}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("too many copies: %v, want invalid", err)
 	}
+	// What the parent spent of a budget, each copy starts with.
+	if _, err := db.AddBudgetUsage(ctx, store.BudgetUsage{SandboxID: parent.ID, Budget: "llm", Requests: 7, SpendMicros: 1500}); err != nil {
+		t.Fatal(err)
+	}
 	res, err := m.Snapshots().Fork(ctx, "t1", parent.ID, &api.ForkRequest{Count: 3, Labels: map[string]string{"run": "a"}})
 	if err != nil {
 		t.Fatal(err)
@@ -239,6 +243,9 @@ func TestFork(t *testing.T) {
 			t.Errorf("copy %s's placeholder %q is also %s's", c.ID, ph, other)
 		}
 		seen[ph] = c.ID
+		if us, _ := db.ListBudgetUsage(ctx, c.ID); len(us) != 1 || us[0].Requests != 7 || us[0].SpendMicros != 1500 {
+			t.Errorf("copy %s's budget usage: %+v, want the parent's", c.ID, us)
+		}
 	}
 	if p, err := m.Get(ctx, "t1", parent.ID); err != nil || p.Status != StatusRunning {
 		t.Errorf("parent after the fork: %+v %v", p, err)
