@@ -123,7 +123,7 @@ func TestAdminKeyOverTCP(t *testing.T) {
 	if _, err := dial(tenantKey).SetPools(ctx, &api.SetPoolsRequest{}); !errors.As(err, &ae) || ae.Status != 403 {
 		t.Fatalf("PUT /v1/pools with a tenant key: %v, want 403", err)
 	}
-	if err := mgr.StartPool(); err != nil {
+	if err := mgr.Pools().Start(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := admin.SetPools(ctx, &api.SetPoolsRequest{Targets: []api.PoolTarget{{Runtime: "nope", Image: "default", Size: 1}}}); !errors.As(err, &ae) || ae.Status != 400 {

@@ -29,7 +29,7 @@ func (s *Server) getArchive(w http.ResponseWriter, r *http.Request, t *store.Ten
 		return err
 	}
 	lw := &lazyTar{w: w}
-	if err := s.mgr.ArchiveGet(r.Context(), scope(t), r.PathValue("id"), p, lw); err != nil {
+	if err := s.mgr.Guest().ArchiveGet(r.Context(), scope(t), r.PathValue("id"), p, lw); err != nil {
 		if !lw.started {
 			return archiveErr(err)
 		}
@@ -70,7 +70,7 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request, t *store.Ten
 	}
 	body := http.MaxBytesReader(w, r.Body, maxArchiveBody)
 	lim := agentproto.ArchiveLimits{MaxBytes: maxArchiveBytes, MaxEntries: maxArchiveEntries}
-	if err := s.mgr.ArchivePut(r.Context(), scope(t), r.PathValue("id"), p, body, lim); err != nil {
+	if err := s.mgr.Guest().ArchivePut(r.Context(), scope(t), r.PathValue("id"), p, body, lim); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return fmt.Errorf("%w: the archive is over %d bytes: send a smaller one, or several", errdefs.ErrInvalid, int64(maxArchiveBody))

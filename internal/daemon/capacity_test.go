@@ -52,7 +52,7 @@ func TestNodeCapacity(t *testing.T) {
 	t.Cleanup(func() { st.Close() })
 	mgr := sandbox.New(sandbox.Config{Store: st, StateDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(mgr.Close)
-	if err := mgr.StartPool(); err != nil {
+	if err := mgr.Pools().Start(); err != nil {
 		t.Fatal(err)
 	}
 	srv := NewServer(st, mgr, nil, nil, slog.New(slog.DiscardHandler))

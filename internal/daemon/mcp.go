@@ -63,20 +63,20 @@ func (b managerBackend) Remove(ctx context.Context, id string) error {
 	return b.mgr.RemoveAsync(ctx, scope(b.t), id)
 }
 func (b managerBackend) Exec(ctx context.Context, id string, req *api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*api.ExecFrame, error) {
-	return b.mgr.Exec(ctx, scope(b.t), id, req, stdin, sandbox.ExecOutput{Stdout: stdout, Stderr: stderr})
+	return b.mgr.Guest().Exec(ctx, scope(b.t), id, req, stdin, sandbox.ExecOutput{Stdout: stdout, Stderr: stderr})
 }
 func (b managerBackend) ReadFile(ctx context.Context, id, path string) ([]byte, error) {
 	var buf bytes.Buffer
-	if err := b.mgr.ReadFile(ctx, scope(b.t), id, path, &buf, mcpMaxRead); err != nil {
+	if err := b.mgr.Guest().ReadFile(ctx, scope(b.t), id, path, &buf, mcpMaxRead); err != nil {
 		return nil, agentErr(err)
 	}
 	return buf.Bytes(), nil
 }
 func (b managerBackend) WriteFile(ctx context.Context, id, path string, data []byte) error {
-	return b.mgr.WriteFile(ctx, scope(b.t), id, path, 0o644, bytes.NewReader(data))
+	return b.mgr.Guest().WriteFile(ctx, scope(b.t), id, path, 0o644, bytes.NewReader(data))
 }
 func (b managerBackend) ListDir(ctx context.Context, id, path string) ([]api.FileInfo, error) {
-	l, err := b.mgr.ListDir(ctx, scope(b.t), id, path)
+	l, err := b.mgr.Guest().ListDir(ctx, scope(b.t), id, path)
 	if err != nil {
 		return nil, agentErr(err)
 	}

@@ -136,7 +136,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, t *store.Tenant) er
 		}
 	}()
 	out := &wsWriter{ctx: ctx, conn: conn}
-	res, err := s.mgr.Pty(ctx, scope(t), id, req, ws, stdinR, out, resize)
+	res, err := s.mgr.Guest().Pty(ctx, scope(t), id, req, ws, stdinR, out, resize)
 	stdinR.Close()
 	if err != nil {
 		select {

@@ -53,7 +53,7 @@ type relays struct {
 	// --tenant-urls-allow-private) and the Discord gateway's.
 	client *http.Client
 	// bound returns the hosts a sandbox's bindings of a vault secret
-	// allow (nil: it binds none; sandbox.Manager.SecretHosts).
+	// allow (nil: it binds none; sandbox.Manager.Secrets().Hosts).
 	bound func(ctx context.Context, tenant, sandboxID, secret string) ([]string, error)
 	// gone reports a sandbox whose relays do not run (sandboxGone).
 	gone func(ctx context.Context, sandboxID string) (string, error)

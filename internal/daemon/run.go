@@ -258,7 +258,7 @@ func (d *wiring) events(context.Context) error {
 				return nil
 			}
 			out := map[string]int{}
-			for _, p := range d.mgr.Pools().Pools {
+			for _, p := range d.mgr.Pools().Status().Pools {
 				out[p.Class] = p.Ready
 			}
 			return out
@@ -351,10 +351,10 @@ func (d *wiring) manager(ctx context.Context) error {
 	}
 	d.undo.Add(d.mgr.Close)
 	d.mgr.Ports().SyncPorts(ctx)
-	if err := d.mgr.PruneImageRefs(ctx); err != nil {
+	if err := d.mgr.ImageRefs().Prune(ctx); err != nil {
 		d.log.Warn("prune image references", "err", err)
 	}
-	if err := d.mgr.StartPool(); err != nil {
+	if err := d.mgr.Pools().Start(); err != nil {
 		return fmt.Errorf("--pool: %w", err)
 	}
 	return nil
@@ -379,7 +379,7 @@ func (d *wiring) inbound(context.Context) error {
 	srv.metrics = d.met.Handler()
 	srv.hooks = d.hooks
 	srv.webhookKey = d.hookKey
-	srv.relays = newRelays(d.st, d.hooks, d.v, d.eventLog.Emit, d.log, cfg.RelayDiscordURL, d.tenantHTTP, d.mgr.SecretHosts)
+	srv.relays = newRelays(d.st, d.hooks, d.v, d.eventLog.Emit, d.log, cfg.RelayDiscordURL, d.tenantHTTP, d.mgr.Secrets().Hosts)
 	d.srv = srv
 	if d.e2b != nil {
 		stopE2B, err := startE2B(cfg, d.e2b, srv, d.mgr, d.ingress, d.log)

@@ -579,7 +579,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, t *store.Tenant) e
 	started := false
 	stdout := &lazyHeader{fw: &frameWriter{stream: "stdout", out: out}, start: func() { startStream(w, &started, out) }}
 	stderr := &lazyHeader{fw: &frameWriter{stream: "stderr", out: out}, start: func() { startStream(w, &started, out) }}
-	res, err := s.mgr.Exec(r.Context(), scope(t), r.PathValue("id"), &req, br, sandbox.ExecOutput{Stdout: stdout, Stderr: stderr})
+	res, err := s.mgr.Guest().Exec(r.Context(), scope(t), r.PathValue("id"), &req, br, sandbox.ExecOutput{Stdout: stdout, Stderr: stderr})
 	out.mu.Lock()
 	headerSent := started
 	out.mu.Unlock()
@@ -652,7 +652,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, t *store.Tenan
 	}
 	// Buffer so an error (not found, too big) still gets its status code.
 	var buf bytes.Buffer
-	if err := s.mgr.ReadFile(r.Context(), scope(t), r.PathValue("id"), p, &buf, maxFileRead); err != nil {
+	if err := s.mgr.Guest().ReadFile(r.Context(), scope(t), r.PathValue("id"), p, &buf, maxFileRead); err != nil {
 		return agentErr(err)
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -688,7 +688,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, t *store.Tena
 		mode = os.FileMode(v)
 	}
 	body := http.MaxBytesReader(w, r.Body, maxFileWrite)
-	if err := s.mgr.WriteFile(r.Context(), scope(t), r.PathValue("id"), p, mode, body); err != nil {
+	if err := s.mgr.Guest().WriteFile(r.Context(), scope(t), r.PathValue("id"), p, mode, body); err != nil {
 		return agentErr(err)
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -700,7 +700,7 @@ func (s *Server) listDir(w http.ResponseWriter, r *http.Request, t *store.Tenant
 	if err != nil {
 		return err
 	}
-	l, err := s.mgr.ListDir(r.Context(), scope(t), r.PathValue("id"), p)
+	l, err := s.mgr.Guest().ListDir(r.Context(), scope(t), r.PathValue("id"), p)
 	if err != nil {
 		return agentErr(err)
 	}
@@ -840,7 +840,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, t *store.T
 }
 
 func (s *Server) listPools(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
-	writeJSON(w, 200, s.mgr.Pools())
+	writeJSON(w, 200, s.mgr.Pools().Status())
 	return nil
 }
 
@@ -851,7 +851,7 @@ func (s *Server) setPools(w http.ResponseWriter, r *http.Request, t *store.Tenan
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	p, err := s.mgr.SetPools(&req)
+	p, err := s.mgr.Pools().Set(&req)
 	if err != nil {
 		return err
 	}
@@ -970,7 +970,7 @@ func (s *Server) revokeSecret(w http.ResponseWriter, r *http.Request, t *store.T
 }
 
 func (s *Server) unbindSecret(w http.ResponseWriter, r *http.Request, t *store.Tenant) error {
-	sb, err := s.mgr.Unbind(r.Context(), scope(t), r.PathValue("id"), r.PathValue("name"))
+	sb, err := s.mgr.Secrets().Unbind(r.Context(), scope(t), r.PathValue("id"), r.PathValue("name"))
 	if err != nil {
 		return err
 	}

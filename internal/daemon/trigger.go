@@ -40,7 +40,7 @@ func triggerAct(ctx context.Context, st store.Store, v *vault.Vault, mgr *sandbo
 		mgr.Emit(rec.TenantID, "", api.SecretRevoked{Name: name, By: "trigger:" + trigger})
 	}
 	for _, name := range a.Unbind {
-		if _, err := mgr.Unbind(ctx, "", id, name); err != nil {
+		if _, err := mgr.Secrets().Unbind(ctx, "", id, name); err != nil {
 			errs = append(errs, fmt.Errorf("unbind %s: %w", name, err))
 		}
 	}

@@ -133,7 +133,7 @@ func (fs fsService) stat(ctx context.Context, p string) (*envdpb.EntryInfo, erro
 	}
 	dir, name := path.Split(p)
 	dir = path.Clean(dir)
-	l, err := fs.s.cfg.Manager.ListDir(ctx, tg.tenant, tg.id, dir)
+	l, err := fs.s.cfg.Manager.Guest().ListDir(ctx, tg.tenant, tg.id, dir)
 	if err != nil {
 		return nil, fsErr(err)
 	}
@@ -149,7 +149,7 @@ func (fs fsService) stat(ctx context.Context, p string) (*envdpb.EntryInfo, erro
 func (fs fsService) guest(ctx context.Context, user string, argv ...string) error {
 	tg := targetOf(ctx)
 	var stderr bytes.Buffer
-	res, err := fs.s.cfg.Manager.Exec(ctx, tg.tenant, tg.id, &api.ExecRequest{Argv: argv, User: user, Timeout: "5m"}, nil,
+	res, err := fs.s.cfg.Manager.Guest().Exec(ctx, tg.tenant, tg.id, &api.ExecRequest{Argv: argv, User: user, Timeout: "5m"}, nil,
 		sandbox.ExecOutput{Stdout: io.Discard, Stderr: &limited{w: &stderr, n: 4096}})
 	if err != nil {
 		return connectErr(err)
@@ -275,7 +275,7 @@ func (fs fsService) ListDir(ctx context.Context, req *connect.Request[envdpb.Lis
 	var out []*envdpb.EntryInfo
 	var walk func(dir string, level int) error
 	walk = func(dir string, level int) error {
-		l, err := fs.s.cfg.Manager.ListDir(ctx, tg.tenant, tg.id, dir)
+		l, err := fs.s.cfg.Manager.Guest().ListDir(ctx, tg.tenant, tg.id, dir)
 		if err != nil {
 			return fsErr(err)
 		}
@@ -315,7 +315,7 @@ func (fs fsService) snapshot(ctx context.Context, dir string, recursive bool) (m
 	out := map[string]watchState{}
 	var walk func(rel string, level int) error
 	walk = func(rel string, level int) error {
-		l, err := fs.s.cfg.Manager.ListDir(ctx, tg.tenant, tg.id, path.Join(dir, rel))
+		l, err := fs.s.cfg.Manager.Guest().ListDir(ctx, tg.tenant, tg.id, path.Join(dir, rel))
 		if err != nil {
 			if rel != "" {
 				return nil // gone between two listings
@@ -458,7 +458,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body := &lazyBody{w: w}
-	if err := s.cfg.Manager.ReadFile(r.Context(), tg.tenant, tg.id, p, body, maxRead); err != nil {
+	if err := s.cfg.Manager.Guest().ReadFile(r.Context(), tg.tenant, tg.id, p, body, maxRead); err != nil {
 		if body.started {
 			s.log.Warn("envd: download cut short", "sandbox", tg.id, "err", err)
 			return
@@ -492,7 +492,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return uploaded{}, connectErr(err)
 		}
-		if err := s.cfg.Manager.WriteFile(r.Context(), tg.tenant, tg.id, abs, 0o644, body); err != nil {
+		if err := s.cfg.Manager.Guest().WriteFile(r.Context(), tg.tenant, tg.id, abs, 0o644, body); err != nil {
 			return uploaded{}, fsErr(err)
 		}
 		return uploaded{Path: abs, Name: path.Base(abs), Type: "file"}, nil

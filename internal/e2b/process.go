@@ -277,9 +277,9 @@ func (s *Server) run(ctx context.Context, table *procTable, p *process, tg targe
 		err error
 	)
 	if p.pty {
-		res, err = s.cfg.Manager.Pty(ctx, tg.tenant, tg.id, req, ws, stdin, output{p, 3}, p.resize)
+		res, err = s.cfg.Manager.Guest().Pty(ctx, tg.tenant, tg.id, req, ws, stdin, output{p, 3}, p.resize)
 	} else {
-		res, err = s.cfg.Manager.Exec(ctx, tg.tenant, tg.id, req, stdin, sandbox.ExecOutput{Stdout: output{p, 1}, Stderr: output{p, 2}})
+		res, err = s.cfg.Manager.Guest().Exec(ctx, tg.tenant, tg.id, req, stdin, sandbox.ExecOutput{Stdout: output{p, 1}, Stderr: output{p, 2}})
 	}
 	if r, ok := stdin.(*io.PipeReader); ok {
 		r.CloseWithError(io.ErrClosedPipe)

@@ -10,8 +10,9 @@ import (
 // ArchiveGet writes the directory (or file) at path in a running sandbox
 // to w as a tar stream. The stream is the guest's word: whoever extracts
 // it treats it as hostile (internal/tarx).
-func (m *Manager) ArchiveGet(ctx context.Context, tenant, id, path string, w io.Writer) error {
-	c, err := m.agentOf(ctx, tenant, id)
+func (g *Guest) ArchiveGet(ctx context.Context, tenant, id, path string, w io.Writer) error {
+	m := g.m
+	c, err := m.guest.agentOf(ctx, tenant, id)
 	if err != nil {
 		return err
 	}
@@ -19,8 +20,9 @@ func (m *Manager) ArchiveGet(ctx context.Context, tenant, id, path string, w io.
 }
 
 // ArchivePut extracts the tar stream r under path in a running sandbox.
-func (m *Manager) ArchivePut(ctx context.Context, tenant, id, path string, r io.Reader, lim agentproto.ArchiveLimits) error {
-	c, err := m.agentOf(ctx, tenant, id)
+func (g *Guest) ArchivePut(ctx context.Context, tenant, id, path string, r io.Reader, lim agentproto.ArchiveLimits) error {
+	m := g.m
+	c, err := m.guest.agentOf(ctx, tenant, id)
 	if err != nil {
 		return err
 	}

@@ -53,14 +53,23 @@ func auditSupported(rt isolation.Runtime, set syscallaudit.Set) error {
 	return nil
 }
 
-// startAudit makes the auditor of sandbox id of tenant and returns the
+// audits.start makes the auditor of sandbox id of tenant and returns the
+// audits is the manager's service of syscall audit: each audited
+// sandbox's sink.
+type audits struct {
+	m *Manager
+	// byID holds the auditor of each audited sandbox.
+	byID sync.Map
+}
+
 // spec's Audit (zero when set is empty).
-func (m *Manager) startAudit(tenant, id string, set syscallaudit.Set) isolation.Audit {
+func (sa *audits) start(tenant, id string, set syscallaudit.Set) isolation.Audit {
+	m := sa.m
 	if set.Empty() {
 		return isolation.Audit{}
 	}
 	a := &auditor{set: set, lim: syscallaudit.NewLimiter(0, 0), stop: make(chan struct{})}
-	m.audits.Store(id, a)
+	sa.byID.Store(id, a)
 	report := func(force bool) {
 		if n, total, ok := a.lim.Report(m.cfg.Now(), force); ok {
 			m.Emit(tenant, id, api.SyscallDropped{Count: n, Total: total, Rate: a.lim.Rate(), Burst: a.lim.Burst()})
@@ -91,9 +100,10 @@ func (m *Manager) startAudit(tenant, id string, set syscallaudit.Set) isolation.
 
 // agentAudit subscribes to the audit records of sandbox id's guest agent
 // (runtimes that implement isolation.AgentAudit: VMs) over the entry's
-// agent session, resubscribing after a broken session, until endAudit.
-func (m *Manager) agentAudit(id string, e *entry, a isolation.Audit) {
-	v, ok := m.audits.Load(id)
+// agent session, resubscribing after a broken session, until audits.end.
+func (sa *audits) agent(id string, e *entry, a isolation.Audit) {
+	m := sa.m
+	v, ok := sa.byID.Load(id)
 	if !ok {
 		return
 	}
@@ -134,8 +144,8 @@ func (m *Manager) agentAudit(id string, e *entry, a isolation.Audit) {
 // restart where that is possible: a VM's agent kept its records (a ring
 // of the newest 4096), so the subscription starts again. A container's
 // notify listener and gVisor's log reader died with the old daemon (see
-// auditView's note).
-func (m *Manager) recoverAudit(r *store.Sandbox, classes []string, e *entry) {
+// audits.view's note).
+func (sa *audits) recover(r *store.Sandbox, classes []string, e *entry) {
 	if len(classes) == 0 {
 		return
 	}
@@ -151,19 +161,19 @@ func (m *Manager) recoverAudit(r *store.Sandbox, classes []string, e *entry) {
 	if err != nil || set.Empty() {
 		return
 	}
-	m.agentAudit(r.ID, e, m.startAudit(r.TenantID, r.ID, set))
+	sa.agent(r.ID, e, sa.start(r.TenantID, r.ID, set))
 }
 
-// endAudit stops sandbox id's auditor, reporting its last drops.
-func (m *Manager) endAudit(id string) {
-	if v, ok := m.audits.LoadAndDelete(id); ok {
+// audits.end stops sandbox id's auditor, reporting its last drops.
+func (sa *audits) end(id string) {
+	if v, ok := sa.byID.LoadAndDelete(id); ok {
 		a := v.(*auditor)
 		a.once.Do(func() { close(a.stop) })
 	}
 }
 
-// auditView is the audit part of a sandbox's view.
-func (m *Manager) auditView(id, runtime string, classes []string) *api.SandboxAudit {
+// audits.view is the audit part of a sandbox's view.
+func (sa *audits) view(id, runtime string, classes []string) *api.SandboxAudit {
 	if len(classes) == 0 {
 		return nil
 	}
@@ -175,7 +185,7 @@ func (m *Manager) auditView(id, runtime string, classes []string) *api.SandboxAu
 			v.Unrecorded, v.Note = gap.Strings(), why
 		}
 	}
-	if a, ok := m.audits.Load(id); ok {
+	if a, ok := sa.byID.Load(id); ok {
 		st := a.(*auditor).lim.Stats()
 		v.Recorded, v.Dropped = st.Recorded, st.Dropped
 	} else {

@@ -16,6 +16,14 @@ import (
 	"github.com/cagebox/cagebox/isolation"
 )
 
+// Guest is the manager's service of what runs in a sandbox's guest
+// (Manager.Guest): processes (exec, pty), files and archives, through the
+// sandbox's agent.
+type Guest struct{ m *Manager }
+
+// Guest is the service of the sandboxes' guests.
+func (m *Manager) Guest() *Guest { return m.guest }
+
 // agent returns a connected agent client, dialling (and waiting for the
 // agent to answer) when there is none.
 func (e *entry) agent(ctx context.Context) (*agentproto.Client, error) {
@@ -66,18 +74,20 @@ type ExecOutput struct {
 // Exec runs a command in a running sandbox, streaming its output. The
 // result carries OOMKilled when the sandbox's OOM counter rose during a
 // run that ended by SIGKILL.
-func (m *Manager) Exec(ctx context.Context, tenant, id string, req *api.ExecRequest, stdin io.Reader, out ExecOutput) (*api.ExecFrame, error) {
+func (g *Guest) Exec(ctx context.Context, tenant, id string, req *api.ExecRequest, stdin io.Reader, out ExecOutput) (*api.ExecFrame, error) {
+	m := g.m
 	if !req.Stdin {
 		stdin = nil
 	}
-	return m.execute(ctx, tenant, id, req, func(c *agentproto.Client, areq *agentproto.ExecRequest) (*agentproto.ExecResult, error) {
+	return m.guest.execute(ctx, tenant, id, req, func(c *agentproto.Client, areq *agentproto.ExecRequest) (*agentproto.ExecResult, error) {
 		return c.Exec(ctx, areq, stdin, out.Stdout, out.Stderr)
 	})
 }
 
 // execute checks req, finds the running sandbox, counts the exec as
 // activity while it runs, and reports its end; run starts it on the agent.
-func (m *Manager) execute(ctx context.Context, tenant, id string, req *api.ExecRequest, run func(*agentproto.Client, *agentproto.ExecRequest) (*agentproto.ExecResult, error)) (*api.ExecFrame, error) {
+func (g *Guest) execute(ctx context.Context, tenant, id string, req *api.ExecRequest, run func(*agentproto.Client, *agentproto.ExecRequest) (*agentproto.ExecResult, error)) (*api.ExecFrame, error) {
+	m := g.m
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return nil, invalid("argv: give the command to run")
 	}
@@ -121,7 +131,7 @@ func (m *Manager) execute(ctx context.Context, tenant, id string, req *api.ExecR
 	// A sandbox whose OOM kills it whole (isolation.OOMScope) and that has
 	// had one is dead: say so rather than wait for its agent.
 	if hasOOM && oomBefore > 0 && oomKillsSandbox(e.sb) {
-		msg := m.lostToOOM(e)
+		msg := m.guest.lostToOOM(e)
 		return nil, fmt.Errorf("%w: sandbox %s is %s: %s", errdefs.ErrConflict, id, StatusFailed, msg)
 	}
 	c, err := e.agent(ctx)
@@ -147,7 +157,7 @@ func (m *Manager) execute(ctx context.Context, tenant, id string, req *api.ExecR
 		// protocol error it caused.
 		if hasOOM && oomKillsSandbox(e.sb) {
 			if after, oerr := oc.OOMKills(); oerr == nil && after > oomBefore {
-				msg := m.lostToOOM(e)
+				msg := m.guest.lostToOOM(e)
 				code := 137
 				f := &api.ExecFrame{Stream: "exit", ExitCode: &code, Signal: "SIGKILL", OOMKilled: true, Error: msg}
 				m.Emit(e.tenant, id, api.SandboxExec{Command: req.Argv[0], Args: len(req.Argv) - 1, ExitCode: code, OOMKilled: true})
@@ -177,7 +187,8 @@ func oomKillsSandbox(sb isolation.Sandbox) bool {
 // lostToOOM handles a sandbox that its memory limit killed whole: the first
 // caller detaches it, releases what it held on the host and marks its
 // record failed, saying why; every caller gets that message.
-func (m *Manager) lostToOOM(e *entry) string {
+func (g *Guest) lostToOOM(e *entry) string {
+	m := g.m
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	limit := ""
@@ -222,7 +233,8 @@ func isConnErr(err error) bool {
 
 // agentOf returns the agent client of a running sandbox of tenant and
 // records the activity.
-func (m *Manager) agentOf(ctx context.Context, tenant, id string) (*agentproto.Client, error) {
+func (g *Guest) agentOf(ctx context.Context, tenant, id string) (*agentproto.Client, error) {
+	m := g.m
 	_, e, err := m.attached(ctx, tenant, id)
 	if err != nil {
 		return nil, err
@@ -241,8 +253,9 @@ func (m *Manager) agentOf(ctx context.Context, tenant, id string) (*agentproto.C
 }
 
 // WriteFile writes a file into a running sandbox.
-func (m *Manager) WriteFile(ctx context.Context, tenant, id, path string, mode os.FileMode, r io.Reader) error {
-	c, err := m.agentOf(ctx, tenant, id)
+func (g *Guest) WriteFile(ctx context.Context, tenant, id, path string, mode os.FileMode, r io.Reader) error {
+	m := g.m
+	c, err := m.guest.agentOf(ctx, tenant, id)
 	if err != nil {
 		return err
 	}
@@ -250,8 +263,9 @@ func (m *Manager) WriteFile(ctx context.Context, tenant, id, path string, mode o
 }
 
 // ReadFile reads a file from a running sandbox.
-func (m *Manager) ReadFile(ctx context.Context, tenant, id, path string, w io.Writer, max int64) error {
-	c, err := m.agentOf(ctx, tenant, id)
+func (g *Guest) ReadFile(ctx context.Context, tenant, id, path string, w io.Writer, max int64) error {
+	m := g.m
+	c, err := m.guest.agentOf(ctx, tenant, id)
 	if err != nil {
 		return err
 	}
@@ -259,8 +273,9 @@ func (m *Manager) ReadFile(ctx context.Context, tenant, id, path string, w io.Wr
 }
 
 // ListDir lists a directory in a running sandbox.
-func (m *Manager) ListDir(ctx context.Context, tenant, id, path string) ([]agentproto.FileInfo, error) {
-	c, err := m.agentOf(ctx, tenant, id)
+func (g *Guest) ListDir(ctx context.Context, tenant, id, path string) ([]agentproto.FileInfo, error) {
+	m := g.m
+	c, err := m.guest.agentOf(ctx, tenant, id)
 	if err != nil {
 		return nil, err
 	}

@@ -25,13 +25,23 @@ import (
 
 // refOwner is this manager's key in the image cache's references: a hash
 // of its state directory, so daemons with other homes sharing the cache
+// ImageRefs is the manager's service of its references on cached images
+// (Manager.ImageRefs): every sandbox and snapshot holds one on its image,
+// so the image is not removed under it.
+type ImageRefs struct{ m *Manager }
+
+// ImageRefs is the service of the manager's image references.
+func (m *Manager) ImageRefs() *ImageRefs { return m.imageRefs }
+
 // leave each other's references alone.
-func (m *Manager) refOwner() string {
-	h := sha256.Sum256([]byte(m.stateDirAbs()))
+func (ir *ImageRefs) owner() string {
+	m := ir.m
+	h := sha256.Sum256([]byte(m.imageRefs.stateDirAbs()))
 	return hex.EncodeToString(h[:8])
 }
 
-func (m *Manager) stateDirAbs() string {
+func (ir *ImageRefs) stateDirAbs() string {
+	m := ir.m
 	abs, err := filepath.Abs(m.cfg.StateDir)
 	if err != nil {
 		return m.cfg.StateDir
@@ -39,28 +49,31 @@ func (m *Manager) stateDirAbs() string {
 	return abs
 }
 
-// acquireImage takes sandbox id's reference to img, naming this manager's
+// acquire takes sandbox id's reference to img, naming this manager's
 // state directory so that any process can tell whether its holder still
 // exists (ImageRefAlive).
-func (m *Manager) acquireImage(img *image.Image, id string) error {
-	if err := m.cfg.Images.AcquireFor(img, m.refOwner(), m.stateDirAbs(), id); err != nil {
+func (ir *ImageRefs) acquire(img *image.Image, id string) error {
+	m := ir.m
+	if err := m.cfg.Images.AcquireFor(img, m.imageRefs.owner(), m.imageRefs.stateDirAbs(), id); err != nil {
 		return imageError(img.Name, err)
 	}
 	return nil
 }
 
-// releaseImage drops sandbox id's reference (logged, not returned: the
+// release drops sandbox id's reference (logged, not returned: the
 // sandbox is gone either way, and the next daemon start prunes).
-func (m *Manager) releaseImage(id string) {
-	if err := m.cfg.Images.Release(m.refOwner(), id); err != nil {
+func (ir *ImageRefs) release(id string) {
+	m := ir.m
+	if err := m.cfg.Images.Release(m.imageRefs.owner(), id); err != nil {
 		m.log.Warn("release image reference", "sandbox", id, "err", err)
 	}
 }
 
-// PruneImageRefs drops the references of sandboxes that no longer exist
+// ImageRefs.Prune drops the references of sandboxes that no longer exist
 // (a killed daemon could not release them): call it after Recover,
-// before StartPool.
-func (m *Manager) PruneImageRefs(ctx context.Context) error {
+// before Pools.Start.
+func (ir *ImageRefs) Prune(ctx context.Context) error {
+	m := ir.m
 	rs, err := m.cfg.Store.ListSandboxes(ctx, "")
 	if err != nil {
 		return fmt.Errorf("list sandboxes: %w", err)
@@ -87,7 +100,7 @@ func (m *Manager) PruneImageRefs(ctx context.Context) error {
 	for _, id := range snaps {
 		alive[id] = true
 	}
-	if err := m.cfg.Images.PruneRefs(m.refOwner(), func(id string) bool { return alive[id] }); err != nil {
+	if err := m.cfg.Images.PruneRefs(m.imageRefs.owner(), func(id string) bool { return alive[id] }); err != nil {
 		return err
 	}
 	// Other homes' references whose sandbox or home is gone.

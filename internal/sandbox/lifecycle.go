@@ -93,7 +93,7 @@ func (m *Manager) create(ctx context.Context, tenant *store.Tenant, req *api.Cre
 	p.labels = labels
 	m.creating.Add(1)
 	defer m.creating.Add(-1)
-	v, claimed, err := m.fromPool(ctx, tenant, p)
+	v, claimed, err := m.pools.fromPool(ctx, tenant, p)
 	if err == nil && !claimed {
 		v, err = m.createCold(ctx, tenant, p)
 	}
@@ -238,7 +238,7 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 		Policy: p.doc, PolicyRef: req.PolicyRef, Secrets: b.bound, Mounts: p.mounts, ReadOnlyRoot: req.ReadOnlyRoot, Audit: p.audit.Strings()}
 	sr.ExecCwd, sr.ExecUser = imageExecDefaults(p.img)
 	ms := &makeSpec{id: id, rt: p.rt, img: p.img, res: p.res,
-		mounts: p.mounts, readOnlyRoot: req.ReadOnlyRoot, audit: m.startAudit(tenant.ID, id, p.audit)}
+		mounts: p.mounts, readOnlyRoot: req.ReadOnlyRoot, audit: m.sysAudit.start(tenant.ID, id, p.audit)}
 	if sn := p.snap; sn != nil {
 		p.recordSnapshot(&sr)
 		ms.fromSnapshot, ms.snapshotToken = m.snapshots.dir(sn.ID), p.snapSpec.AgentToken
@@ -520,13 +520,13 @@ func (m *Manager) destroy(r *store.Sandbox, reason string) error {
 	} else {
 		m.cleanupOrphanDir(r)
 	}
-	m.releaseImage(r.ID)
+	m.imageRefs.release(r.ID)
 	m.detach(r.ID)
 	m.ports.dropPorts(r.ID)
-	m.endAudit(r.ID)
+	m.sysAudit.end(r.ID)
 	var sr specRecord
 	if json.Unmarshal(r.Spec, &sr) == nil {
-		m.dropInline(r.TenantID, sr.Secrets)
+		m.secrets.dropInline(r.TenantID, sr.Secrets)
 	}
 	defer m.snapshots.released(r.TenantID, sr.Snapshot)
 	r.Status = StatusDestroyed

@@ -36,7 +36,7 @@ import (
 //     and the row written as its tenant's, running.
 //
 // A cold create is make + bind (createCold); a warm pool makes ahead of
-// time (Fill) and a create of its class binds what it made (fromPool). A
+// time (Fill) and a create of its class binds what it made (Pools.fromPool). A
 // sandbox restored from a snapshot is a made sandbox too — its agent
 // answers to the snapshot's token and awaits a claim — so bind is where
 // everything unique to a sandbox (token, entropy, clock, address, CA,
@@ -137,12 +137,12 @@ func (m *Manager) stateDir(id string) string { return filepath.Join(m.cfg.StateD
 // credentials. Nothing is left behind on error; on success b.drop undoes
 // it.
 func (m *Manager) newBinding(ctx context.Context, tenant *store.Tenant, p *createParams, id string) (_ *binding, err error) {
-	bound, secretEnv, undo, err := m.bindSecrets(ctx, tenant.ID, id, p.req.Secrets)
+	bound, secretEnv, undo, err := m.secrets.bind(ctx, tenant.ID, id, p.req.Secrets)
 	if err != nil {
 		undo()
 		return nil, err
 	}
-	creds, err := m.credentialBindings(tenant.ID, bound)
+	creds, err := m.secrets.bindings(tenant.ID, bound)
 	if err != nil {
 		undo()
 		return nil, fmt.Errorf("%w: secrets: %v", errdefs.ErrInvalid, err)
@@ -163,7 +163,7 @@ func (m *Manager) make(ctx context.Context, ms *makeSpec) (_ *made, err error) {
 		}
 	}()
 	if !ms.audit.Classes.Empty() {
-		md.undo.Add(func() { m.endAudit(id) })
+		md.undo.Add(func() { m.sysAudit.end(id) })
 	}
 	// Bind sources are opened now and held until the runtime has mounted
 	// them (mounts.Source).
@@ -179,10 +179,10 @@ func (m *Manager) make(ctx context.Context, ms *makeSpec) (_ *made, err error) {
 		return nil, err
 	}
 	md.undo.Add(func() { m.dropRow(md) })
-	if err := m.acquireImage(img, id); err != nil {
+	if err := m.imageRefs.acquire(img, id); err != nil {
 		return nil, err
 	}
-	md.undo.Add(func() { m.releaseImage(id) })
+	md.undo.Add(func() { m.imageRefs.release(id) })
 	// Setup is bounded by the daemon (ctx is never a caller's
 	// connection): a client that hangs up mid-create must not leave a
 	// half-made sandbox.
@@ -388,9 +388,9 @@ func (m *Manager) bind(ctx context.Context, b *binding, md *made) (_ *api.Sandbo
 	m.live[id] = e
 	m.mu.Unlock()
 	if aa, ok := md.rt.(isolation.AgentAudit); ok && aa.AuditsThroughAgent() && !p.audit.Empty() {
-		m.agentAudit(id, e, md.audit)
+		m.sysAudit.agent(id, e, md.audit)
 	}
-	m.emitEnvSecrets(tenant.ID, id, b.bound)
+	m.secrets.emitEnv(tenant.ID, id, b.bound)
 	setup := time.Since(t0)
 	m.log.Info("sandbox running", "sandbox", id, "tenant", tenant.ID, "runtime", md.rt.Name(), "image", md.img.Name, "pool", b.pool,
 		"bind", setup, "attached", tAttach, "agent", tAgent, "stored", tStore)

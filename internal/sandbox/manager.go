@@ -81,7 +81,7 @@ type Config struct {
 	Gateway *gateway.Gateway
 	// Vault holds credentials for secret bindings; nil = no bindings.
 	Vault *vault.Vault
-	// Pools are the warm pools to keep (StartPool), and PoolMemory bounds
+	// Pools are the warm pools to keep (Pools.Start), and PoolMemory bounds
 	// the memory of their ready sandboxes together.
 	Pools      []pool.Target
 	PoolMemory int64
@@ -124,8 +124,6 @@ type Manager struct {
 	// makes and binds count calls of make and bind (make.go): every way
 	// to create a sandbox goes through both, and tests check it.
 	makes, binds atomic.Int64
-	// audits holds the auditor of each audited sandbox (audit.go).
-	audits sync.Map
 	// ports publishes sandboxes' ports (ports.go); tools runs the tenants'
 	// registered tools (tools.go); volumes keeps the tenants' volumes and
 	// checks mounts (volumes.go).
@@ -133,6 +131,11 @@ type Manager struct {
 	tools     *Tools
 	volumes   *Volumes
 	snapshots *Snapshots
+	guest     *Guest
+	pools     *Pools
+	secrets   *Secrets
+	imageRefs *ImageRefs
+	sysAudit  *audits
 }
 
 // Ports is the service of the sandboxes' published ports.
@@ -185,6 +188,11 @@ func New(cfg Config) *Manager {
 	m.tools = &Tools{m: m}
 	m.volumes = &Volumes{m: m}
 	m.snapshots = &Snapshots{m: m}
+	m.guest = &Guest{m: m}
+	m.pools = &Pools{m: m}
+	m.secrets = &Secrets{m: m}
+	m.imageRefs = &ImageRefs{m: m}
+	m.sysAudit = &audits{m: m}
 	if m.events == nil {
 		m.events = audit.New(audit.Config{Store: cfg.Store, Logger: cfg.Logger, Now: cfg.Now})
 		m.ownEvents = true
@@ -314,7 +322,7 @@ func (m *Manager) view(r *store.Sandbox) *api.Sandbox {
 		}
 	}
 	v.Mounts, v.ReadOnlyRoot = mountsView(sr.Mounts), sr.ReadOnlyRoot
-	v.Audit = m.auditView(r.ID, r.Runtime, sr.Audit)
+	v.Audit = m.sysAudit.view(r.ID, r.Runtime, sr.Audit)
 	if gw := m.cfg.Gateway; gw != nil {
 		if a, ok := gw.Get(r.ID); ok {
 			v.Network = &api.Network{Address: a.Link.GuestAddr.String(), Gateway: a.Link.HostAddr.String(), HostIf: a.Link.HostIf}

@@ -143,7 +143,7 @@ func execDuringKill(t *testing.T, m *Manager, sb *oomSandbox, id string, oom boo
 	}
 	done := make(chan result, 1)
 	go func() {
-		f, err := m.Exec(ctx, "t1", id, &api.ExecRequest{Argv: []string{"sh", "-c", "echo running; exec sleep 30"}}, nil, ExecOutput{Stdout: out, Stderr: io.Discard})
+		f, err := m.guest.Exec(ctx, "t1", id, &api.ExecRequest{Argv: []string{"sh", "-c", "echo running; exec sleep 30"}}, nil, ExecOutput{Stdout: out, Stderr: io.Discard})
 		done <- result{f, err}
 	}()
 	select {
@@ -186,7 +186,7 @@ func TestExecSandboxKilledByOOM(t *testing.T) {
 	// Later execs say why, at once.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err = m.Exec(ctx, "t1", id, &api.ExecRequest{Argv: []string{"true"}}, nil, ExecOutput{Stdout: io.Discard, Stderr: io.Discard})
+	_, err = m.guest.Exec(ctx, "t1", id, &api.ExecRequest{Argv: []string{"true"}}, nil, ExecOutput{Stdout: io.Discard, Stderr: io.Discard})
 	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "memory limit") {
 		t.Fatalf("exec in the dead sandbox: %v, want a conflict naming the memory limit", err)
 	}
@@ -200,7 +200,7 @@ func TestExecSandboxDeadOfOOM(t *testing.T) {
 	sb.kill(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err := m.Exec(ctx, "t1", id, &api.ExecRequest{Argv: []string{"true"}}, nil, ExecOutput{Stdout: io.Discard, Stderr: io.Discard})
+	_, err := m.guest.Exec(ctx, "t1", id, &api.ExecRequest{Argv: []string{"true"}}, nil, ExecOutput{Stdout: io.Discard, Stderr: io.Discard})
 	if ctx.Err() != nil {
 		t.Fatal("exec waited for the agent of a dead sandbox")
 	}

@@ -62,7 +62,7 @@ func TestOperatorPauseStands(t *testing.T) {
 		if _, err := m.Resume(ctx, "t1", id); !errors.Is(err, errdefs.ErrDenied) || !strings.Contains(err.Error(), "only the operator can resume it") {
 			t.Fatalf("%s: the tenant's resume of the admin's pause: %v; want ErrDenied, only the operator", when, err)
 		}
-		if _, err := m.ListDir(ctx, "t1", id, "/"); err == nil || !strings.Contains(err.Error(), "paused by the operator") {
+		if _, err := m.guest.ListDir(ctx, "t1", id, "/"); err == nil || !strings.Contains(err.Error(), "paused by the operator") {
 			t.Fatalf("%s: a file operation of the tenant on the admin's pause: %v; want refused, paused by the operator", when, err)
 		}
 		if v, _ := m.Get(ctx, "t1", id); v.PausedBy != store.AdminTenantID {
@@ -89,7 +89,7 @@ func TestOperatorPauseStands(t *testing.T) {
 		t.Fatal(err)
 	}
 	restart()
-	if _, err := m.ListDir(ctx, "t1", id, "/"); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "cagebox resume") {
+	if _, err := m.guest.ListDir(ctx, "t1", id, "/"); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "cagebox resume") {
 		t.Fatalf("a file operation on the tenant's own pause after a restart: %v", err)
 	}
 	if _, err := m.Resume(ctx, "t1", id); err != nil || status() != StatusRunning {
@@ -121,7 +121,7 @@ func TestOperatorPauseStands(t *testing.T) {
 	}
 	restart()
 	before := resumes()
-	if _, err := m.ListDir(ctx, "t1", id, "/"); err != nil || status() != StatusRunning || resumes() != before+1 {
+	if _, err := m.guest.ListDir(ctx, "t1", id, "/"); err != nil || status() != StatusRunning || resumes() != before+1 {
 		t.Fatalf("a file operation on an idle pause after a restart: %v, %s", err, status())
 	}
 }

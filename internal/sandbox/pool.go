@@ -31,6 +31,15 @@ import (
 // stops with sandboxes in its pools destroys them at its next start, on
 // the one recovery path (Recover).
 
+// Pools is the manager's service of its warm pools (Manager.Pools): it
+// keeps them (pool.Filler) and serves creates of their classes.
+type Pools struct{ m *Manager }
+
+// Pools is the service of the warm pools.
+func (m *Manager) Pools() *Pools { return m.pools }
+
+var _ pool.Filler = (*Pools)(nil)
+
 // pooled is a sandbox in a pool.
 type pooled struct {
 	md    *made
@@ -42,18 +51,19 @@ type pooled struct {
 
 func (p *pooled) ID() string { return p.md.id }
 
-// StartPool starts keeping the configured warm pools (after Recover). Without targets the pool is empty until SetPools gives it
+// Pools.Start starts keeping the configured warm pools (after Recover). Without targets the pool is empty until Pools.Set gives it
 // some.
-func (m *Manager) StartPool() error {
+func (ps *Pools) Start() error {
+	m := ps.m
 	for _, t := range m.cfg.Pools {
-		if err := m.checkPoolClass(t.Class); err != nil {
+		if err := m.pools.checkClass(t.Class); err != nil {
 			return err
 		}
 	}
 	p, err := pool.New(pool.Config{
 		Targets:      m.cfg.Pools,
 		MemoryBudget: m.cfg.PoolMemory,
-		Filler:       m,
+		Filler:       ps,
 		Logger:       m.log.With("part", "pool"),
 		Emit:         m.Emit,
 		Busy:         func() bool { return m.creating.Load() > 0 },
@@ -66,9 +76,10 @@ func (m *Manager) StartPool() error {
 	return nil
 }
 
-// checkPoolClass checks that this daemon can fill c: a runtime that is
+// checkClass checks that this daemon can fill c: a runtime that is
 // here, available and at or above the floor, and an image in the cache.
-func (m *Manager) checkPoolClass(c pool.Class) error {
+func (ps *Pools) checkClass(c pool.Class) error {
+	m := ps.m
 	rt, ok := isolation.Lookup(c.Runtime)
 	if !ok {
 		return fmt.Errorf("pool %s: no runtime %q (`cagebox runtimes` lists them)", c, c.Runtime)
@@ -85,11 +96,12 @@ func (m *Manager) checkPoolClass(c pool.Class) error {
 	return nil
 }
 
-// SetPools replaces the warm pool targets (PUT /v1/pools): new classes
+// Pools.Set replaces the warm pool targets (PUT /v1/pools): new classes
 // start filling, a class left out or shrunk loses its surplus ready
 // sandboxes. Every target is checked first (runtime, image, size, memory);
 // a bad one is ErrInvalid and changes nothing.
-func (m *Manager) SetPools(req *api.SetPoolsRequest) (*api.Pools, error) {
+func (ps *Pools) Set(req *api.SetPoolsRequest) (*api.Pools, error) {
+	m := ps.m
 	if m.pool == nil {
 		return nil, fmt.Errorf("%w: the warm pools have not started yet; retry in a moment", errdefs.ErrUnavailable)
 	}
@@ -110,7 +122,7 @@ func (m *Manager) SetPools(req *api.SetPoolsRequest) (*api.Pools, error) {
 			return nil, invalid("targets[%d]: class %s is given twice", i, c)
 		}
 		seen[c] = true
-		if err := m.checkPoolClass(c); err != nil {
+		if err := m.pools.checkClass(c); err != nil {
 			return nil, fmt.Errorf("%w: targets[%d]: %v", errdefs.ErrInvalid, i, err)
 		}
 		targets = append(targets, pool.Target{Class: c, Size: t.Size})
@@ -119,11 +131,12 @@ func (m *Manager) SetPools(req *api.SetPoolsRequest) (*api.Pools, error) {
 		return nil, fmt.Errorf("%w: %v", errdefs.ErrInvalid, err)
 	}
 	m.log.Info("pool targets set", "classes", len(targets))
-	return m.Pools(), nil
+	return m.pools.Status(), nil
 }
 
 // Pools describes the warm pools (nil without any).
-func (m *Manager) Pools() *api.Pools {
+func (ps *Pools) Status() *api.Pools {
+	m := ps.m
 	out := &api.Pools{Pools: []api.PoolStatus{}}
 	if m.pool == nil {
 		return out
@@ -135,7 +148,8 @@ func (m *Manager) Pools() *api.Pools {
 
 // Fill implements pool.Filler: it makes a started sandbox of c whose agent
 // awaits its claim.
-func (m *Manager) Fill(ctx context.Context, c pool.Class) (pool.Item, error) {
+func (ps *Pools) Fill(ctx context.Context, c pool.Class) (pool.Item, error) {
+	m := ps.m
 	rt, ok := isolation.Lookup(c.Runtime)
 	if !ok {
 		return nil, fmt.Errorf("no runtime %q", c.Runtime)
@@ -145,7 +159,7 @@ func (m *Manager) Fill(ctx context.Context, c pool.Class) (pool.Item, error) {
 		return nil, err
 	}
 	id := newID()
-	md, err := m.make(ctx, &makeSpec{id: id, rt: rt, img: img, res: c.Resources, row: m.pooledRow(id, rt, img, c)})
+	md, err := m.make(ctx, &makeSpec{id: id, rt: rt, img: img, res: c.Resources, row: m.pools.pooledRow(id, rt, img, c)})
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +168,8 @@ func (m *Manager) Fill(ctx context.Context, c pool.Class) (pool.Item, error) {
 
 // pooledRow is the first row of a sandbox made for pool class c: of no
 // tenant, status pooled.
-func (m *Manager) pooledRow(id string, rt isolation.Runtime, img *image.Image, c pool.Class) *store.Sandbox {
+func (ps *Pools) pooledRow(id string, rt isolation.Runtime, img *image.Image, c pool.Class) *store.Sandbox {
+	m := ps.m
 	now := m.cfg.Now().UTC()
 	spec, _ := json.Marshal(&specRecord{Resources: c.Resources, StateDir: m.stateDir(id), Pool: c.String()})
 	return &store.Sandbox{ID: id, Runtime: rt.Name(), Image: img.Name, Status: StatusPooled, Spec: spec,
@@ -162,16 +177,18 @@ func (m *Manager) pooledRow(id string, rt isolation.Runtime, img *image.Image, c
 }
 
 // Discard implements pool.Filler.
-func (m *Manager) Discard(it pool.Item) {
+func (ps *Pools) Discard(it pool.Item) {
+	m := ps.m
 	m.unmake(it.(*pooled).md, nil)
 }
 
-// fromPool serves a create from a warm pool: it takes a pooled sandbox of
+// Pools.fromPool serves a create from a warm pool: it takes a pooled sandbox of
 // the request's class and binds it. claimed is false on a miss — the class
 // has no pool, the pool is empty, or the pooled sandbox could not be bound
 // — and the caller makes the sandbox cold. err is set (claimed false) only
 // when the request is at fault: a cold create would fail the same way.
-func (m *Manager) fromPool(ctx context.Context, tenant *store.Tenant, p *createParams) (sb *api.Sandbox, claimed bool, err error) {
+func (ps *Pools) fromPool(ctx context.Context, tenant *store.Tenant, p *createParams) (sb *api.Sandbox, claimed bool, err error) {
+	m := ps.m
 	if m.pool == nil || !p.audit.Empty() || p.snap != nil {
 		// A pooled sandbox was made without audit.
 		return nil, false, nil
@@ -249,9 +266,10 @@ func newToken() string {
 	return hex.EncodeToString(tok)
 }
 
-// emitEnvSecrets records that secrets delivered in the environment are
+// emitEnv records that secrets delivered in the environment are
 // real values inside the guest.
-func (m *Manager) emitEnvSecrets(tenant, id string, bound []boundSecret) {
+func (sc *Secrets) emitEnv(tenant, id string, bound []boundSecret) {
+	m := sc.m
 	var envMode []string
 	for _, b := range bound {
 		if b.Mode == ModeEnv {

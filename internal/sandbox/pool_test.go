@@ -33,7 +33,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 func poolStatus(m *Manager) api.PoolStatus {
-	if p := m.Pools(); len(p.Pools) == 1 {
+	if p := m.pools.Status(); len(p.Pools) == 1 {
 		return p.Pools[0]
 	}
 	return api.PoolStatus{}
@@ -45,7 +45,7 @@ func startTestPool(t *testing.T, m *Manager) pool.Class {
 	t.Helper()
 	c := pool.ClassOf(createRuntimeName, "default", isolation.Resources{})
 	m.cfg.Pools = []pool.Target{{Class: c, Size: 1}}
-	if err := m.StartPool(); err != nil {
+	if err := m.pools.Start(); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "a pooled sandbox", func() bool { return poolStatus(m).Ready == 1 })
@@ -120,7 +120,7 @@ func TestPoolClaim(t *testing.T) {
 	}
 	c.Close()
 	// Exec and files work on the claimed sandbox.
-	if _, err := m.ListDir(context.Background(), "t1", sb.ID, "/"); err != nil {
+	if _, err := m.guest.ListDir(context.Background(), "t1", sb.ID, "/"); err != nil {
 		t.Fatalf("list dir: %v", err)
 	}
 	waitUntil(t, "a refill", func() bool { st := poolStatus(m); return st.Ready == 1 && st.Claims == 1 })
@@ -313,7 +313,7 @@ func TestIdlePause(t *testing.T) {
 	if made.pauses != 1 {
 		t.Fatalf("paused again: %d", made.pauses)
 	}
-	if _, err := m.ListDir(ctx, "t1", sb.ID, "/"); err != nil {
+	if _, err := m.guest.ListDir(ctx, "t1", sb.ID, "/"); err != nil {
 		t.Fatalf("files on an idle-paused sandbox: %v", err)
 	}
 	r, _ = db.GetSandbox(ctx, "t1", sb.ID)
@@ -327,7 +327,7 @@ func TestIdlePause(t *testing.T) {
 	if _, err := m.Pause(ctx, "t1", sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.ListDir(ctx, "t1", sb.ID, "/"); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "cagebox resume") {
+	if _, err := m.guest.ListDir(ctx, "t1", sb.ID, "/"); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "cagebox resume") {
 		t.Fatalf("files on a paused sandbox: %v", err)
 	}
 	// Bad combinations are refused before anything is made.

@@ -13,7 +13,8 @@ import (
 // stdin's bytes are typed into the terminal, its output goes to out, and
 // each size from resize resizes it. It counts as activity while it runs (an
 // open terminal keeps an idle timeout away) and ends like Exec.
-func (m *Manager) Pty(ctx context.Context, tenant, id string, req *api.ExecRequest, ws agentproto.WinSize, stdin io.Reader, out io.Writer, resize <-chan agentproto.WinSize) (*api.ExecFrame, error) {
+func (g *Guest) Pty(ctx context.Context, tenant, id string, req *api.ExecRequest, ws agentproto.WinSize, stdin io.Reader, out io.Writer, resize <-chan agentproto.WinSize) (*api.ExecFrame, error) {
+	m := g.m
 	if !ws.Valid() {
 		return nil, invalid("rows and cols: give a terminal size of 1..%d each", agentproto.MaxWinSize)
 	}
@@ -24,7 +25,7 @@ func (m *Manager) Pty(ctx context.Context, tenant, id string, req *api.ExecReque
 		r.Argv = []string{"(login shell)"}
 		req = &r
 	}
-	return m.execute(ctx, tenant, id, req, func(c *agentproto.Client, areq *agentproto.ExecRequest) (*agentproto.ExecResult, error) {
+	return m.guest.execute(ctx, tenant, id, req, func(c *agentproto.Client, areq *agentproto.ExecRequest) (*agentproto.ExecResult, error) {
 		if shell {
 			areq.Argv = nil
 		}

@@ -54,7 +54,7 @@ func (m *Manager) cleanupOrphanDir(r *store.Sandbox) {
 // store says is running or paused, cleans up (and marks failed) those
 // that are gone or were being created, finishes removals, and destroys
 // the pooled sandboxes (rows of no tenant) a stopped daemon left. Call it
-// after the gateway's Init, before StartPool.
+// after the gateway's Init, before Pools.Start.
 func (m *Manager) Recover(ctx context.Context) error {
 	pooled, err := m.cfg.Store.ListUnownedSandboxes(ctx)
 	if err != nil {
@@ -122,7 +122,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			att, err := gw.Attach(ctx, r.ID, r.TenantID, sr.Policy, sr.PolicyRef, gateway.AttachResume)
 			if err == nil {
 				var creds *credentials.Bindings
-				if creds, err = m.credentialBindings(r.TenantID, sr.Secrets); err == nil {
+				if creds, err = m.secrets.bindings(r.TenantID, sr.Secrets); err == nil {
 					att.Credentials.Install(creds)
 				}
 			}
@@ -154,7 +154,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		e := &entry{id: r.ID, tenant: r.TenantID, sb: sb, token: sr.AgentToken, paused: paused, pausedBy: by, execCwd: sr.ExecCwd, execUser: sr.ExecUser}
 		m.live[r.ID] = e
 		m.mu.Unlock()
-		m.recoverAudit(r, sr.Audit, e)
+		m.sysAudit.recover(r, sr.Audit, e)
 		m.Emit(r.TenantID, r.ID, api.SandboxReattached{})
 		log.Info("re-attached sandbox after restart", "status", r.Status)
 	}
@@ -176,7 +176,7 @@ func (m *Manager) recoverPooled(ctx context.Context, r *store.Sandbox) {
 	}
 	m.cleanupOrphanDir(r)
 	m.detach(r.ID)
-	m.releaseImage(r.ID)
+	m.imageRefs.release(r.ID)
 	if err := m.cfg.Store.DeleteSandbox(ctx, r.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		m.log.Error("delete a pooled sandbox's row", "sandbox", r.ID, "err", err)
 		return
@@ -246,7 +246,7 @@ func (m *Manager) recoverLegacyPool(ctx context.Context) {
 			_ = os.RemoveAll(r.StateDir)
 		}
 		m.detach(id)
-		m.releaseImage(id)
+		m.imageRefs.release(id)
 		_ = os.Remove(file)
 		m.log.Info("destroyed a pooled sandbox left by an older daemon", "sandbox", id, "class", r.Class)
 	}

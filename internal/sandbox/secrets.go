@@ -17,22 +17,33 @@ const ModeEnv = credentials.ModeEnv
 // boundSecret is a binding as stored in the sandbox record.
 type boundSecret = credentials.Binding
 
-// bindSecrets resolves a create request's bindings (credentials.Bind): inline
+// Secrets is the manager's service of the sandboxes' secret bindings
+// (Manager.Secrets): resolved at create, unbound while a sandbox runs,
+// dropped with it.
+type Secrets struct{ m *Manager }
+
+// Secrets is the service of the sandboxes' secret bindings.
+func (m *Manager) Secrets() *Secrets { return m.secrets }
+
+// bind resolves a create request's bindings (credentials.Bind): inline
 // values are sealed in the vault, placeholders made, and the guest env
 // returned. The undo func deletes the inline secrets.
-func (m *Manager) bindSecrets(ctx context.Context, tenant, id string, reqs []api.SecretBinding) ([]boundSecret, []string, func(), error) {
+func (sc *Secrets) bind(ctx context.Context, tenant, id string, reqs []api.SecretBinding) ([]boundSecret, []string, func(), error) {
+	m := sc.m
 	return credentials.Bind(ctx, m.cfg.Vault, tenant, id, reqs)
 }
 
-// credentialBindings builds the gateway's credential bindings of a sandbox; the
+// bindings builds the gateway's credential bindings of a sandbox; the
 // real values are read from the vault on every request, so a revoke or
 // rotate applies to the very next one.
-func (m *Manager) credentialBindings(tenant string, bound []boundSecret) (*credentials.Bindings, error) {
+func (sc *Secrets) bindings(tenant string, bound []boundSecret) (*credentials.Bindings, error) {
+	m := sc.m
 	return credentials.Build(m.cfg.Vault, tenant, bound)
 }
 
 // dropInline deletes a removed sandbox's inline secrets from the vault.
-func (m *Manager) dropInline(tenant string, bound []boundSecret) {
+func (sc *Secrets) dropInline(tenant string, bound []boundSecret) {
+	m := sc.m
 	credentials.DropInline(m.cfg.Vault, tenant, bound)
 }
 
@@ -40,8 +51,9 @@ func (m *Manager) dropInline(tenant string, bound []boundSecret) {
 // next request its placeholder is refused (with an alert) everywhere, and
 // an inline value is deleted from the vault. The guest's environment keeps
 // the (now useless) placeholder.
-func (m *Manager) Unbind(ctx context.Context, tenant, id, name string) (*api.Sandbox, error) {
-	r, sr, err := m.boundRecord(ctx, tenant, id)
+func (sc *Secrets) Unbind(ctx context.Context, tenant, id, name string) (*api.Sandbox, error) {
+	m := sc.m
+	r, sr, err := m.secrets.boundRecord(ctx, tenant, id)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +74,7 @@ func (m *Manager) Unbind(ctx context.Context, tenant, id, name string) (*api.San
 			a.Credentials.Unbind(name)
 		}
 	}
-	m.dropInline(r.TenantID, []boundSecret{*gone})
+	m.secrets.dropInline(r.TenantID, []boundSecret{*gone})
 	sr.Secrets = kept
 	r.Spec, _ = json.Marshal(sr)
 	r.UpdatedAt = m.cfg.Now().UTC()
@@ -73,13 +85,14 @@ func (m *Manager) Unbind(ctx context.Context, tenant, id, name string) (*api.San
 	return m.view(r), nil
 }
 
-// SecretHosts returns the hosts the sandbox's bindings of the vault secret
+// Hosts returns the hosts the sandbox's bindings of the vault secret
 // name allow (their union), or nil when the sandbox binds no such secret:
 // a host-side write of that secret for this sandbox (a relay's token) must
 // go to one of them as well as to one of the secret's own hosts
 // (credentials.Toward.Bound).
-func (m *Manager) SecretHosts(ctx context.Context, tenant, id, name string) ([]string, error) {
-	_, sr, err := m.boundRecord(ctx, tenant, id)
+func (sc *Secrets) Hosts(ctx context.Context, tenant, id, name string) ([]string, error) {
+	m := sc.m
+	_, sr, err := m.secrets.boundRecord(ctx, tenant, id)
 	if err != nil {
 		return nil, err
 	}
@@ -93,8 +106,9 @@ func (m *Manager) SecretHosts(ctx context.Context, tenant, id, name string) ([]s
 }
 
 // boundRecord reads a sandbox's row and its spec record (the bindings
-// Unbind and SecretHosts look at).
-func (m *Manager) boundRecord(ctx context.Context, tenant, id string) (*store.Sandbox, *specRecord, error) {
+// Unbind and Hosts look at).
+func (sc *Secrets) boundRecord(ctx context.Context, tenant, id string) (*store.Sandbox, *specRecord, error) {
+	m := sc.m
 	r, err := m.cfg.Store.GetSandbox(ctx, tenant, id)
 	if err != nil {
 		return nil, nil, notFound(id, err)

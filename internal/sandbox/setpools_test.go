@@ -20,13 +20,13 @@ import (
 func TestSetPools(t *testing.T) {
 	testRuntime.use(createPlan{})
 	m, _, _ := newCreateManager(t, "")
-	if _, err := m.SetPools(&api.SetPoolsRequest{}); !errors.Is(err, errdefs.ErrUnavailable) {
+	if _, err := m.pools.Set(&api.SetPoolsRequest{}); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("before StartPool: %v", err)
 	}
-	if err := m.StartPool(); err != nil {
+	if err := m.pools.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p, err := m.SetPools(&api.SetPoolsRequest{Targets: []api.PoolTarget{{Runtime: createRuntimeName, Image: "default", Size: 2}}})
+	p, err := m.pools.Set(&api.SetPoolsRequest{Targets: []api.PoolTarget{{Runtime: createRuntimeName, Image: "default", Size: 2}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,14 +48,14 @@ func TestSetPools(t *testing.T) {
 		{"blank", api.PoolTarget{Size: 1}, "give runtime and image"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := m.SetPools(&api.SetPoolsRequest{Targets: []api.PoolTarget{tc.t}})
+			_, err := m.pools.Set(&api.SetPoolsRequest{Targets: []api.PoolTarget{tc.t}})
 			if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want ErrInvalid saying %q", err, tc.want)
 			}
 		})
 	}
 	dup := api.PoolTarget{Runtime: createRuntimeName, Image: "default", Size: 1}
-	if _, err := m.SetPools(&api.SetPoolsRequest{Targets: []api.PoolTarget{dup, dup}}); !errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := m.pools.Set(&api.SetPoolsRequest{Targets: []api.PoolTarget{dup, dup}}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("a class twice: %v", err)
 	}
 	if st := poolStatus(m); st.Target != 2 || st.Ready != 2 {
@@ -74,7 +74,7 @@ func TestSetPools(t *testing.T) {
 	waitUntil(t, "a refill", func() bool { return poolStatus(m).Ready == 2 })
 
 	// Dropping the class destroys its ready sandboxes and their records.
-	p, err = m.SetPools(&api.SetPoolsRequest{Targets: []api.PoolTarget{}})
+	p, err = m.pools.Set(&api.SetPoolsRequest{Targets: []api.PoolTarget{}})
 	if err != nil || len(p.Pools) != 0 {
 		t.Fatalf("empty targets: %+v, %v", p, err)
 	}

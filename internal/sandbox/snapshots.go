@@ -240,10 +240,10 @@ func (ss *Snapshots) create(ctx context.Context, scope, id, name string, fork bo
 	})
 	// The snapshot holds its image, as a sandbox does: a restore reads
 	// the image under it.
-	if err = m.acquireImage(img, snID); err != nil {
+	if err = m.imageRefs.acquire(img, snID); err != nil {
 		return nil, err
 	}
-	undo = append(undo, func() { m.releaseImage(snID) })
+	undo = append(undo, func() { m.imageRefs.release(snID) })
 	dir := ss.dir(snID)
 	if err = statedir.Make(dir); err != nil {
 		return nil, fmt.Errorf("snapshot directory: %w", err)
@@ -472,7 +472,7 @@ func (ss *Snapshots) dropFiles(sn *store.Snapshot) {
 	if json.Unmarshal(sn.Spec, &spec) == nil {
 		ss.dropOwned(sn.TenantID, spec.Owned)
 	}
-	ss.m.releaseImage(sn.ID)
+	ss.m.imageRefs.release(sn.ID)
 }
 
 // released is told that a sandbox started from snapshot id is gone: a
@@ -708,14 +708,14 @@ func (ss *Snapshots) recoverSnapshots(ctx context.Context) error {
 		if !known[de.Name()] {
 			m.log.Warn("removing a snapshot directory without a record", "dir", de.Name())
 			_ = os.RemoveAll(filepath.Join(m.cfg.SnapshotDir, de.Name()))
-			m.releaseImage(de.Name())
+			m.imageRefs.release(de.Name())
 		}
 	}
 	return nil
 }
 
 // snapshotIDs lists the snapshots that hold image references (for
-// PruneImageRefs).
+// ImageRefs.Prune).
 func (ss *Snapshots) snapshotIDs(ctx context.Context) ([]string, error) {
 	l, err := ss.m.cfg.Store.ListSnapshots(ctx, "")
 	if err != nil {

@@ -290,7 +290,7 @@ func (tl *Tools) Execute(ctx context.Context, tenant *store.Tenant, name string,
 	}
 	var stdin io.Reader
 	if t.InputFile != "" {
-		if err := tl.m.WriteFile(ctx, tenant.ID, sb.ID, t.InputFile, 0o644, strings.NewReader(req.Input)); err != nil {
+		if err := tl.m.guest.WriteFile(ctx, tenant.ID, sb.ID, t.InputFile, 0o644, strings.NewReader(req.Input)); err != nil {
 			return nil, fmt.Errorf("tool %s: write input to %s: %w", name, t.InputFile, err)
 		}
 	} else {
@@ -298,7 +298,7 @@ func (tl *Tools) Execute(ctx context.Context, tenant *store.Tenant, name string,
 	}
 	stdout, stderr := &capped{max: maxOut}, &capped{max: maxOut}
 	ereq := &api.ExecRequest{Argv: t.Argv, Timeout: timeout.String(), Stdin: stdin != nil}
-	frame, err := tl.m.Exec(ctx, tenant.ID, sb.ID, ereq, stdin, ExecOutput{Stdout: stdout, Stderr: stderr})
+	frame, err := tl.m.guest.Exec(ctx, tenant.ID, sb.ID, ereq, stdin, ExecOutput{Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		return nil, fmt.Errorf("tool %s: %w", name, err)
 	}
