@@ -30,6 +30,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"time"
 
@@ -60,7 +61,18 @@ func main() {
 	snapMemN := flag.Int("snap-mem-n", 20, "snapshot: sandboxes running at once per side for the memory comparison")
 	e2bN := flag.Int("e2b-n", 15, "e2b: creates timed per SDK (round trips: 10×, writes: 2×)")
 	auditRounds := flag.Int("audit-rounds", 3, "audit: workload runs per side per runtime")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (bench daemon included) to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fail(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if *only == "egress" {
 		egressBench(*egressDur, *egressConc)
 		return

@@ -480,3 +480,25 @@ func TestWatchSeesLifecycleOverTheRate(t *testing.T) {
 		t.Errorf("stored %v: the destroyed event should have been over the rate (the watcher must not depend on storage)", got)
 	}
 }
+
+// TestGroupCommit: events that come one by one within the writer's linger
+// window go to the store in one transaction (one fsync), and Close cuts
+// the window short: nothing waits for it at shutdown.
+func TestGroupCommit(t *testing.T) {
+	st := newGatedStore(t)
+	st.open()
+	l := New(Config{Store: st, Logger: quiet, Rate: -1, Linger: time.Hour})
+	const n = 10
+	for i := range n {
+		l.Emit("t1", "sb", testEvent{api.EventEgressAllow, map[string]any{"i": i}})
+	}
+	closeLog(t, l)
+	if evs := listEvents(t, st, "sb"); len(evs) != n {
+		t.Fatalf("%d of %d events stored", len(evs), n)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if want := []int{n}; !slices.Equal(st.batches, want) {
+		t.Fatalf("batches %v, want %v: one transaction for the window", st.batches, want)
+	}
+}

@@ -64,7 +64,7 @@ func (s *Server) consoleAuth(r *http.Request) (t *store.Tenant, ok bool, err err
 	if err != nil {
 		return nil, true, err
 	}
-	t, err = s.store.GetTenant(r.Context(), tid)
+	t, err = s.tenant(r.Context(), tid)
 	return t, true, err
 }
 

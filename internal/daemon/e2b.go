@@ -39,7 +39,7 @@ func (s *Server) tenantOfKey(ctx context.Context, key string) (*store.Tenant, er
 		key = "cbk_" + rest
 	}
 	if s.isAdminKey(key) {
-		return s.store.GetTenant(ctx, adminTenantID)
+		return s.tenant(ctx, adminTenantID)
 	}
 	k, err := s.store.APIKeyByHash(ctx, HashKey(key))
 	if err != nil {
@@ -48,7 +48,7 @@ func (s *Server) tenantOfKey(ctx context.Context, key string) (*store.Tenant, er
 		}
 		return nil, err
 	}
-	return s.store.GetTenant(ctx, k.TenantID)
+	return s.tenant(ctx, k.TenantID)
 }
 
 // startE2B serves the E2B front on l until stop.

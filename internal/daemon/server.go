@@ -158,6 +158,8 @@ type Server struct {
 	// adminKey is the SHA-256 digest of the fleet admin key
 	// (--admin-key-file; nil: none): over TCP it is the admin.
 	adminKey []byte
+	// tenants caches the tenants' records by id (tenant).
+	tenants sync.Map
 	// ingressDomain is --ingress-domain, lower case ("" none): the
 	// console answers on none of its names. Set before serving.
 	ingressDomain string
@@ -217,7 +219,7 @@ func HashKey(key string) []byte {
 
 func (s *Server) authenticate(r *http.Request) (*store.Tenant, error) {
 	if v, _ := r.Context().Value(viaUnixKey).(bool); v {
-		return s.store.GetTenant(r.Context(), adminTenantID)
+		return s.tenant(r.Context(), adminTenantID)
 	}
 	if t, ok, err := s.consoleAuth(r); ok {
 		return t, err
@@ -228,6 +230,21 @@ func (s *Server) authenticate(r *http.Request) (*store.Tenant, error) {
 		return nil, fmt.Errorf("%w: send an API key as 'Authorization: Bearer cbk_…' (cagebox tenant key creates one)", errdefs.ErrUnauthorized)
 	}
 	return s.tenantOfKey(r.Context(), key)
+}
+
+// tenant returns tenant id's record. Tenants are never changed once made
+// (the store has no update or delete of one), so each is read from the
+// store once: authentication costs no store read per request.
+func (s *Server) tenant(ctx context.Context, id string) (*store.Tenant, error) {
+	if t, ok := s.tenants.Load(id); ok {
+		return t.(*store.Tenant), nil
+	}
+	t, err := s.store.GetTenant(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	s.tenants.Store(id, t)
+	return t, nil
 }
 
 // scope is the tenant filter for store queries: the admin sees every tenant.

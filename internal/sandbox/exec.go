@@ -56,6 +56,31 @@ func (e *entry) agent(ctx context.Context) (*agentproto.Client, error) {
 	}
 }
 
+// oomBaseline is the sandbox's OOM kill count as last seen (read once,
+// the first time).
+func (e *entry) oomBaseline(oc isolation.OOMCounter) uint64 {
+	e.mu.Lock()
+	known, n := e.oomKnown, e.oomSeen
+	e.mu.Unlock()
+	if known {
+		return n
+	}
+	n, err := oc.OOMKills()
+	if err == nil {
+		e.sawOOMKills(n)
+	}
+	return n
+}
+
+// sawOOMKills records the sandbox's OOM kill count.
+func (e *entry) sawOOMKills(n uint64) {
+	e.mu.Lock()
+	if !e.oomKnown || n > e.oomSeen {
+		e.oomKnown, e.oomSeen = true, n
+	}
+	e.mu.Unlock()
+}
+
 // dropClient forgets a broken client so the next call redials.
 func (e *entry) dropClient(c *agentproto.Client) {
 	e.mu.Lock()
@@ -125,14 +150,20 @@ func (g *Guest) execute(ctx context.Context, tenant, id string, req *api.ExecReq
 	e.touch(m.cfg.Now())
 	var oomBefore uint64
 	oc, hasOOM := e.sb.(isolation.OOMCounter)
-	if hasOOM {
-		oomBefore, _ = oc.OOMKills()
-	}
-	// A sandbox whose OOM kills it whole (isolation.OOMScope) and that has
-	// had one is dead: say so rather than wait for its agent.
-	if hasOOM && oomBefore > 0 && oomKillsSandbox(e.sb) {
-		msg := m.guest.lostToOOM(e)
-		return nil, fmt.Errorf("%w: sandbox %s is %s: %s", errdefs.ErrConflict, id, StatusFailed, msg)
+	whole := hasOOM && oomKillsSandbox(e.sb)
+	switch {
+	case whole:
+		// A sandbox whose OOM kills it whole (isolation.OOMScope) and
+		// that has had one is dead: say so rather than wait for its agent.
+		if oomBefore, _ = oc.OOMKills(); oomBefore > 0 {
+			msg := m.guest.lostToOOM(e)
+			return nil, fmt.Errorf("%w: sandbox %s is %s: %s", errdefs.ErrConflict, id, StatusFailed, msg)
+		}
+	case hasOOM:
+		// Elsewhere the counter only tells a SIGKILL apart: it is read
+		// after a SIGKILL only, against the count last seen (no cgroup
+		// read on an exec's path otherwise).
+		oomBefore = e.oomBaseline(oc)
 	}
 	c, err := e.agent(ctx)
 	if err != nil {
@@ -169,8 +200,9 @@ func (g *Guest) execute(ctx context.Context, tenant, id string, req *api.ExecReq
 	code := res.ExitCode
 	f := &api.ExecFrame{Stream: "exit", ExitCode: &code, Signal: res.Signal, TimedOut: res.TimedOut, Error: res.Error}
 	if hasOOM && res.Signal == "SIGKILL" {
-		if after, err := oc.OOMKills(); err == nil && after > oomBefore {
-			f.OOMKilled = true
+		if after, err := oc.OOMKills(); err == nil {
+			f.OOMKilled = after > oomBefore
+			e.sawOOMKills(after)
 		}
 	}
 	m.Emit(e.tenant, id, api.SandboxExec{Command: req.Argv[0], Args: len(req.Argv) - 1, ExitCode: code, OOMKilled: f.OOMKilled, TimedOut: res.TimedOut})

@@ -151,10 +151,14 @@ type entry struct {
 	// agent endpoint appears only at the end of Start).
 	started chan struct{}
 
-	// mu guards client, execs, active and persisted.
+	// mu guards client, execs, active, persisted, oomKnown and oomSeen.
 	mu     sync.Mutex
 	client *agentproto.Client
 	execs  int
+	// oomSeen is the sandbox's OOM kill count as last read (oomKnown:
+	// it was), against which an exec's SIGKILL is told apart.
+	oomKnown bool
+	oomSeen  uint64
 	// inbound counts ingress requests in flight (busy, like execs).
 	inbound int
 	paused  bool
