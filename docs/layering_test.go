@@ -67,6 +67,11 @@ var cliMustNotLink = []string{
 	"sigs.k8s.io/",
 	// The MCP SDK: `cagebox mcp` is long-lived, it runs in cagebox-server.
 	"github.com/modelcontextprotocol/",
+	// CEL and the protobuf descriptors its packages register at init (~1
+	// ms of every start): the daemon compiles policies' conditions
+	// (internal/policy/cel_lite.go).
+	"github.com/google/cel-go/",
+	"google.golang.org/protobuf/",
 }
 
 // imports is every package of the module and the module's packages it

@@ -1,3 +1,5 @@
+//go:build !lite
+
 package policy
 
 import (
@@ -14,19 +16,6 @@ import (
 	"github.com/google/cel-go/common/types/ref"
 	"github.com/google/cel-go/interpreter"
 )
-
-// Session is what a condition may read of the session so far. The caller
-// (the live policy) fills it in; a nil Session reads as all zeros.
-type Session struct {
-	// Requests is the number of requests the sandbox has had allowed.
-	Requests int64
-	// Fired counts, per rule name, the requests that rule has decided.
-	Fired map[string]int64
-	// Spend is the USD spent (all budgets' scopes together).
-	Spend float64
-	// BytesUp and BytesDown are body bytes sent and received.
-	BytesUp, BytesDown int64
-}
 
 // conditionCostLimit bounds a condition's estimated worst-case cost (CEL's
 // cost units), checked once when the policy is compiled, so evaluation
