@@ -13,7 +13,6 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -221,17 +220,14 @@ func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, e2bid, port s
 		writeJSON(w, http.StatusUnauthorized, apiError{Code: http.StatusUnauthorized, Message: "missing or wrong X-Access-Token for this sandbox"})
 		return
 	}
-	sb, err := s.cfg.Manager.Get(r.Context(), "", id)
-	if err != nil || (sb.Status != sandbox.StatusRunning && sb.Status != sandbox.StatusPaused) {
-		msg := fmt.Sprintf("sandbox %s is not running", e2bid)
-		if err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, store.ErrNotFound) {
-			s.log.Error("envd: look up sandbox", "sandbox", id, "err", err)
-		}
+	// From memory, as an exec's check is: no store read per envd call.
+	tenant, ok := s.cfg.Manager.Running(id)
+	if !ok {
 		s.procs.drop(id) // what it ran ended with it
-		writeJSON(w, http.StatusBadGateway, apiError{Code: http.StatusBadGateway, Message: msg})
+		writeJSON(w, http.StatusBadGateway, apiError{Code: http.StatusBadGateway, Message: fmt.Sprintf("sandbox %s is not running", e2bid)})
 		return
 	}
-	ctx := context.WithValue(r.Context(), sandboxKey{}, target{id: id, tenant: sb.Tenant})
+	ctx := context.WithValue(r.Context(), sandboxKey{}, target{id: id, tenant: tenant})
 	s.envd.ServeHTTP(w, r.WithContext(ctx))
 }
 

@@ -445,6 +445,22 @@ func (m *Manager) Close() {
 }
 
 // Count is the number of sandboxes this daemon is attached to.
+// Running reports, from memory (no store read), whether sandbox id is
+// attached to this daemon — running, or paused and woken by the next call
+// — and whose it is: the check the hot paths (exec, the E2B front's envd)
+// make before they reach its agent.
+func (m *Manager) Running(id string) (tenant string, ok bool) {
+	m.mu.Lock()
+	e := m.live[id]
+	m.mu.Unlock()
+	if e == nil {
+		return "", false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.tenant, e.tenant != ""
+}
+
 func (m *Manager) Count() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -4,7 +4,8 @@
 //
 //   - Sandbox.create() → the first commands.run('true') done, with a warm
 //     pool (the pool refills between samples; waited for over the admin
-//     socket), against cb.create() → sb.exec(['true']);
+//     socket), against cb.create() → sb.exec(['true']) and against the
+//     same with the E2B SDK's command (`/bin/bash -l -c true`);
 //   - commands.run('true') round trip in a running sandbox against
 //     sb.exec(['true']), and against sb.exec of what the E2B SDK runs for
 //     it (`/bin/bash -l -c true`: a login shell), which tells the front's
@@ -33,7 +34,7 @@ async function poolReady () {
   }
 }
 
-const out = { create: { e2b: [], cagebox: [] }, run: { e2b: [], cagebox: [], cageboxBash: [] }, write: { e2b: [], cagebox: [] } }
+const out = { create: { e2b: [], cagebox: [], cageboxBash: [] }, run: { e2b: [], cagebox: [], cageboxBash: [] }, write: { e2b: [], cagebox: [] } }
 const made = []
 try {
   for (let i = 0; i < n; i++) {
@@ -49,6 +50,13 @@ try {
     await sb.exec(['true'])
     out.create.cagebox.push(now() - t)
     made.push(() => sb.remove())
+    // The same first command as the E2B SDK's (a login shell).
+    await poolReady()
+    t = now()
+    const sb2 = await cb.create({ image: 'default', runtime: 'container' })
+    await sb2.exec(['/bin/bash', '-l', '-c', 'true'])
+    out.create.cageboxBash.push(now() - t)
+    made.push(() => sb2.remove())
   }
   const sbx = await Sandbox.create('base')
   made.push(() => sbx.kill())
