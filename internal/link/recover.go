@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/cagebox/cagebox/internal/cleanup"
 )
 
 // Recover reconciles the host with the allocations loaded by NewManager
@@ -20,8 +22,8 @@ import (
 // to no sandbox of this daemon are left alone and logged: only the host
 // lock (LockHost) makes the prefix ours, and what another process made
 // under it is not ours to remove. Kept links whose veth or namespace
-// vanished (a host reboot) are logged and stay allocated until Destroy. It
-// may run before or after Init.
+// vanished (a host reboot) are made again with the same names and
+// addresses. It may run before or after Init.
 func (m *Manager) Recover(ctx context.Context, keep func(id string) bool, ours []string) error {
 	m.mu.Lock()
 	ids := make([]string, 0, len(m.links))
@@ -96,17 +98,49 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool, ours [
 		}
 	}
 
-	// Health of what is kept.
+	// What is kept but vanished — a host reboot takes every veth and
+	// namespace — is made again with its allocation (same names, same
+	// addresses): a sandbox saved to disk (a hibernated microVM) wakes on
+	// the link it had. Kept sandboxes that cannot come back are destroyed
+	// by their owner's recovery, which destroys their link too.
 	for _, l := range m.List() {
-		if _, err := netlink.LinkByName(l.HostIf); err != nil {
-			m.log.Warn("kept sandbox has no veth", "sandbox", l.ID, "if", l.HostIf, "err", err)
+		_, lerr := netlink.LinkByName(l.HostIf)
+		_, serr := os.Stat(l.NetNSPath)
+		if lerr == nil && serr == nil {
+			continue
 		}
-		if _, err := os.Stat(l.NetNSPath); err != nil {
-			m.log.Warn("kept sandbox has no netns", "sandbox", l.ID, "path", l.NetNSPath, "err", err)
+		if err := m.replumb(ctx, l); err != nil {
+			m.log.Warn("kept sandbox's link vanished and could not be made again", "sandbox", l.ID, "if", l.HostIf, "err", err)
+			continue
 		}
+		m.log.Info("kept sandbox's link vanished (a host reboot?): made again", "sandbox", l.ID, "if", l.HostIf, "guest", l.GuestAddr)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("link: recover: %w", err)
+	}
+	return nil
+}
+
+// replumb makes the kernel objects of the allocated link l again, after
+// whatever was left of them is removed.
+func (m *Manager) replumb(ctx context.Context, l *Link) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if _, err := netlink.LinkByName(l.HostIf); err == nil {
+		if err := deleteVeth(l.HostIf); err != nil {
+			return err
+		}
+	}
+	if _, err := os.Stat(l.NetNSPath); err == nil {
+		if err := deleteNetNS(l.NetNSPath); err != nil {
+			return err
+		}
+	}
+	var undo cleanup.Stack
+	if err := m.plumb(l, &undo); err != nil {
+		undo.Run()
+		return err
 	}
 	return nil
 }

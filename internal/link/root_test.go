@@ -998,3 +998,60 @@ func BenchmarkCreateDestroy(b *testing.B) {
 		}
 	}
 }
+
+// TestRecoverRemakesVanishedLinks: a host reboot takes every veth and
+// namespace; a daemon that starts again makes the links of the sandboxes
+// it keeps (a hibernated microVM's) again, with the same names and
+// addresses, confined as before (the proxy on the gateway answers, the
+// set holds the link).
+func TestRecoverRemakesVanishedLinks(t *testing.T) {
+	env := newTestManager(t, nil)
+	m1 := env.m
+	l := mustCreate(t, m1, "hibernated")
+	// The reboot.
+	if err := deleteVeth(l.HostIf); err != nil {
+		t.Fatal(err)
+	}
+	if err := deleteNetNS(l.NetNSPath); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := NewManager(m1.Config(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// m1 is stale; its cleanup must not touch what m2 owns.
+	m1.mu.Lock()
+	for _, x := range m1.links {
+		m1.forgetLocked(x)
+	}
+	m1.mu.Unlock()
+	t.Cleanup(func() { teardown(t, m2) })
+	if err := m2.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := m2.Recover(context.Background(), func(string) bool { return true }, []string{"hibernated"}); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := m2.Get("hibernated")
+	if !ok || got.HostAddr != l.HostAddr || got.GuestAddr != l.GuestAddr || got.HostIf != l.HostIf {
+		t.Fatalf("link after recover: %+v, want %+v", got, l)
+	}
+	hl, err := netlink.LinkByName(l.HostIf)
+	if err != nil {
+		t.Fatalf("veth not made again: %v", err)
+	}
+	addrs, _ := netlink.AddrList(hl, netlink.FAMILY_V4)
+	if len(addrs) != 1 || addrs[0].IP.String() != l.HostAddr.String() {
+		t.Errorf("host end's addresses %v, want %s", addrs, l.HostAddr)
+	}
+	if !setElems(t, m2)[elemName(l)] {
+		t.Error("the link is not in the table's set")
+	}
+	proxy := listenTCP(t, netip.AddrPortFrom(l.HostAddr, env.proxyPort).String())
+	c, err := dialFrom(t, l, "tcp", "192.0.2.1:443")
+	if err != nil {
+		t.Fatalf("guest → anything (redirected to the proxy) after the link was made again: %v", err)
+	}
+	defer c.Close()
+	proxy.expect(t).Close()
+}
