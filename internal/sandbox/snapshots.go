@@ -192,6 +192,11 @@ func (ss *Snapshots) create(ctx context.Context, scope, id, name string, fork bo
 		IdleAction: sr.IdleAction, Policy: sr.Policy, PolicyRef: sr.PolicyRef, AgentToken: sr.AgentToken}
 	if live := m.Live(); live != nil {
 		if ls, ok := live.Get(id); ok {
+			// Copies of a frozen sandbox would run unfrozen: whoever froze
+			// it (the operator, say) thaws it first.
+			if ls.Frozen() {
+				return nil, fmt.Errorf("%w: sandbox %s is frozen: a snapshot or fork of it would start sandboxes that are not; thaw it first (cagebox thaw %s)", errdefs.ErrConflict, id, id)
+			}
 			spec.Policy, _, spec.PolicyRef = ls.Policy()
 		}
 	}

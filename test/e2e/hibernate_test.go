@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,6 +31,42 @@ func vmmAlive(e *env, id string) bool {
 		return false
 	}
 	return syscall.Kill(pid, 0) == nil
+}
+
+// simulateReboot removes what a host reboot takes of sandbox id: its veth
+// and its network namespace (the links the daemon recorded say where).
+func simulateReboot(t *testing.T, e *env, id string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(e.home, "net", "links", "links.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Links []struct {
+			ID        string `json:"id"`
+			HostIf    string `json:"host_if"`
+			NetNSPath string `json:"netns_path"`
+		} `json:"links"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range doc.Links {
+		if l.ID != id {
+			continue
+		}
+		if out, err := exec.Command("ip", "link", "del", l.HostIf).CombinedOutput(); err != nil {
+			t.Fatalf("ip link del %s: %v %s", l.HostIf, err, out)
+		}
+		if err := syscall.Unmount(l.NetNSPath, syscall.MNT_DETACH); err != nil {
+			t.Fatalf("unmount %s: %v", l.NetNSPath, err)
+		}
+		if err := os.Remove(l.NetNSPath); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Fatalf("no link recorded for %s in %s", id, b)
 }
 
 func waitStatus(t *testing.T, e *env, id, want string) *api.Sandbox {
@@ -99,6 +138,32 @@ func TestHibernate(t *testing.T) {
 	}
 	if before.Network == nil || after.Network == nil || before.Network.Address != after.Network.Address {
 		t.Errorf("network identity changed: %+v → %+v", before.Network, after.Network)
+	}
+	if after.Persists != "restart" {
+		t.Errorf("a running sandbox's persists = %q, want restart", after.Persists)
+	}
+	// A host reboot: the daemon is gone without a word and every veth and
+	// namespace with it. The next daemon makes the link again and the
+	// hibernated sandbox wakes on it, its state and address as they were.
+	if r := e.cli("", "pause", "--to-disk", id); r.code != 0 {
+		t.Fatalf("pause --to-disk: %+v", r)
+	}
+	if sb := waitStatus(t, e, id, "hibernated"); sb.Persists != "reboot" {
+		t.Errorf("a hibernated sandbox's persists = %q, want reboot", sb.Persists)
+	}
+	e.stopDaemon(syscall.SIGKILL)
+	simulateReboot(t, e, id)
+	e.startDaemon()
+	waitStatus(t, e, id, "hibernated")
+	if r := e.cli("", "resume", id); r.code != 0 {
+		t.Fatalf("resume after a reboot: %+v", r)
+	}
+	rebooted := waitStatus(t, e, id, "running")
+	if r := e.cli("", "exec", id, "--", "cat", "/tmp/state"); r.code != 0 || r.stdout != "kept\n" {
+		t.Fatalf("state after a reboot: %+v", r)
+	}
+	if rebooted.Network == nil || rebooted.Network.Address != before.Network.Address {
+		t.Errorf("network identity after a reboot: %+v → %+v", before.Network, rebooted.Network)
 	}
 	// Idle: hibernated, then woken by the next exec.
 	r = e.cli("", "create", "--runtime", "qemu", "--image", "busybox", "--idle-timeout", "3s", "--idle-action", "hibernate")
