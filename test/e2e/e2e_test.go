@@ -64,6 +64,9 @@ type env struct {
 	args   []string
 	// bin is the CLI cli runs ("" = the one TestMain built).
 	bin string
+	// tcpAddr is the daemon's --listen address, when a test gives one
+	// (apiCall with a tenant's key).
+	tcpAddr string
 }
 
 // reportGrace is what a test keeps of its deadline (go test -timeout) to
