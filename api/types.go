@@ -125,6 +125,9 @@ type ForkRequest struct {
 	Count int `json:"count,omitempty"`
 	// Labels are given to every copy (with cagebox.fork.parent=ID).
 	Labels map[string]string `json:"labels,omitempty"`
+	// Timeout is each copy's maximum lifetime (Go duration; empty: the
+	// daemon's default, as for a create).
+	Timeout string `json:"timeout,omitempty"`
 }
 
 // ForkResponse is the answer of POST /v1/sandboxes/{id}/fork.

@@ -65,6 +65,10 @@ func (s *Server) controlMux() http.Handler {
 	handle("POST /sandboxes/{id}/resume", s.connect)
 	handle("GET /v2/sandboxes", s.list)
 	handle("PUT /sandboxes/{id}/network", s.updateNetwork)
+	handle("POST /sandboxes/{id}/snapshots", s.createSnapshot)
+	handle("GET /snapshots", s.listSnapshots)
+	handle("DELETE /templates/{id}", s.deleteTemplate)
+	handle("POST /sandboxes/{id}/fork", s.fork)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, apiError{Code: http.StatusNotFound,
 			Message: fmt.Sprintf("%s %s is not implemented by cagebox's E2B front (docs/e2b.md lists what is)", r.Method, r.URL.Path)})
@@ -211,6 +215,14 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, t *store.Tenant)
 	req, err := createRequest(&n)
 	if err != nil {
 		return err
+	}
+	// A template that names one of the tenant's snapshots starts from it
+	// (its image and runtime are the snapshot's).
+	if name := snapshotName(n.TemplateID); name != "" {
+		if _, err := s.cfg.Manager.Snapshots().Get(r.Context(), t.ID, name); err == nil {
+			req.FromSnapshot, req.Image, req.Runtime = name, "", ""
+			delete(req.Labels, labelRuntime)
+		}
 	}
 	sb, err := s.cfg.Manager.Create(r.Context(), t, req)
 	if err != nil {

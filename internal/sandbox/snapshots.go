@@ -605,6 +605,9 @@ func (ss *Snapshots) Fork(ctx context.Context, scope, id string, req *api.ForkRe
 	if err := ValidateLabels(req.Labels); err != nil {
 		return nil, err
 	}
+	if _, err := parseDuration("timeout", req.Timeout); err != nil {
+		return nil, err
+	}
 	r, err := m.cfg.Store.GetSandbox(ctx, scope, id)
 	if err != nil {
 		return nil, notFound(id, err)
@@ -633,7 +636,7 @@ func (ss *Snapshots) Fork(ctx context.Context, scope, id string, req *api.ForkRe
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			copies[i], _, errs[i] = m.create(ctx, tenant, &api.CreateSandboxRequest{FromSnapshot: sn.Name, Labels: req.Labels}, parent)
+			copies[i], _, errs[i] = m.create(ctx, tenant, &api.CreateSandboxRequest{FromSnapshot: sn.Name, Labels: req.Labels, Timeout: req.Timeout}, parent)
 		}()
 	}
 	wg.Wait()
