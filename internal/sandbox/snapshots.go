@@ -307,14 +307,8 @@ func (ss *Snapshots) copySecrets(ctx context.Context, tenant, snID string, bound
 			if v == nil {
 				return nil, owned, fmt.Errorf("%w: secrets: this daemon has no vault", errdefs.ErrInvalid)
 			}
-			val, in, err := v.Value(ctx, tenant, b.Secret)
-			if err != nil {
-				return nil, owned, fmt.Errorf("copy inline secret %s for the snapshot: %w", b.Name, err)
-			}
 			name := credentials.InlineName(snID, b.Name)
-			_, err = v.PutWith(ctx, tenant, name, val.Bytes(), vault.PutOptions{Hosts: in.Hosts, Inject: in.Inject, AllowEnv: b.Mode == ModeEnv})
-			val.Wipe()
-			if err != nil {
+			if _, err := v.Copy(ctx, tenant, b.Secret, name, b.Mode == ModeEnv); err != nil {
 				return nil, owned, fmt.Errorf("copy inline secret %s for the snapshot: %w", b.Name, err)
 			}
 			owned = append(owned, name)

@@ -159,6 +159,33 @@ func (v *Vault) PutWith(ctx context.Context, tenant, name string, value []byte, 
 	return infoOf(r), nil
 }
 
+// Copy stores the tenant's secret from under the name to as well, with
+// the same hosts, inject template and AllowEnv (allowEnv false narrows it),
+// replacing any secret named to. The value is opened and sealed again
+// inside the vault and is never returned: a snapshot keeps a copy of a
+// sandbox's inline secret this way (internal/sandbox), without the host
+// code holding its value. A revoked secret is not copied (ErrRevoked).
+func (v *Vault) Copy(ctx context.Context, tenant, from, to string, allowEnv bool) (*Info, error) {
+	v.mu.RLock()
+	r, err := v.b.Get(ctx, tenant, from)
+	if err != nil {
+		v.mu.RUnlock()
+		return nil, fmt.Errorf("copy secret %q: %w", from, err)
+	}
+	if r.RevokedAt != nil {
+		v.mu.RUnlock()
+		return nil, fmt.Errorf("copy secret %q: it was revoked: %w", from, ErrRevoked)
+	}
+	pt, err := open(v.key, r)
+	v.mu.RUnlock()
+	if err != nil {
+		return nil, fmt.Errorf("copy secret %q: %w", from, err)
+	}
+	s := newSecret(pt)
+	defer s.Wipe()
+	return v.PutWith(ctx, tenant, to, s.Bytes(), PutOptions{Hosts: r.Hosts, Inject: r.Inject, AllowEnv: r.AllowEnv && allowEnv})
+}
+
 // Value opens the secret. It fails with ErrNotFound, ErrRevoked (without
 // decrypting), ErrWrongKey or ErrTampered. The caller should Wipe the
 // Secret when done with it.

@@ -788,3 +788,47 @@ func TestHostsRefusePrivateSuffixWildcards(t *testing.T) {
 		}
 	}
 }
+
+// TestCopy: a copy holds the same value, hosts and inject template under
+// its own name, never widens AllowEnv, leaves the original as it was, and
+// a revoked or missing secret is not copied.
+func TestCopy(t *testing.T) {
+	backends(t, func(t *testing.T, b vault.Backend) {
+		ctx := t.Context()
+		v := vault.New(b, newKey(t))
+		if _, err := v.PutWith(ctx, "t", "S", []byte(canary), vault.PutOptions{Hosts: []string{"h.example"}, Inject: "X-Api-Key: {value}", AllowEnv: true}); err != nil {
+			t.Fatal(err)
+		}
+		in, err := v.Copy(ctx, "t", "S", "C", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.Name != "C" || !slices.Equal(in.Hosts, []string{"h.example"}) || in.Inject != "X-Api-Key: {value}" || !in.AllowEnv {
+			t.Errorf("copy: %+v", in)
+		}
+		if mustValue(t, v, "t", "C") != canary || mustValue(t, v, "t", "S") != canary {
+			t.Error("the copy or the original does not hold the value")
+		}
+		if in, err := v.Copy(ctx, "t", "S", "N", false); err != nil || in.AllowEnv {
+			t.Errorf("copy with allowEnv false: %+v %v; want AllowEnv off", in, err)
+		}
+		if _, err := v.Put(ctx, "t", "E", []byte("value-no-env-1"), []string{"h.example"}, ""); err != nil {
+			t.Fatal(err)
+		}
+		if in, err := v.Copy(ctx, "t", "E", "E2", true); err != nil || in.AllowEnv {
+			t.Errorf("a copy widened AllowEnv: %+v %v", in, err)
+		}
+		if err := v.Revoke(ctx, "t", "S"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := v.Copy(ctx, "t", "S", "R", true); !errors.Is(err, vault.ErrRevoked) {
+			t.Errorf("copy of a revoked secret: %v; want ErrRevoked", err)
+		}
+		if _, err := v.Info(ctx, "t", "R"); !errors.Is(err, vault.ErrNotFound) {
+			t.Errorf("a refused copy left %q behind: %v", "R", err)
+		}
+		if _, err := v.Copy(ctx, "other", "C", "X", true); !errors.Is(err, vault.ErrNotFound) {
+			t.Errorf("copy across tenants: %v; want ErrNotFound", err)
+		}
+	})
+}
