@@ -123,7 +123,7 @@ type Snapshot struct {
 type ForkRequest struct {
 	// Count is how many copies to make (1–16; 0 means 1).
 	Count int `json:"count,omitempty"`
-	// Labels are given to every copy (with cagebox.fork.parent=ID).
+	// Labels are given to every copy (with cagebox.dev/fork.parent=ID).
 	Labels map[string]string `json:"labels,omitempty"`
 	// Timeout is each copy's maximum lifetime (Go duration; empty: the
 	// daemon's default, as for a create).

@@ -117,9 +117,10 @@ func TestFreezeSurvivesRestart(t *testing.T) {
 	if r := sh("curl -sS -m 10 -o /dev/null -w '%{http_code}' --resolve api.example.test:443:" + ip + " https://api.example.test/after"); r.stdout == "200" {
 		t.Fatalf("the frozen sandbox got through after a restart: %+v", r)
 	}
-	if !egressDenied(t, e, id, after, "freeze") {
-		t.Fatal("no egress.deny by the freeze rule after the restart")
-	}
+	// The event path is asynchronous: wait for the deny to be recorded.
+	e.waitEvent(id, "egress.deny by the freeze rule after the restart", func(ev api.Event) bool {
+		return ev.Seq > after && egressDeniedBy(ev, "freeze")
+	})
 	if r := sh("getent hosts api.example.test"); r.code == 0 {
 		t.Fatalf("the frozen sandbox resolved a name after a restart: %+v", r)
 	}
@@ -159,25 +160,13 @@ func lastSeq(t *testing.T, e *env, id string) int64 {
 	return evs[len(evs)-1].Seq
 }
 
-// egressDenied reports whether sandbox id has an egress.deny event after
-// seq by rule.
-func egressDenied(t *testing.T, e *env, id string, after int64, rule string) bool {
-	t.Helper()
-	evs, err := e.client().Events(context.Background(), id, after)
-	if err != nil {
-		t.Fatal(err)
+// egressDeniedBy reports whether ev is an egress.deny by rule.
+func egressDeniedBy(ev api.Event, rule string) bool {
+	if ev.Kind != api.EventEgressDeny {
+		return false
 	}
-	for _, ev := range evs {
-		if ev.Kind != api.EventEgressDeny {
-			continue
-		}
-		b, _ := json.Marshal(ev.Data)
-		var d api.Egress
-		if json.Unmarshal(b, &d) == nil && d.Rule == rule {
-			return true
-		}
-	}
-	return false
+	var d api.Egress
+	return json.Unmarshal(dataOf(ev), &d) == nil && d.Rule == rule
 }
 
 // TestOperatorPauseStands: what the operator pauses only the operator

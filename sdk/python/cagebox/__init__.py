@@ -24,6 +24,7 @@ from .client import (
     Record,
     Sandbox,
     Secrets,
+    Snapshots,
     Tenants,
     Tools,
 )
@@ -45,7 +46,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Approvals", "Cagebox", "EventStream", "ExecResult", "ExecStream", "Files", "NamedPolicies", "Output",
-    "Policy", "Pty", "Record", "Sandbox", "Secrets", "Tenants", "Tools", "UnsafeArchive",
+    "Policy", "Pty", "Record", "Sandbox", "Secrets", "Snapshots", "Tenants", "Tools", "UnsafeArchive",
     "CageboxError", "Conflict", "ConnectionFailed", "Denied", "InternalError", "Invalid", "NotFound",
     "Unauthorized", "Unavailable",
 ]

@@ -502,6 +502,27 @@ class Sandbox:
         """Destroys the sandbox. wait=False returns once the removal is recorded."""
         self._t.call("DELETE /v1/sandboxes/{id}", {"id": self.id}, query=None if wait else {"wait": "false"})
 
+    def snapshot(self, name: Optional[str] = None) -> Record:
+        """Saves the running sandbox for new sandboxes to start from
+        (cb.create(from_snapshot=NAME)): a microVM's memory, devices and
+        disks (its processes go on in each), or a container's or gVisor
+        sandbox's writable layer, taken frozen (they boot afresh on its
+        files). name: 1-63 of [a-z0-9-] (default: the daemon picks one)."""
+        return Record.of(self._t.call("POST /v1/sandboxes/{id}/snapshots", {"id": self.id},
+                                      json_body=_drop_none({"name": name})))
+
+    def fork(self, count: int = 1, labels: Optional[Dict[str, str]] = None,
+             timeout: Duration = None) -> List["Sandbox"]:
+        """Copies the running sandbox count times (1-16): each copy is a
+        sandbox of its own in the same tenant, with fresh secret
+        placeholders bound to the same stored secrets and the parent's
+        live policy. labels go on every copy (with
+        cagebox.dev/fork.parent=ID); timeout is each copy's lifetime."""
+        body = _drop_none({"count": count if count != 1 else None, "labels": labels or None,
+                           "timeout": duration(timeout)})
+        res = self._t.call("POST /v1/sandboxes/{id}/fork", {"id": self.id}, json_body=body)
+        return [Sandbox(self._cb, sb) for sb in res.get("sandboxes") or []]
+
     def unbind(self, name: str) -> "Sandbox":
         """Removes a secret binding: its placeholder is refused from the next request on."""
         return self._update(self._t.call("DELETE /v1/sandboxes/{id}/secrets/{name}", {"id": self.id, "name": name}))
@@ -761,6 +782,26 @@ class Volumes:
         self._t.call("DELETE /v1/volumes/{name}", {"name": name})
 
 
+class Snapshots:
+    """Saved sandboxes (cb.snapshots), made by Sandbox.snapshot() and
+    Sandbox.fork(), started from with cb.create(from_snapshot=NAME)."""
+
+    def __init__(self, t: Transport):
+        self._t = t
+
+    def list(self) -> List[Record]:
+        """The tenant's snapshots (the admin: all), each with size_bytes,
+        digest, kind ("memory" or "filesystem") and in_use."""
+        return Record.of(self._t.call("GET /v1/snapshots"))
+
+    def get(self, name: str) -> Record:
+        return Record.of(self._t.call("GET /v1/snapshots/{name}", {"name": name}))
+
+    def remove(self, name: str) -> None:
+        """Deletes it (Conflict while a sandbox started from it exists)."""
+        self._t.call("DELETE /v1/snapshots/{name}", {"name": name})
+
+
 def _mounts(mounts: Any) -> Optional[List[Dict[str, Any]]]:
     """Mounts as dicts {type, src, dst, rw, exec} or strings in the CLI's
     --mount syntax (type=bind|volume,src=...,dst=...[,ro|rw][,exec])."""
@@ -862,6 +903,7 @@ class Cagebox:
         self.tenants = Tenants(self._t)
         self.tools = Tools(self._t)
         self.volumes = Volumes(self._t)
+        self.snapshots = Snapshots(self._t)
 
     def __repr__(self) -> str:
         return f"<Cagebox {self._t.where}>"
@@ -915,7 +957,7 @@ class Cagebox:
                pids: Optional[int] = None, disk: Size = None, timeout: Duration = None, idle_timeout: Duration = None,
                idle_action: Optional[str] = None, policy: Any = None, policy_ref: Optional[str] = None,
                mounts: Any = None, read_only_root: bool = False, audit: Optional[Sequence[str]] = None,
-               publish: Optional[Sequence[Any]] = None) -> Sandbox:
+               publish: Optional[Sequence[Any]] = None, from_snapshot: Optional[str] = None) -> Sandbox:
         """Creates and starts a sandbox.
 
         runtime: a name from cb.runtimes() or "auto" (default: the daemon's
@@ -933,7 +975,10 @@ class Cagebox:
         audit: syscall audit classes ("exec", "net", "file", "priv" or
         "all"), streamed as syscall.* events; publish: guest ports to
         publish through the ingress listener (ints, or dicts {port, public,
-        ttl}); the answer's ``ports`` carry their tokens, once.
+        ttl}); the answer's ``ports`` carry their tokens, once;
+        from_snapshot: start from one of the tenant's snapshots (its
+        runtime, image, resources, env, policy and bindings; what else is
+        given replaces the snapshot's).
         """
         if isinstance(allow, str):
             allow = [allow]
@@ -945,6 +990,7 @@ class Cagebox:
             "secrets": _secret_bindings(secrets), "mounts": _mounts(mounts),
             "audit": list(audit) if audit else None,
             "publish": [p if isinstance(p, dict) else {"port": int(p)} for p in publish] if publish else None,
+            "from_snapshot": from_snapshot,
         })
         if read_only_root:
             req["read_only_root"] = True

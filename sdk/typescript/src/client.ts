@@ -471,6 +471,27 @@ export class Sandbox {
     await this.t.call("DELETE /v1/sandboxes/{id}", { id: this.id }, { query: wait ? {} : { wait: "false" } });
   }
 
+  /**
+   * Saves the running sandbox for new sandboxes to start from
+   * (cb.create({ fromSnapshot })): a microVM's memory, devices and disks
+   * (its processes go on in each), or a container's or gVisor sandbox's
+   * writable layer, taken frozen (they boot afresh on its files).
+   */
+  snapshot(o: { name?: string } = {}): Promise<api.Snapshot> {
+    return this.t.call("POST /v1/sandboxes/{id}/snapshots", { id: this.id }, { json: dropEmpty({ name: o.name }) });
+  }
+
+  /**
+   * Copies the running sandbox count times (1–16): each copy is a sandbox
+   * of its own in the same tenant, with fresh secret placeholders bound to
+   * the same stored secrets and the parent's live policy.
+   */
+  async fork(o: { count?: number; labels?: Record<string, string>; timeout?: Duration } = {}): Promise<Sandbox[]> {
+    const req: api.ForkRequest = dropEmpty({ count: o.count, labels: o.labels, timeout: duration(o.timeout) });
+    const res = await this.t.call<api.ForkResponse>("POST /v1/sandboxes/{id}/fork", { id: this.id }, { json: req });
+    return (res.sandboxes ?? []).map((info) => new Sandbox(this.cb, info));
+  }
+
   /** Removes a secret binding: its placeholder is refused from the next request on. */
   async unbind(name: string): Promise<this> {
     return this.update(await this.t.call("DELETE /v1/sandboxes/{id}/secrets/{name}", { id: this.id, name }));
@@ -787,6 +808,8 @@ export interface CreateOptions {
   audit?: string[];
   /** Guest ports to publish through the ingress listener (numbers, or PortSpec for public/ttl). */
   publish?: (number | api.PortSpec)[];
+  /** Start from one of the tenant's snapshots (its runtime, image, resources, env, policy and bindings). */
+  fromSnapshot?: string;
 }
 
 /** Parses the CLI's --mount syntax into a Mount. */
@@ -824,6 +847,25 @@ export class Volumes {
   }
 }
 
+/** Saved sandboxes, made by sb.snapshot() and sb.fork(), started from with cb.create({ fromSnapshot }). */
+export class Snapshots {
+  constructor(private readonly t: Transport) {}
+
+  /** The tenant's snapshots (the admin: all). */
+  list(): Promise<api.Snapshot[]> {
+    return this.t.call("GET /v1/snapshots");
+  }
+
+  get(name: string): Promise<api.Snapshot> {
+    return this.t.call("GET /v1/snapshots/{name}", { name });
+  }
+
+  /** Deletes it (Conflict while a sandbox started from it exists). */
+  async remove(name: string): Promise<void> {
+    await this.t.call("DELETE /v1/snapshots/{name}", { name });
+  }
+}
+
 /**
  * A client of one cagebox daemon. With no options it resolves the daemon as
  * the CLI does: CAGEBOX_HOST with CAGEBOX_API_KEY (and CAGEBOX_CA_CERT);
@@ -838,6 +880,7 @@ export class Cagebox {
   readonly tenants: Tenants;
   readonly tools: Tools;
   readonly volumes: Volumes;
+  readonly snapshots: Snapshots;
 
   constructor(o: CageboxOptions = {}) {
     const env = process.env;
@@ -856,6 +899,7 @@ export class Cagebox {
     this.tenants = new Tenants(this.transport);
     this.tools = new Tools(this.transport);
     this.volumes = new Volumes(this.transport);
+    this.snapshots = new Snapshots(this.transport);
   }
 
   health(): Promise<api.Health> {
@@ -934,6 +978,7 @@ export class Cagebox {
       read_only_root: o.readOnlyRoot || undefined,
       audit: o.audit?.length ? o.audit : undefined,
       publish: o.publish?.length ? o.publish.map((p) => (typeof p === "number" ? { port: p } : p)) : undefined,
+      from_snapshot: o.fromSnapshot,
     });
     return new Sandbox(this, await this.transport.call<api.SandboxInfo>("POST /v1/sandboxes", undefined, { json: req }));
   }

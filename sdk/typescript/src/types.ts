@@ -58,6 +58,11 @@ export interface SandboxInfo {
   ports?: Port[];
   /** The last wake from an idle pause, and why. */
   last_wake?: { reason: string; at: string };
+  labels?: Record<string, string>;
+  /** The snapshot it was started from (a fork's copies: the fork's). */
+  snapshot?: string;
+  /** What survives: "restart" (running or paused) or "reboot" (a hibernated microVM). */
+  persists?: "restart" | "reboot";
 }
 
 /** A sandbox's syscall audit (api.SandboxAudit). */
@@ -82,6 +87,24 @@ export interface Volume {
   attached_to?: { sandbox: string; rw?: boolean }[];
 }
 
+/** A saved sandbox that new sandboxes start from (api.Snapshot). */
+export interface Snapshot {
+  name: string; tenant: string; sandbox: string; runtime: string; image: string;
+  /** "memory": a microVM's memory, devices and disks (processes go on);
+   * "filesystem": the writable layer (sandboxes boot afresh on its files). */
+  kind: "memory" | "filesystem";
+  resources: Resources; size_bytes: number; digest: string;
+  /** Made by a fork; removed with the last sandbox started from it. */
+  fork?: boolean;
+  /** Sandboxes started from it that still exist (a snapshot in use cannot be removed). */
+  in_use: number;
+  created_at: string;
+}
+
+export interface ForkRequest { count?: number; labels?: Record<string, string>; timeout?: string }
+
+export interface ForkResponse { snapshot: Snapshot; sandboxes: SandboxInfo[] }
+
 export interface CreateSandboxRequest {
   runtime?: string; image?: string; memory_bytes?: number; cpus?: number; pids?: number; disk_bytes?: number;
   timeout?: string; idle_timeout?: string; idle_action?: string; env?: string[]; policy?: PolicyDocument;
@@ -90,6 +113,8 @@ export interface CreateSandboxRequest {
   audit?: string[];
   /** Ports to publish through the ingress listener once the sandbox runs. */
   publish?: PortSpec[];
+  /** One of the tenant's snapshots to start from. */
+  from_snapshot?: string;
 }
 
 /** A port to publish (api.PortSpec). */
