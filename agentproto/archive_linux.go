@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"syscall"
 
 	"github.com/cagebox/cagebox/internal/tarx"
 )
@@ -124,3 +125,6 @@ func (r *dataReader) Read(p []byte) (int, error) {
 	r.rest = r.rest[n:]
 	return n, nil
 }
+
+// syncFS is sync(2): every filesystem the guest sees, flushed.
+func syncFS() { syscall.Sync() }

@@ -241,6 +241,21 @@ func (c *Client) Health(ctx context.Context) (*Health, error) {
 	return &h, nil
 }
 
+// Sync flushes the guest's filesystems to their backing store (sync(2))
+// and returns when they are: the host calls it before it copies a
+// sandbox's writable layer.
+func (c *Client) Sync(ctx context.Context) error {
+	s, err := c.open(ctx, &request{Op: opSync})
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	if err := s.reply(&struct{}{}); err != nil {
+		return s.err(ctx, err)
+	}
+	return nil
+}
+
 // Exec runs a process in the guest. It streams stdin (may be nil) to the
 // process, and the process's stdout and stderr (either may be nil to
 // discard) back as they come. A non-nil stdin implies req.Stdin. Exec

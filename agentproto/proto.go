@@ -206,6 +206,10 @@ const (
 	opListDir   = "list_dir"
 	opSignal    = "signal"
 	opClaim     = "claim"
+	// opSync flushes the guest's filesystems (sync(2)) before the host
+	// snapshots them: under gVisor written data can sit in the sentry's
+	// page cache until then.
+	opSync = "sync"
 	// opArchiveGet sends a directory (or file) as a tar stream in data
 	// frames, then EOF; opArchivePut receives one and extracts it.
 	opArchiveGet = "archive_get"

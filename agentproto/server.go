@@ -377,6 +377,9 @@ func (c *serverConn) handle(st *yamux.Stream) {
 		if err := listDir(fw, &req); err != nil {
 			sendError(fw, err)
 		}
+	case opSync:
+		syncFS()
+		sendReply(fw, struct{}{})
 	case opArchiveGet:
 		if err := archiveGet(fw, &req); err != nil {
 			sendError(fw, err)

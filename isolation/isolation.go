@@ -149,6 +149,10 @@ type Spec struct {
 	// entropy, clock, address, hostname, CA, environment) before it runs
 	// anything new. Only runtimes that are SnapshottingRuntimes see it.
 	FromSnapshot string
+	// FromSnapshotDigest is the digest Snapshot returned for FromSnapshot
+	// (the daemon's record of it): Create refuses a snapshot whose content
+	// no longer matches it.
+	FromSnapshotDigest string
 	// Audit, when its Classes are not empty, streams the guest's audited
 	// system calls (`cagebox create --audit`) to its Sink. A runtime that
 	// cannot audit does not implement AuditGaps, and the sandbox manager

@@ -241,7 +241,7 @@ func (m *Manager) createCold(ctx context.Context, tenant *store.Tenant, p *creat
 		mounts: p.mounts, readOnlyRoot: req.ReadOnlyRoot, audit: m.sysAudit.start(tenant.ID, id, p.audit)}
 	if sn := p.snap; sn != nil {
 		p.recordSnapshot(&sr)
-		ms.fromSnapshot, ms.snapshotToken = m.snapshots.dir(sn.ID), p.snapSpec.AgentToken
+		ms.fromSnapshot, ms.snapshotToken, ms.snapshotDigest = m.snapshots.dir(sn.ID), p.snapSpec.AgentToken, sn.Digest
 	}
 	ms.row = m.newRecord(id, tenant, p, &sr, StatusCreating, m.cfg.Now().UTC())
 	if req.ReadOnlyRoot {

@@ -70,8 +70,9 @@ type makeSpec struct {
 	early *binding
 	// fromSnapshot is the directory of the snapshot the sandbox starts
 	// from (isolation.Spec.FromSnapshot); snapshotToken, for a memory
-	// snapshot, the token its agent answers to until its claim.
-	fromSnapshot, snapshotToken string
+	// snapshot, the token its agent answers to until its claim;
+	// snapshotDigest, the digest recorded when it was taken.
+	fromSnapshot, snapshotToken, snapshotDigest string
 }
 
 // made is a sandbox that make made: started, its agent awaiting its
@@ -189,18 +190,19 @@ func (m *Manager) make(ctx context.Context, ms *makeSpec) (_ *made, err error) {
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	spec := &isolation.Spec{
-		ID:           id,
-		StateDir:     m.stateDir(id),
-		RootFS:       img.Path,
-		AgentPath:    m.cfg.AgentPath,
-		AgentToken:   newToken(),
-		Hostname:     rootfs.DefaultHostname,
-		Resources:    ms.res,
-		AwaitClaim:   true,
-		Mounts:       ims,
-		ReadOnlyRoot: ms.readOnlyRoot,
-		Audit:        ms.audit,
-		FromSnapshot: ms.fromSnapshot,
+		ID:                 id,
+		StateDir:           m.stateDir(id),
+		RootFS:             img.Path,
+		AgentPath:          m.cfg.AgentPath,
+		AgentToken:         newToken(),
+		Hostname:           rootfs.DefaultHostname,
+		Resources:          ms.res,
+		AwaitClaim:         true,
+		Mounts:             ims,
+		ReadOnlyRoot:       ms.readOnlyRoot,
+		Audit:              ms.audit,
+		FromSnapshot:       ms.fromSnapshot,
+		FromSnapshotDigest: ms.snapshotDigest,
 	}
 	if ms.snapshotToken != "" {
 		// A memory snapshot's guest resumes answering to the token of

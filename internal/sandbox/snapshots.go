@@ -173,7 +173,8 @@ func (ss *Snapshots) create(ctx context.Context, scope, id, name string, fork bo
 	if !ok || !ok2 {
 		return nil, invalid("the %s runtime cannot snapshot a sandbox", rt.Name())
 	}
-	if _, err := srt.Snapshots(); err != nil {
+	memory, err := srt.Snapshots()
+	if err != nil {
 		return nil, invalid("the %s runtime cannot snapshot a sandbox here: %v", rt.Name(), err)
 	}
 	img, err := m.cfg.Images.Get(r.Image)
@@ -270,6 +271,18 @@ func (ss *Snapshots) create(ctx context.Context, scope, id, name string, fork bo
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
 	t0 := time.Now()
+	if !memory {
+		// The guest's files as it last wrote them: gVisor's sentry keeps
+		// written data in its own page cache until a sync.
+		c, aerr := e.agent(sctx)
+		if aerr == nil {
+			aerr = c.Sync(sctx)
+		}
+		if aerr != nil {
+			err = fmt.Errorf("snapshot sandbox %s: flush its files: %w", id, aerr)
+			return nil, err
+		}
+	}
 	info, err := snapper.Snapshot(sctx, dir)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot sandbox %s: %w", id, err)

@@ -48,7 +48,10 @@ type Runtime struct {
 	availErr  error
 }
 
-var _ isolation.Runtime = (*Runtime)(nil)
+var (
+	_ isolation.Runtime             = (*Runtime)(nil)
+	_ isolation.SnapshottingRuntime = (*Runtime)(nil)
+)
 
 // New returns the container runtime; Available reports whether it can run.
 func New(o Options) *Runtime {
@@ -93,6 +96,11 @@ func (rt *Runtime) Name() string { return Name }
 // SupportsMounts implements isolation.MountingRuntime.
 func (rt *Runtime) SupportsMounts() bool { return true }
 
+// Snapshots implements isolation.SnapshottingRuntime: a filesystem
+// snapshot (the writable layer, oci.Sandbox.Snapshot); processes are not
+// kept.
+func (rt *Runtime) Snapshots() (memory bool, err error) { return false, nil }
+
 // Class implements isolation.Runtime.
 func (rt *Runtime) Class() isolation.Class { return isolation.Namespaces }
 
@@ -130,6 +138,7 @@ var (
 	_ isolation.Sandbox     = (*Sandbox)(nil)
 	_ isolation.OOMCounter  = (*Sandbox)(nil)
 	_ isolation.LeakChecker = (*Sandbox)(nil)
+	_ isolation.Snapshotter = (*Sandbox)(nil)
 )
 
 // Create implements isolation.Runtime.

@@ -68,7 +68,10 @@ type Runtime struct {
 	availErr error
 }
 
-var _ isolation.Runtime = (*Runtime)(nil)
+var (
+	_ isolation.Runtime             = (*Runtime)(nil)
+	_ isolation.SnapshottingRuntime = (*Runtime)(nil)
+)
 
 // New returns the gvisor runtime; Available reports whether it can run.
 // Nothing runs until the runtime is first used.
@@ -101,6 +104,11 @@ func (rt *Runtime) Name() string { return Name }
 
 // SupportsMounts implements isolation.MountingRuntime.
 func (rt *Runtime) SupportsMounts() bool { return true }
+
+// Snapshots implements isolation.SnapshottingRuntime: a filesystem
+// snapshot (the writable layer, oci.Sandbox.Snapshot); processes are not
+// kept.
+func (rt *Runtime) Snapshots() (memory bool, err error) { return false, nil }
 
 // Class implements isolation.Runtime.
 func (rt *Runtime) Class() isolation.Class { return isolation.AppKernel }

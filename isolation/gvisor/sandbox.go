@@ -58,6 +58,7 @@ var (
 	_ isolation.OOMCounter  = (*Sandbox)(nil)
 	_ isolation.OOMScope    = (*Sandbox)(nil)
 	_ isolation.LeakChecker = (*Sandbox)(nil)
+	_ isolation.Snapshotter = (*Sandbox)(nil)
 )
 
 // hooks are what gVisor sandboxes add to oci.Sandbox.

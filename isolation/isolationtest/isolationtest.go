@@ -232,6 +232,7 @@ func Run(t *testing.T, rt isolation.Runtime, o Options) {
 	t.Run("Network", func(t *testing.T) { network(t, rt, o) })
 	t.Run("Recover", func(t *testing.T) { recoverSandbox(t, rt, o) })
 	t.Run("Hibernate", func(t *testing.T) { hibernate(t, rt, o) })
+	t.Run("Snapshot", func(t *testing.T) { snapshot(t, rt, o) })
 
 	t.Run("ExecEcho", func(t *testing.T) {
 		out, _, res := g.Exec(t, "echo", "hello", "world")

@@ -38,7 +38,11 @@ func PrepareRoot(spec *isolation.Spec, runDir string, undo *cleanup.Stack) (stri
 		return "", fmt.Errorf("create state dir: %w", err)
 	}
 	undo.Add(func() { _ = os.RemoveAll(spec.StateDir) })
-	root, err := MountRoot(spec.StateDir, spec.RootFS, spec.Resources.WithDefaults().DiskBytes)
+	layer, err := snapshotLayer(spec)
+	if err != nil {
+		return "", err
+	}
+	root, err := MountLayers(spec.StateDir, spec.RootFS, layer, spec.Resources.WithDefaults().DiskBytes)
 	if err != nil {
 		return "", err
 	}
@@ -56,7 +60,13 @@ func PrepareRoot(spec *isolation.Spec, runDir string, undo *cleanup.Stack) (stri
 // diskBytes at dir/rw holding the upper layer,
 // and an overlay of image (never written) under it at dir/rootfs, whose path
 // it returns. On error nothing stays mounted; UnmountRoot undoes it.
-func MountRoot(dir, image string, diskBytes int64) (_ string, err error) {
+func MountRoot(dir, image string, diskBytes int64) (string, error) {
+	return MountLayers(dir, image, "", diskBytes)
+}
+
+// MountLayers is MountRoot with layer (a snapshot's, see layerDir; "" for
+// none) between the writable layer and the image, read-only.
+func MountLayers(dir, image, layer string, diskBytes int64) (_ string, err error) {
 	if diskBytes <= 0 {
 		return "", fmt.Errorf("writable layer of %d bytes: want a positive size", diskBytes)
 	}
@@ -81,7 +91,11 @@ func MountRoot(dir, image string, diskBytes int64) (_ string, err error) {
 			return "", fmt.Errorf("create overlay dir: %w", err)
 		}
 	}
-	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", image, filepath.Join(rw, "upper"), filepath.Join(rw, "work"))
+	lower := image
+	if layer != "" {
+		lower = layer + ":" + image
+	}
+	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, filepath.Join(rw, "upper"), filepath.Join(rw, "work"))
 	if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl); err != nil {
 		return "", fmt.Errorf("mount overlay root over image %s: %w", image, err)
 	}
