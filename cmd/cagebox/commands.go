@@ -94,6 +94,7 @@ type createFlags struct {
 	secretHeader, secretQuery                   []string
 	mounts                                      []string
 	readOnlyRoot                                bool
+	fromSnapshot                                string
 	publish                                     []string
 	audit                                       []string
 	labels                                      []string
@@ -125,6 +126,7 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringArrayVar(&f.secretEnv, "secret-env", nil, "deliver NAME's REAL value into the guest's environment (weaker: for protocols the gateway cannot see; repeatable)")
 	cmd.Flags().StringArrayVar(&f.mounts, "mount", nil, "mount a host path below the daemon's --mount-root (type=bind,src=HOST_PATH,dst=/code) or a volume (type=volume,src=NAME,dst=/data); read-only unless ,rw; noexec unless ,exec; always nosuid,nodev (repeatable)")
 	cmd.Flags().BoolVar(&f.readOnlyRoot, "read-only-root", false, "make the image root read-only: only --mount volumes/paths given rw and a size-bounded /tmp (--disk) are writable")
+	cmd.Flags().StringVar(&f.fromSnapshot, "from-snapshot", "", "start from one of your snapshots (cagebox snapshot ls): its runtime, image, limits, env, policy and secrets unless given here")
 }
 
 // secretBindings parses --secret values.
@@ -319,6 +321,12 @@ func (f *createFlags) request() (*api.CreateSandboxRequest, error) {
 		req.Mounts = append(req.Mounts, api.Mount{Type: sp.Type, Src: sp.Source, Dst: sp.Target, RW: sp.RW, Exec: sp.Exec})
 	}
 	req.ReadOnlyRoot = f.readOnlyRoot
+	if f.fromSnapshot != "" {
+		req.FromSnapshot = f.fromSnapshot
+		if f.image == "default" {
+			req.Image = "" // the snapshot's
+		}
+	}
 	if f.policyFile != "" {
 		b, err := os.ReadFile(f.policyFile)
 		if err != nil {

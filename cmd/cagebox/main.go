@@ -97,6 +97,8 @@ func newRoot() *cobra.Command {
 		poolCmd(g),
 		toolCmd(g),
 		volumeCmd(g),
+		snapshotCmd(g),
+		forkCmd(g),
 		executeCmd(g),
 		secretCmd(g),
 		policyCmd(g),

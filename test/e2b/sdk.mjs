@@ -250,6 +250,61 @@ try {
     }
   }
 
+  // Snapshots and forks (SDK lines that have them; SNAPSHOTS=1 where the
+  // runtime snapshots): what the sandbox wrote goes to every sandbox
+  // started from its snapshot and to each copy of a fork; each copy
+  // diverges alone, with its own placeholder, and its egress is policed.
+  if (typeof sbx.fork === 'function' && process.env.SNAPSHOTS === '1') {
+    await sbx.updateNetwork({ allowOut: ['api.example.test', 'other.example.test'] })
+    const curlTo = (host) => `curl -sS -m 20 -H "Authorization: Bearer $TOKEN" -w '\\n%{http_code}' https://${host}/e2b; echo " exit=$?"`
+    await sbx.commands.run('echo snap-state > /tmp/snap-state')
+    const name = 'e2e-' + process.env.RUN
+    const snap = await sbx.createSnapshot({ name })
+    check('createSnapshot answers its id and names', snap.snapshotId === name && snap.names.includes(name), JSON.stringify(snap))
+    const listed = await Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }).nextItems()
+    check('listSnapshots by sandbox lists it', listed.length === 1 && listed[0].snapshotId === name, JSON.stringify(listed))
+    const byName = await Sandbox.listSnapshots({ name: 'no-such-snapshot' }).nextItems()
+    check('listSnapshots by an unknown name lists nothing', byName.length === 0, JSON.stringify(byName))
+    const fromSnap = await Sandbox.create(name, { timeoutMs: 120_000 })
+    try {
+      check('Sandbox.create(snapshotId) starts from the state', (await fromSnap.commands.run('cat /tmp/snap-state')).stdout === 'snap-state\n')
+      const e = await expectError('deleteSnapshot while a sandbox started from it runs → SandboxError', () => Sandbox.deleteSnapshot(name), SandboxError)
+      check('deleteSnapshot in use: a 409 saying why', e && /^409: .*in use/.test(e.message), e && e.message)
+    } finally {
+      await fromSnap.kill()
+    }
+    check('deleteSnapshot', await Sandbox.deleteSnapshot(name) === true)
+    check('deleteSnapshot again is false', await Sandbox.deleteSnapshot(name) === false)
+
+    const forks = await sbx.fork({ count: 2, timeoutMs: 120_000 })
+    try {
+      check('fork({count: 2}) gives two sandboxes', forks.length === 2 && forks.every((f) => f instanceof Sandbox), JSON.stringify(forks.map(String)))
+      const ids = new Set([sbx.sandboxId])
+      const phs = new Set([(await sbx.commands.run('printf %s "$TOKEN"')).stdout])
+      for (const [i, f] of forks.entries()) {
+        ids.add(f.sandboxId)
+        check(`fork ${i}: sees the state`, (await f.commands.run('cat /tmp/snap-state')).stdout === 'snap-state\n')
+        await f.commands.run(`echo ${i} > /tmp/mine`)
+        const ph = (await f.commands.run('printf %s "$TOKEN"')).stdout
+        check(`fork ${i}: its own placeholder, never the real value`, ph.length > 8 && !phs.has(ph) && ph !== process.env.SECRET_REAL, ph)
+        phs.add(ph)
+        const g = await f.commands.run(curlTo('api.example.test'))
+        check(`fork ${i}: the bound host receives the real value`, hello(g, 'api.example.test'), out(g))
+        if (hello(g, 'api.example.test')) report.bound = (report.bound || 0) + 1
+        const d = await f.commands.run(curlTo('other.example.test'))
+        check(`fork ${i}: the placeholder to another allowed host is refused`, !hello(d, 'other.example.test'), out(d))
+      }
+      check('fork: every copy is a sandbox of its own', ids.size === 3, JSON.stringify([...ids]))
+      const mine = await Promise.all(forks.map(async (f) => (await f.commands.run('cat /tmp/mine')).stdout))
+      check('fork: each copy diverged alone', mine[0] === '0\n' && mine[1] === '1\n', JSON.stringify(mine))
+      const p = await sbx.commands.run('cat /tmp/mine 2>/dev/null; echo end')
+      check('fork: the parent sees none of the copies\' writes', p.stdout === 'end\n', JSON.stringify(p.stdout))
+    } finally {
+      for (const f of forks) if (f instanceof Sandbox) await f.kill().catch(() => {})
+    }
+    await expectError('fork of another tenant\'s sandbox → SandboxNotFoundError', () => Sandbox.fork(process.env.OTHER_ID, { count: 1 }), SandboxNotFoundError)
+  }
+
   // Control plane.
   const found = await Sandbox.list({ query: { metadata: { run: process.env.RUN } } }).nextItems()
   check('Sandbox.list with a metadata filter', found.length === 1 && found[0].sandboxId === sbx.sandboxId && found[0].metadata.suite === 'e2b-e2e', JSON.stringify(found))

@@ -55,6 +55,9 @@ type e2bReport struct {
 	Fatal string `json:"fatal"`
 	// Alt is the sandbox made from the template base:ALT_RUNTIME.
 	Alt string `json:"alt"`
+	// Bound counts the forks' copies' requests that reached the bound
+	// host with the real value.
+	Bound int `json:"bound"`
 }
 
 // TestE2BSDK drives the daemon's E2B front (--e2b-listen) with the
@@ -133,6 +136,7 @@ func TestE2BSDK(t *testing.T) {
 	// Two SDK lines: 2.51 creates with POST /v2/sandboxes, 2.45 with POST
 	// /sandboxes and checks the key's shape.
 	var alts []string
+	forkBound := 0 // requests of forks' copies that reached the bound host
 	for _, line := range []string{"e2b", "e2b-2.45"} {
 		t.Run(line, func(t *testing.T) {
 			b := make([]byte, 6)
@@ -142,7 +146,10 @@ func TestE2BSDK(t *testing.T) {
 				"E2B_API_URL=http://"+addr, "E2B_SANDBOX_URL=http://"+addr,
 				// The E2B form of the tenant's key (^e2b_[0-9a-f]+$).
 				"E2B_API_KEY=e2b_"+hexKey,
-				"OTHER_ID="+strings.Replace(other, "sb-", "sb", 1), "RUN=r"+hex.EncodeToString(b), "SECRET_REAL="+real, "E2B_DOMAIN_WANT=e2b.test", "ALT_RUNTIME="+alt)
+				"OTHER_ID="+strings.Replace(other, "sb-", "sb", 1), "RUN=r"+hex.EncodeToString(b), "SECRET_REAL="+real, "E2B_DOMAIN_WANT=e2b.test", "ALT_RUNTIME="+alt,
+				// Every runtime snapshots (memory or filesystem): the
+				// snapshot and fork checks run on each.
+				"SNAPSHOTS=1")
 			var out, errb bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &errb
 			runErr := cmd.Run()
@@ -160,6 +167,7 @@ func TestE2BSDK(t *testing.T) {
 			if rep.Alt != "" {
 				alts = append(alts, strings.Replace(rep.Alt, "sb", "sb-", 1))
 			}
+			forkBound += rep.Bound
 			if rep.Fatal != "" {
 				t.Fatalf("E2B SDK script failed: %s\nstderr: %s", rep.Fatal, errb.String())
 			}
@@ -205,8 +213,8 @@ func TestE2BSDK(t *testing.T) {
 			t.Errorf("the bound host got the placeholder, not the real value: %s", req)
 		}
 	}
-	if bound != 2 {
-		t.Errorf("the bound host received the real value %d times, want 2 (one per SDK line): %q", bound, up.requests())
+	if bound != 2+forkBound {
+		t.Errorf("the bound host received the real value %d times, want %d (one per SDK line, one per fork's copy): %q", bound, 2+forkBound, up.requests())
 	}
 	// Malformed and refused requests: a 4xx with E2B's {code, message},
 	// and nothing made.
