@@ -363,6 +363,8 @@ func (m *Manager) transition(ctx context.Context, tenant, id, from, to, by strin
 	if err != nil {
 		return nil, err
 	}
+	e.freezeMu.Lock()
+	defer e.freezeMu.Unlock()
 	paused := to == StatusPaused || to == StatusHibernated
 	// The operator pausing what a tenant or the idle timeout paused takes
 	// the pause over: from then on it is the operator's.

@@ -168,6 +168,10 @@ type entry struct {
 	pausedBy string
 	// wakeMu serialises wakes.
 	wakeMu sync.Mutex
+	// freezeMu serialises what freezes or thaws the sandbox: pause,
+	// resume, hibernate (transition) and a snapshot's freeze and thaw, so
+	// that a snapshot's thaw never undoes a pause made meanwhile.
+	freezeMu sync.Mutex
 	// active is the last API activity; persisted is the value last written
 	// to the store (the reaper writes it back, so execs cost no store write).
 	active, persisted time.Time

@@ -270,6 +270,17 @@ func (ss *Snapshots) create(ctx context.Context, scope, id, name string, fork bo
 	// hangs up must not leave a sandbox frozen or a snapshot half-made.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
+	// No pause, resume or hibernation meanwhile (the snapshot's own thaw
+	// would undo a pause); one made before this point is seen here.
+	e.freezeMu.Lock()
+	defer e.freezeMu.Unlock()
+	e.mu.Lock()
+	paused := e.paused
+	e.mu.Unlock()
+	if paused {
+		err = fmt.Errorf("%w: sandbox %s was paused: only a running sandbox can be snapshotted (cagebox resume %s)", errdefs.ErrConflict, id, id)
+		return nil, err
+	}
 	t0 := time.Now()
 	if !memory {
 		// The guest's files as it last wrote them: gVisor's sentry keeps

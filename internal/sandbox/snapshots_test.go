@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/internal/errdefs"
@@ -54,7 +55,20 @@ func (s *snapSandbox) ClaimInfo() isolation.ClaimInfo { return isolation.ClaimIn
 
 type snapSandbox struct{ *createSandbox }
 
+// snapHold, when set, makes Snapshot tell entered and wait for release.
+var snapHold struct {
+	sync.Mutex
+	entered, release chan struct{}
+}
+
 func (s *snapSandbox) Snapshot(_ context.Context, dir string) (isolation.SnapshotInfo, error) {
+	snapHold.Lock()
+	entered, release := snapHold.entered, snapHold.release
+	snapHold.Unlock()
+	if entered != nil {
+		close(entered)
+		<-release
+	}
 	if err := os.WriteFile(filepath.Join(dir, "state"), []byte(s.id), 0o600); err != nil {
 		return isolation.SnapshotInfo{}, err
 	}
@@ -309,5 +323,56 @@ func TestSnapshotRecovery(t *testing.T) {
 	ents, _ := os.ReadDir(m.cfg.SnapshotDir)
 	if len(ents) != 1 || ents[0].Name() != "sn-kept" {
 		t.Errorf("directories after recovery: %v", ents)
+	}
+}
+
+// TestSnapshotHoldsPause: an operator's pause that arrives while a
+// snapshot is being taken waits for it, so the snapshot's thaw cannot undo
+// it: the sandbox ends paused, and a pause never ran inside the snapshot.
+func TestSnapshotHoldsPause(t *testing.T) {
+	m, _ := newSnapManager(t)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, &store.Tenant{ID: "t1"}, snapRequest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	snapHold.Lock()
+	snapHold.entered, snapHold.release = entered, release
+	snapHold.Unlock()
+	t.Cleanup(func() {
+		snapHold.Lock()
+		snapHold.entered, snapHold.release = nil, nil
+		snapHold.Unlock()
+	})
+	snapDone := make(chan error, 1)
+	go func() {
+		_, err := m.Snapshots().Create(ctx, "", sb.ID, "held")
+		snapDone <- err
+	}()
+	<-entered
+	pauseDone := make(chan error, 1)
+	go func() {
+		_, err := m.Pause(ctx, "", sb.ID)
+		pauseDone <- err
+	}()
+	// A pause that did not wait would finish now; give it the chance
+	// (a loaded machine may only make this test miss the bug, never fail
+	// a correct manager).
+	select {
+	case err := <-pauseDone:
+		t.Fatalf("a pause finished while the snapshot was being taken (%v)", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	if err := <-snapDone; err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	if err := <-pauseDone; err != nil {
+		t.Fatalf("pause after the snapshot: %v", err)
+	}
+	got, err := m.Get(ctx, "", sb.ID)
+	if err != nil || got.Status != StatusPaused {
+		t.Fatalf("after the snapshot and the pause: %+v %v; want paused", got, err)
 	}
 }
