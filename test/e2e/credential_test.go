@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cagebox/cagebox/api"
 	"github.com/cagebox/cagebox/client"
@@ -87,6 +88,10 @@ func TestCredentialSwap(t *testing.T) {
 			t.Errorf("refused before the swap: %+v", r)
 		}
 	}
+	// The event path is asynchronous: wait for both alerts.
+	waitFor(t, time.Minute, "two secret.alert events for the refused requests", func() bool {
+		return strings.Count(e.cli("", "events", "--json", id).stdout, `"secret.alert"`) >= before+2
+	})
 	if after := strings.Count(e.cli("", "events", "--json", id).stdout, `"secret.alert"`); after != before+2 {
 		t.Errorf("alerts for placeholders in requests the policy refused: %d, want %d", after-before, 2)
 	}

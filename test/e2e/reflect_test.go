@@ -274,7 +274,13 @@ func TestResponseScrub(t *testing.T) {
 	if f := realForms(guest.String(), real); len(f) > 0 {
 		t.Errorf("the guest saw the real value (%v)", f)
 	}
-	ev := e.cli("", "events", "--json", id).stdout
+	// The event path is asynchronous: wait for the last one (the
+	// WebSocket alert) before reading them all.
+	var ev string
+	waitFor(t, time.Minute, "the WebSocket alert among the events", func() bool {
+		ev = e.cli("", "events", "--json", id).stdout
+		return strings.Contains(ev, "WebSocket frame") && strings.Contains(ev, `"where":"websocket"`)
+	})
 	for _, where := range []string{`"where":"body"`, `"where":"header:Location"`, `"where":"header:Set-Cookie"`, `"where":"websocket"`} {
 		if !strings.Contains(ev, where) {
 			t.Errorf("no secret.reflected event %s", where)
