@@ -42,7 +42,7 @@ func PrepareRoot(spec *isolation.Spec, runDir string, undo *cleanup.Stack) (stri
 	if err != nil {
 		return "", err
 	}
-	root, err := MountLayers(spec.StateDir, spec.RootFS, layer, spec.Resources.WithDefaults().DiskBytes)
+	root, err := MountRoot(spec.StateDir, spec.RootFS, layer, spec.Resources.WithDefaults().DiskBytes)
 	if err != nil {
 		return "", err
 	}
@@ -57,16 +57,12 @@ func PrepareRoot(spec *isolation.Spec, runDir string, undo *cleanup.Stack) (stri
 }
 
 // MountRoot makes the writable root of a guest below dir: a tmpfs of
-// diskBytes at dir/rw holding the upper layer,
-// and an overlay of image (never written) under it at dir/rootfs, whose path
-// it returns. On error nothing stays mounted; UnmountRoot undoes it.
-func MountRoot(dir, image string, diskBytes int64) (string, error) {
-	return MountLayers(dir, image, "", diskBytes)
-}
-
-// MountLayers is MountRoot with layer (a snapshot's, see layerDir; "" for
-// none) between the writable layer and the image, read-only.
-func MountLayers(dir, image, layer string, diskBytes int64) (_ string, err error) {
+// diskBytes at dir/rw holding the upper layer, and an overlay of image
+// (never written) under it at dir/rootfs, whose path it returns; layer (a
+// snapshot's, see layerDir; "" for none) goes between the writable layer
+// and the image, read-only. On error nothing stays mounted; UnmountRoot
+// undoes it.
+func MountRoot(dir, image, layer string, diskBytes int64) (_ string, err error) {
 	if diskBytes <= 0 {
 		return "", fmt.Errorf("writable layer of %d bytes: want a positive size", diskBytes)
 	}

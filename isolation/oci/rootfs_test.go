@@ -27,7 +27,7 @@ func TestMountRootAndGuestFiles(t *testing.T) {
 	}
 	dir := t.TempDir()
 	t.Cleanup(func() { UnmountRoot(dir) })
-	root, err := MountRoot(dir, image, 8<<20)
+	root, err := MountRoot(dir, image, "", 8<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
