@@ -90,7 +90,10 @@ func (rt *Runtime) Create(ctx context.Context, spec *isolation.Spec) (_ isolatio
 		}
 	}()
 	st := oci.NewState(spec, rt.binary, rt.stateRoot, rt.globalFlags(spec.ID, network))
-	base, err := oci.Create(Name, spec, st, oci.BundleOptions{AgentListen: "unix:" + oci.GuestRunDir + "/" + guestSockName}, adjustSpec, hooks, &undo)
+	// RootTmp: without a /tmp mount in the spec runsc mounts a tmpfs in
+	// the sentry's memory there, which snapshots cannot see and the
+	// sandbox's disk limit does not bound.
+	base, err := oci.Create(Name, spec, st, oci.BundleOptions{AgentListen: "unix:" + oci.GuestRunDir + "/" + guestSockName, RootTmp: true}, adjustSpec, hooks, &undo)
 	if err != nil {
 		return nil, err
 	}

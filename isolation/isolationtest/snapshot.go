@@ -18,7 +18,8 @@ import (
 // records: new files with their own mode and owner, a symlink, a hard
 // link, a file of the image removed (a whiteout), a directory of the image
 // replaced (an opaque directory), and a host-written file edited (not
-// part of a snapshot: each sandbox gets its own).
+// part of a snapshot: each sandbox gets its own); /tmp is part of the
+// writable layer on every runtime.
 const snapshotScript = `set -e
 mkdir -p /work/d
 echo kept > /work/d/f
@@ -31,6 +32,7 @@ rm -rf /usr/sbin
 mkdir /usr/sbin
 echo mine > /usr/sbin/mine
 echo parent-edit >> /etc/hosts
+echo in-tmp > /tmp/t
 `
 
 // snapshot runs for SnapshottingRuntimes whose snapshots are of the
@@ -102,6 +104,7 @@ func snapshot(t *testing.T, rt isolation.Runtime, o Options) {
 			"test -e /work/d/after || echo absent":   "absent",
 			"cat /etc/hostname":                      host,
 			"grep -c parent-edit /etc/hosts || true": "0",
+			"cat /tmp/t":                             "in-tmp",
 		}
 		for cmd, w := range want {
 			out, serr, _ := g.Exec(t, "sh", "-c", cmd)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -121,6 +122,11 @@ func Create(runtime string, spec *isolation.Spec, st State, o BundleOptions, adj
 		return nil, err
 	}
 	o.ReadonlyRoot = o.ReadonlyRoot || spec.ReadOnlyRoot
+	if o.RootTmp && !o.ReadonlyRoot {
+		if o.RootTmp, err = rootTmp(rootfs); err != nil {
+			return nil, err
+		}
+	}
 	sp := Spec(spec, o)
 	if adjust != nil {
 		adjust(sp)
@@ -129,6 +135,28 @@ func Create(runtime string, spec *isolation.Spec, st State, o BundleOptions, adj
 		return nil, err
 	}
 	return s, nil
+}
+
+// rootTmp makes sure root/tmp is a directory of the root's own (made 1777
+// when the image has none), so that BundleOptions.RootTmp can bind it; it
+// reports false for anything else there (a symlink would be resolved on
+// the host), which keeps the runtime's own /tmp.
+func rootTmp(root string) (bool, error) {
+	p := filepath.Join(root, "tmp")
+	fi, err := os.Lstat(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return false, fmt.Errorf("create /tmp in the guest root: %w", err)
+		}
+		if err := os.Chmod(p, 0o777|fs.ModeSticky); err != nil {
+			return false, fmt.Errorf("chmod /tmp in the guest root: %w", err)
+		}
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("inspect /tmp in the guest root: %w", err)
+	}
+	return fi.Mode().Type() == fs.ModeDir, nil
 }
 
 // Recover re-attaches to the sandbox of runtime (its registry name) that

@@ -55,6 +55,13 @@ type BundleOptions struct {
 	// Mounts are the tenant's mounts, staged on the host (StageMounts);
 	// with ReadonlyRoot a size-bounded tmpfs /tmp comes before them.
 	Mounts []specs.Mount
+	// RootTmp binds the root's own /tmp over itself (writable roots only),
+	// for an OCI runtime that otherwise mounts a tmpfs of its own there
+	// (runsc does when the spec mounts nothing at /tmp): /tmp then stays
+	// in the writable layer, bounded by its size and kept by snapshots,
+	// as with runc. Create sets it back to false when the root's /tmp is
+	// not a plain directory.
+	RootTmp bool
 }
 
 // Spec returns the OCI runtime spec of a sandbox.
@@ -139,8 +146,11 @@ func Spec(s *isolation.Spec, o BundleOptions) *specs.Spec {
 
 func bundleMounts(s *isolation.Spec, o BundleOptions) []specs.Mount {
 	ms := baseMounts(s, o)
-	if o.ReadonlyRoot {
+	switch {
+	case o.ReadonlyRoot:
 		ms = append(ms, TmpMount(s.Resources.WithDefaults().DiskBytes))
+	case o.RootTmp:
+		ms = append(ms, specs.Mount{Destination: "/tmp", Type: "bind", Source: filepath.Join(o.RootFS, "tmp"), Options: []string{"rbind", "rw", "nosuid", "nodev"}})
 	}
 	return append(ms, o.Mounts...)
 }

@@ -251,7 +251,7 @@ try {
   }
 
   // Snapshots and forks (SDK lines that have them; SNAPSHOTS=1 where the
-  // runtime snapshots): what the sandbox wrote goes to every sandbox
+  // runtime snapshots, 0 where it must refuse): what the sandbox wrote goes to every sandbox
   // started from its snapshot and to each copy of a fork; each copy
   // diverges alone, with its own placeholder, and its egress is policed.
   if (typeof sbx.fork === 'function' && process.env.SNAPSHOTS === '1') {
@@ -303,6 +303,12 @@ try {
       for (const f of forks) if (f instanceof Sandbox) await f.kill().catch(() => {})
     }
     await expectError('fork of another tenant\'s sandbox → SandboxNotFoundError', () => Sandbox.fork(process.env.OTHER_ID, { count: 1 }), SandboxNotFoundError)
+  } else if (typeof sbx.fork === 'function' && process.env.SNAPSHOTS === '0') {
+    // A runtime that cannot snapshot (yet) says so, and nothing is made.
+    const e = await expectError('createSnapshot on a runtime that cannot snapshot → SandboxError', () => sbx.createSnapshot({ name: 'e2e-no-' + process.env.RUN }), SandboxError)
+    check('createSnapshot refused: a 400 naming the runtime', e && /^400: .*runtime cannot snapshot/.test(e.message), e && e.message)
+    const left = await Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }).nextItems()
+    check('a refused createSnapshot leaves no snapshot', left.length === 0, JSON.stringify(left))
   }
 
   // Control plane.
