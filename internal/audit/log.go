@@ -126,6 +126,11 @@ type Log struct {
 	closed       bool
 	warned       bool // an emit after Close was logged
 	stats        Stats
+	// queued and handled count the events ever queued and ever written
+	// (or dropped by a failed write), in queue order; progress is closed
+	// and replaced after every write, waking Sync.
+	queued, handled int64
+	progress        chan struct{}
 }
 
 // source is who an event is about: a sandbox, or a tenant (sandbox "").
@@ -377,12 +382,40 @@ func (l *Log) admit(cls Class, n int) bool {
 
 func (l *Log) enqueueLocked(ev *store.Event) {
 	l.q = append(l.q, ev)
+	l.queued++
 	l.pending++
 	l.pendingBytes += size(ev)
 	select {
 	case l.wake <- struct{}{}:
 	default:
 	}
+}
+
+// Sync waits until every event queued before it was called has been
+// written to the store (or dropped by a failed write), so that a reader
+// sees what was emitted before its request: `cagebox secret rm` then
+// `cagebox events` shows the removal. It waits at most for one group
+// commit and the write; ctx bounds it.
+func (l *Log) Sync(ctx context.Context) error {
+	l.mu.Lock()
+	target := l.queued
+	for l.handled < target {
+		if l.progress == nil {
+			l.progress = make(chan struct{})
+		}
+		ch := l.progress
+		l.mu.Unlock()
+		select {
+		case <-ch:
+		case <-l.done:
+			return nil // the writer has drained and gone
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		l.mu.Lock()
+	}
+	l.mu.Unlock()
+	return nil
 }
 
 // size is what an event costs in the queue, roughly.
@@ -444,6 +477,11 @@ func (l *Log) write(batch []*store.Event) {
 	l.mu.Lock()
 	l.pending -= len(batch)
 	l.pendingBytes -= bytes
+	l.handled += int64(len(batch))
+	if l.progress != nil {
+		close(l.progress)
+		l.progress = nil
+	}
 	lostReports := 0
 	if err != nil {
 		for _, ev := range batch {

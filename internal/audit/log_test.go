@@ -502,3 +502,38 @@ func TestGroupCommit(t *testing.T) {
 		t.Fatalf("batches %v, want %v: one transaction for the window", st.batches, want)
 	}
 }
+
+// TestSyncSeesEarlierEmits: Sync returns only once every event emitted
+// before it is in the store (the events API calls it, so a reader sees
+// what happened before its request), waits while the store is stuck, and
+// gives up with its context.
+func TestSyncSeesEarlierEmits(t *testing.T) {
+	st := newGatedStore(t)
+	l := New(Config{Store: st, Logger: quiet, Rate: -1})
+	defer closeLog(t, l)
+	if err := l.Sync(context.Background()); err != nil {
+		t.Fatalf("Sync of an empty log: %v", err)
+	}
+	l.Emit("t1", "sb", testEvent{api.EventSecretDeleted, map[string]any{"name": "A"}})
+	<-st.entered // the writer holds it; the store is stuck
+	l.Emit("t1", "sb", testEvent{api.EventSecretDeleted, map[string]any{"name": "B"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := l.Sync(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Sync with a stuck store = %v; want its context's error", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- l.Sync(context.Background()) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Sync returned (%v) before the store took the events", err)
+	default:
+	}
+	st.open()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if evs := listEvents(t, st, "sb"); len(evs) != 2 {
+		t.Fatalf("after Sync %d events stored; want both emitted before it", len(evs))
+	}
+}

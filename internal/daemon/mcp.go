@@ -94,6 +94,27 @@ func (b managerBackend) RequestAccess(ctx context.Context, id string, req *api.A
 	return b.mgr.RequestAccess(ctx, scope(b.t), id, req.Host, req.Reason, wait)
 }
 
+func (b managerBackend) Snapshot(ctx context.Context, id, name string) (*api.Snapshot, error) {
+	return b.mgr.Snapshots().Create(ctx, scope(b.t), id, name)
+}
+func (b managerBackend) Snapshots(ctx context.Context) ([]api.Snapshot, error) {
+	l, err := b.mgr.Snapshots().List(ctx, scope(b.t))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Snapshot, 0, len(l))
+	for _, sn := range l {
+		out = append(out, *sn)
+	}
+	return out, nil
+}
+func (b managerBackend) RemoveSnapshot(ctx context.Context, name string) error {
+	return b.mgr.Snapshots().Remove(ctx, scope(b.t), name)
+}
+func (b managerBackend) Fork(ctx context.Context, id string, req *api.ForkRequest) (*api.ForkResponse, error) {
+	return b.mgr.Snapshots().Fork(ctx, scope(b.t), id, req)
+}
+
 // mcpHandler serves /mcp. Each tenant has its own streamable-HTTP handler,
 // so a session id is only ever found by the tenant that made it.
 type mcpHandler struct {

@@ -759,8 +759,13 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, t *store.Ten
 	var ch <-chan *store.Event
 	if follow {
 		var cancel func()
-		ch, cancel = s.mgr.Events().Subscribe(scope(t))
+		ch, cancel = s.mgr.Events().Broker().Subscribe(scope(t))
 		defer cancel()
+	}
+	// Read your writes: what was emitted before this request (a secret
+	// removed, a denial the guest just saw) is stored before it is listed.
+	if err := s.mgr.Events().Sync(r.Context()); err != nil {
+		return err
 	}
 	evs, err := s.store.ListEvents(r.Context(), scope(t), sbID, after, 1000)
 	if err != nil {

@@ -40,3 +40,15 @@ func (b ClientBackend) ListDir(ctx context.Context, id, path string) ([]api.File
 func (b ClientBackend) RequestAccess(ctx context.Context, id string, req *api.AccessRequest) (*api.AccessResult, error) {
 	return b.C.RequestAccess(ctx, id, req)
 }
+func (b ClientBackend) Snapshot(ctx context.Context, id, name string) (*api.Snapshot, error) {
+	return b.C.CreateSnapshot(ctx, id, name)
+}
+func (b ClientBackend) Snapshots(ctx context.Context) ([]api.Snapshot, error) {
+	return b.C.Snapshots(ctx)
+}
+func (b ClientBackend) RemoveSnapshot(ctx context.Context, name string) error {
+	return b.C.RemoveSnapshot(ctx, name)
+}
+func (b ClientBackend) Fork(ctx context.Context, id string, req *api.ForkRequest) (*api.ForkResponse, error) {
+	return b.C.Fork(ctx, id, req)
+}

@@ -1,8 +1,9 @@
 // Package mcpserver is cagebox's Model Context Protocol server (with the
 // official Go SDK, github.com/modelcontextprotocol/go-sdk): every tool the
 // tenant registered (execute(name, input)) as an MCP tool of its own, and
-// sandbox tools — create, exec (bounded output, timeout), read, write and
-// list files, list, remove — plus request_access, which asks an operator
+// sandbox tools — create (also from a snapshot), exec (bounded output,
+// timeout), read, write and list files, list, remove, snapshot and fork,
+// and the snapshots' list and removal — plus request_access, which asks an operator
 // for a host. It serves over stdio (`cagebox mcp`, through the API client)
 // and streamable HTTP (the daemon's /mcp, through the sandbox manager as
 // the caller's tenant); both reach cagebox through a Backend.
@@ -39,6 +40,10 @@ type Backend interface {
 	WriteFile(ctx context.Context, id, path string, data []byte) error
 	ListDir(ctx context.Context, id, path string) ([]api.FileInfo, error)
 	RequestAccess(ctx context.Context, id string, req *api.AccessRequest) (*api.AccessResult, error)
+	Snapshot(ctx context.Context, id, name string) (*api.Snapshot, error)
+	Snapshots(ctx context.Context) ([]api.Snapshot, error)
+	RemoveSnapshot(ctx context.Context, name string) error
+	Fork(ctx context.Context, id string, req *api.ForkRequest) (*api.ForkResponse, error)
 }
 
 // Limits of tool results.
@@ -57,7 +62,8 @@ const (
 // Names of the built-in tools; a registered tool with one of these names
 // is not offered over MCP.
 var builtins = []string{"sandbox_create", "sandbox_exec", "sandbox_read_file", "sandbox_write_file",
-	"sandbox_list_files", "sandbox_list", "sandbox_remove", "request_access"}
+	"sandbox_list_files", "sandbox_list", "sandbox_remove", "request_access",
+	"sandbox_snapshot", "sandbox_fork", "snapshot_list", "snapshot_remove"}
 
 // Version is reported to clients.
 var Version = "dev"
@@ -199,6 +205,19 @@ type (
 		Memory    int64    `json:"memory_mb,omitempty" jsonschema:"memory limit in MiB"`
 		Timeout   string   `json:"timeout,omitempty" jsonschema:"maximum lifetime, e.g. 30m"`
 		Idle      string   `json:"idle_timeout,omitempty" jsonschema:"destroy after this long without use, e.g. 10m"`
+		From      string   `json:"from_snapshot,omitempty" jsonschema:"start from this snapshot (sandbox_snapshot); its runtime, image, policy and secrets come with it"`
+	}
+	snapshotArgs struct {
+		Sandbox string `json:"sandbox" jsonschema:"the sandbox id"`
+		Name    string `json:"name,omitempty" jsonschema:"the snapshot's name: 1-63 of a-z, 0-9 and -; default: one is picked"`
+	}
+	snapshotNameArg struct {
+		Name string `json:"name" jsonschema:"the snapshot's name (from sandbox_snapshot or snapshot_list)"`
+	}
+	forkArgs struct {
+		Sandbox string `json:"sandbox" jsonschema:"the sandbox id"`
+		Count   int    `json:"count,omitempty" jsonschema:"how many copies, 1-16 (default 1)"`
+		Timeout string `json:"timeout,omitempty" jsonschema:"each copy's maximum lifetime, e.g. 30m"`
 	}
 	sandboxArg struct {
 		Sandbox string `json:"sandbox" jsonschema:"the sandbox id (from sandbox_create or sandbox_list)"`
@@ -231,6 +250,12 @@ type (
 
 type none struct{}
 
+// forked is sandbox_fork's structured result.
+type forked struct {
+	Sandboxes []string `json:"sandboxes" jsonschema:"the copies' ids"`
+	Snapshot  string   `json:"snapshot" jsonschema:"the fork's snapshot (removed with its last copy)"`
+}
+
 // created is sandbox_create's structured result.
 type created struct {
 	ID      string `json:"id" jsonschema:"the new sandbox's id"`
@@ -243,7 +268,7 @@ func addBuiltins(s *mcp.Server, b Backend) {
 	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_create", Description: "Create a long-lived sandbox; returns its id. Its network reaches only the allowed hosts."},
 		func(ctx context.Context, _ *mcp.CallToolRequest, a createArgs) (*mcp.CallToolResult, *created, error) {
 			sb, err := b.Create(ctx, &api.CreateSandboxRequest{Runtime: a.Runtime, Image: a.Image, Allow: a.Allow, PolicyRef: a.PolicyRef,
-				MemoryBytes: a.Memory << 20, Timeout: a.Timeout, IdleTimeout: a.Idle})
+				MemoryBytes: a.Memory << 20, Timeout: a.Timeout, IdleTimeout: a.Idle, FromSnapshot: a.From})
 			if err != nil {
 				return toolError("create: %v", err), nil, nil
 			}
@@ -359,6 +384,7 @@ func addBuiltins(s *mcp.Server, b Backend) {
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "removed " + a.Sandbox}}}, nil, nil
 		})
+	addSnapshotTools(s, b)
 	mcp.AddTool(s, &mcp.Tool{Name: "request_access", Description: "Ask an operator to let a sandbox reach a host. Waits for the decision; approved, the host is reachable for the rest of the session."},
 		func(ctx context.Context, _ *mcp.CallToolRequest, a accessArgs) (*mcp.CallToolResult, any, error) {
 			r, err := b.RequestAccess(ctx, a.Sandbox, &api.AccessRequest{Host: a.Host, Reason: a.Reason, Timeout: a.Timeout})
@@ -373,6 +399,51 @@ func addBuiltins(s *mcp.Server, b Backend) {
 				return toolError("access to %s was not granted (%s): %s", a.Host, r.Approval, why), nil, nil
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("access to %s granted by %s (%s)", a.Host, r.By, r.Approval)}}}, nil, nil
+		})
+}
+
+func addSnapshotTools(s *mcp.Server, b Backend) {
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_snapshot", Description: "Save a running sandbox's state (its files; a microVM's memory too) as a snapshot that new sandboxes start from (sandbox_create with from_snapshot). The sandbox runs on."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, a snapshotArgs) (*mcp.CallToolResult, *api.Snapshot, error) {
+			sn, err := b.Snapshot(ctx, a.Sandbox, a.Name)
+			if err != nil {
+				return toolError("snapshot %s: %v", a.Sandbox, err), nil, nil
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("snapshot %s of %s saved (%s, %d bytes)", sn.Name, a.Sandbox, sn.Kind, sn.SizeBytes)}}}, sn, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "sandbox_fork", Description: "Copy a running sandbox into new sandboxes, each its own, starting from its current files (and a microVM's memory); each copy gets fresh credential placeholders and the same network policy. The sandbox runs on."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, a forkArgs) (*mcp.CallToolResult, *forked, error) {
+			res, err := b.Fork(ctx, a.Sandbox, &api.ForkRequest{Count: a.Count, Timeout: a.Timeout})
+			if err != nil {
+				return toolError("fork %s: %v", a.Sandbox, err), nil, nil
+			}
+			out := &forked{Snapshot: res.Snapshot.Name, Sandboxes: make([]string, 0, len(res.Sandboxes))}
+			for _, sb := range res.Sandboxes {
+				out.Sandboxes = append(out.Sandboxes, sb.ID)
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("forked %s into %s", a.Sandbox, strings.Join(out.Sandboxes, ", "))}}}, out, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "snapshot_list", Description: "List your snapshots."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, _ none) (*mcp.CallToolResult, any, error) {
+			l, err := b.Snapshots(ctx)
+			if err != nil {
+				return toolError("list snapshots: %v", err), nil, nil
+			}
+			var buf bytes.Buffer
+			for _, sn := range l {
+				fmt.Fprintf(&buf, "%s\t%s\t%s\t%d bytes\tin use by %d\tof %s\n", sn.Name, sn.Kind, sn.Runtime, sn.SizeBytes, sn.InUse, sn.Sandbox)
+			}
+			if buf.Len() == 0 {
+				buf.WriteString("no snapshots\n")
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: buf.String()}}}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "snapshot_remove", Description: "Remove a snapshot (refused while a sandbox started from it exists)."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, a snapshotNameArg) (*mcp.CallToolResult, any, error) {
+			if err := b.RemoveSnapshot(ctx, a.Name); err != nil {
+				return toolError("remove snapshot %s: %v", a.Name, err), nil, nil
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "removed snapshot " + a.Name}}}, nil, nil
 		})
 }
 

@@ -2,6 +2,7 @@ package mcpserver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,8 @@ type fake struct {
 	executed []string
 	files    map[string][]byte
 	access   *api.AccessRequest
+	created  *api.CreateSandboxRequest
+	snaps    []api.Snapshot
 }
 
 func (f *fake) Tools(context.Context) ([]api.Tool, error) { return f.tools, nil }
@@ -33,6 +36,7 @@ func (f *fake) Execute(_ context.Context, name string, req *api.ExecuteRequest) 
 	return nil, fmt.Errorf("no tool %q", name)
 }
 func (f *fake) Create(_ context.Context, req *api.CreateSandboxRequest) (*api.Sandbox, error) {
+	f.created = req
 	return &api.Sandbox{ID: "sb-1", Runtime: "container", Image: "default", Status: "running"}, nil
 }
 func (f *fake) List(context.Context) ([]api.Sandbox, error) {
@@ -81,6 +85,38 @@ func (f *fake) ListDir(context.Context, string, string) ([]api.FileInfo, error) 
 func (f *fake) RequestAccess(_ context.Context, id string, req *api.AccessRequest) (*api.AccessResult, error) {
 	f.access = req
 	return &api.AccessResult{Approval: "ap-1", Allowed: req.Host == "ok.example", By: "api:admin", Reason: "no"}, nil
+}
+
+func (f *fake) Snapshot(_ context.Context, id, name string) (*api.Snapshot, error) {
+	if id != "sb-1" {
+		return nil, fmt.Errorf("no sandbox %q", id)
+	}
+	if name == "" {
+		name = "snap-1"
+	}
+	sn := api.Snapshot{Name: name, Sandbox: id, Kind: "filesystem", Runtime: "container", SizeBytes: 4096}
+	f.snaps = append(f.snaps, sn)
+	return &sn, nil
+}
+func (f *fake) Snapshots(context.Context) ([]api.Snapshot, error) { return f.snaps, nil }
+func (f *fake) RemoveSnapshot(_ context.Context, name string) error {
+	for i, sn := range f.snaps {
+		if sn.Name == name {
+			f.snaps = append(f.snaps[:i], f.snaps[i+1:]...)
+			return nil
+		}
+	}
+	return fmt.Errorf("no snapshot %q", name)
+}
+func (f *fake) Fork(_ context.Context, id string, req *api.ForkRequest) (*api.ForkResponse, error) {
+	if id != "sb-1" {
+		return nil, fmt.Errorf("no sandbox %q", id)
+	}
+	res := &api.ForkResponse{Snapshot: api.Snapshot{Name: "fork-1", Fork: true}}
+	for i := 0; i < max(req.Count, 1); i++ {
+		res.Sandboxes = append(res.Sandboxes, api.Sandbox{ID: fmt.Sprintf("sb-f%d", i)})
+	}
+	return res, nil
 }
 
 func session(t *testing.T, b Backend) *mcp.ClientSession {
@@ -217,5 +253,41 @@ func TestSandboxTools(t *testing.T) {
 	}
 	if _, isErr := call(t, cs, "sandbox_remove", map[string]any{"sandbox": "sb-1"}); isErr {
 		t.Error("remove")
+	}
+}
+
+// TestSnapshotTools: sandbox_snapshot, sandbox_fork, snapshot_list and
+// snapshot_remove reach the backend with what the model gave, and
+// sandbox_create passes from_snapshot on.
+func TestSnapshotTools(t *testing.T) {
+	f := &fake{files: map[string][]byte{}}
+	cs := session(t, f)
+	if out, isErr := call(t, cs, "sandbox_snapshot", map[string]any{"sandbox": "sb-1", "name": "before-risk"}); isErr || !strings.Contains(out, "snapshot before-risk of sb-1 saved (filesystem, 4096 bytes)") {
+		t.Errorf("snapshot: %q %v", out, isErr)
+	}
+	if out, isErr := call(t, cs, "sandbox_snapshot", map[string]any{"sandbox": "sb-9"}); !isErr || !strings.Contains(out, "no sandbox") {
+		t.Errorf("snapshot of an unknown sandbox: %q %v", out, isErr)
+	}
+	if out, _ := call(t, cs, "snapshot_list", map[string]any{}); !strings.Contains(out, "before-risk\tfilesystem\tcontainer\t4096 bytes") {
+		t.Errorf("snapshot_list: %q", out)
+	}
+	if _, isErr := call(t, cs, "sandbox_create", map[string]any{"from_snapshot": "before-risk"}); isErr || f.created.FromSnapshot != "before-risk" {
+		t.Errorf("create from a snapshot: %+v", f.created)
+	}
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "sandbox_fork", Arguments: map[string]any{"sandbox": "sb-1", "count": 2}})
+	if err != nil || res.IsError {
+		t.Fatalf("fork: %v %+v", err, res)
+	}
+	if tc := res.Content[0].(*mcp.TextContent); tc.Text != "forked sb-1 into sb-f0, sb-f1" {
+		t.Errorf("fork's text %q", tc.Text)
+	}
+	if b, _ := json.Marshal(res.StructuredContent); string(b) != `{"sandboxes":["sb-f0","sb-f1"],"snapshot":"fork-1"}` {
+		t.Errorf("fork's structured result %s", b)
+	}
+	if _, isErr := call(t, cs, "snapshot_remove", map[string]any{"name": "before-risk"}); isErr || len(f.snaps) != 0 {
+		t.Errorf("snapshot_remove: %v", f.snaps)
+	}
+	if out, isErr := call(t, cs, "snapshot_remove", map[string]any{"name": "before-risk"}); !isErr || !strings.Contains(out, "no snapshot") {
+		t.Errorf("snapshot_remove again: %q %v", out, isErr)
 	}
 }

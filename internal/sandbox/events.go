@@ -5,8 +5,9 @@ import (
 	"github.com/cagebox/cagebox/internal/audit"
 )
 
-// Events is the broker live event subscribers attach to.
-func (m *Manager) Events() *audit.Broker { return m.events.Broker() }
+// Events is the event path: its Broker for live subscribers, Sync for a
+// reader that must see what was emitted before it asked.
+func (m *Manager) Events() *audit.Log { return m.events }
 
 // Emit records an audit event, of ev's kind; it never blocks (see
 // audit.Log.Emit: the event is bounded, rate-limited per sandbox, and

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cagebox/cagebox/api"
+	"github.com/cagebox/cagebox/client"
 )
 
 // mcpReport is what test/mcp/client.mjs prints.
@@ -117,7 +118,8 @@ func TestMCP(t *testing.T) {
 		for _, tl := range r.Tools {
 			names[tl.Name] = true
 		}
-		for _, n := range []string{"greet", "leak", "sandbox_create", "sandbox_exec", "sandbox_read_file", "sandbox_write_file", "sandbox_list_files", "sandbox_list", "sandbox_remove", "request_access"} {
+		for _, n := range []string{"greet", "leak", "sandbox_create", "sandbox_exec", "sandbox_read_file", "sandbox_write_file", "sandbox_list_files", "sandbox_list", "sandbox_remove", "request_access",
+			"sandbox_snapshot", "sandbox_fork", "snapshot_list", "snapshot_remove"} {
 			if !names[n] {
 				t.Errorf("tool %s not listed (got %v)", n, names)
 			}
@@ -246,6 +248,96 @@ func TestMCP(t *testing.T) {
 			t.Errorf("a wrong key: %+v", r)
 		}
 	})
+}
+
+// TestMCPSnapshots: an agent checkpoints and branches through MCP with the
+// official TypeScript SDK client: sandbox_snapshot saves a prepared
+// sandbox, sandbox_fork copies it twice, sandbox_create from_snapshot
+// starts from the checkpoint; every copy sees the prepared files and none
+// sees another's writes; a snapshot in use cannot be removed, and once its
+// sandbox is gone snapshot_remove takes it.
+func TestMCPSnapshots(t *testing.T) {
+	dir := mcpClientDir(t)
+	e := newEnv(t)
+	e.startDaemon()
+	exec := func(sb, shell string) map[string]any {
+		return map[string]any{"name": "sandbox_exec", "arguments": map[string]any{"sandbox": sb, "shell": shell}}
+	}
+	calls := []map[string]any{
+		{"name": "sandbox_create", "arguments": map[string]any{"image": "busybox"}},
+		exec("$SANDBOX", "mkdir -p /work && echo prepared > /work/state"),
+		{"name": "sandbox_snapshot", "arguments": map[string]any{"sandbox": "$SANDBOX", "name": "mcp-prepared"}},
+		{"name": "sandbox_fork", "arguments": map[string]any{"sandbox": "$SANDBOX", "count": 2}},
+		exec("$FORK0", "cat /work/state; echo zero > /work/mine"),
+		exec("$FORK1", "cat /work/state; cat /work/mine 2>/dev/null || echo none"),
+		{"name": "snapshot_list", "arguments": map[string]any{}},
+		{"name": "sandbox_create", "arguments": map[string]any{"from_snapshot": "mcp-prepared"}},
+		exec("$SANDBOX", "cat /work/state"),
+		{"name": "snapshot_remove", "arguments": map[string]any{"name": "mcp-prepared"}},
+		{"name": "sandbox_snapshot", "arguments": map[string]any{"sandbox": "sb-nosuch"}},
+		{"name": "sandbox_remove", "arguments": map[string]any{"sandbox": "$SANDBOX"}},
+	}
+	r := runMCPClient(t, dir, []string{"MCP_MODE=stdio", "CAGEBOX_BIN=" + filepath.Join(binDir, "cagebox"), "CAGEBOX_HOME=" + e.home}, calls)
+	c := r.Calls
+	if len(c) != len(calls) {
+		t.Fatalf("%d results for %d calls: %+v", len(c), len(calls), c)
+	}
+	for i, call := range c {
+		if call.ProtocolError != "" {
+			t.Fatalf("call %d (%s): protocol error %s", i, call.Name, call.ProtocolError)
+		}
+	}
+	if c[2].IsError || !strings.Contains(c[2].Text, "snapshot mcp-prepared of sb-") {
+		t.Fatalf("sandbox_snapshot: %+v", c[2])
+	}
+	var sn api.Snapshot
+	if err := json.Unmarshal(c[2].Structured, &sn); err != nil || sn.Name != "mcp-prepared" || sn.Kind != "filesystem" || sn.Digest == "" {
+		t.Errorf("sandbox_snapshot's structured result: %s (%v)", c[2].Structured, err)
+	}
+	var fk struct {
+		Sandboxes []string `json:"sandboxes"`
+		Snapshot  string   `json:"snapshot"`
+	}
+	if err := json.Unmarshal(c[3].Structured, &fk); c[3].IsError || err != nil || len(fk.Sandboxes) != 2 || fk.Snapshot == "" {
+		t.Fatalf("sandbox_fork: %+v (%v)", c[3], err)
+	}
+	if c[4].IsError || !strings.HasPrefix(c[4].Text, "prepared\n") {
+		t.Errorf("fork 0 does not see the prepared state: %+v", c[4])
+	}
+	if c[5].IsError || !strings.HasPrefix(c[5].Text, "prepared\nnone\n") {
+		t.Errorf("fork 1: %+v; want the prepared state and not fork 0's write", c[5])
+	}
+	if !strings.Contains(c[6].Text, "mcp-prepared\tfilesystem") || !strings.Contains(c[6].Text, fk.Snapshot+"\t") {
+		t.Errorf("snapshot_list: %q; want the named snapshot and the fork's", c[6].Text)
+	}
+	if c[7].IsError || c[8].IsError || !strings.HasPrefix(c[8].Text, "prepared\n") {
+		t.Errorf("a sandbox created from the snapshot: %+v / %+v", c[7], c[8])
+	}
+	if !c[9].IsError || !strings.Contains(c[9].Text, "in use") {
+		t.Errorf("snapshot_remove while in use: %+v; want a refusal", c[9])
+	}
+	if !c[10].IsError || !strings.Contains(c[10].Text, "no sandbox") {
+		t.Errorf("sandbox_snapshot of an unknown sandbox: %+v", c[10])
+	}
+	if c[11].IsError {
+		t.Errorf("sandbox_remove: %+v", c[11])
+	}
+	// Once the sandbox started from it is gone, the snapshot can go.
+	var restored struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(c[7].Structured, &restored)
+	waitFor(t, 60*time.Second, "the sandbox started from the snapshot to be gone", func() bool {
+		_, err := e.client().Get(context.Background(), restored.ID)
+		return client.IsNotFound(err)
+	})
+	removed := []map[string]any{{"name": "snapshot_remove", "arguments": map[string]any{"name": "mcp-prepared"}}}
+	if rc := runMCPClient(t, dir, []string{"MCP_MODE=stdio", "CAGEBOX_BIN=" + filepath.Join(binDir, "cagebox"), "CAGEBOX_HOME=" + e.home}, removed).Calls[0]; rc.IsError {
+		t.Errorf("snapshot_remove once unused: %+v", rc)
+	}
+	if l, err := e.client().Snapshots(context.Background()); err != nil || len(l) != 1 || l[0].Name != fk.Snapshot {
+		t.Errorf("snapshots left: %+v %v; want only the fork's (its copies still run)", l, err)
+	}
 }
 
 // runMCPClientRaw runs the client and returns its report even when it failed.

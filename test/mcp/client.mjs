@@ -6,7 +6,7 @@
 //   MCP_CALLS='[{"name":"…","arguments":{…}}, …]'
 //
 // "$SANDBOX" in an argument is replaced by the id the last sandbox_create
-// returned.
+// returned, "$FORK0", "$FORK1", … by the ids the last sandbox_fork did.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
@@ -36,8 +36,9 @@ try {
   const listed = await client.listTools();
   out.tools = listed.tools.map((t) => ({ name: t.name, description: t.description, inputSchema: t.inputSchema }));
   let sandbox = "";
+  let forks = [];
   const subst = (v) => {
-    if (typeof v === "string") return v.replaceAll("$SANDBOX", sandbox);
+    if (typeof v === "string") return v.replaceAll("$SANDBOX", sandbox).replace(/\$FORK(\d+)/g, (_, i) => forks[Number(i)] ?? "");
     if (Array.isArray(v)) return v.map(subst);
     if (v && typeof v === "object") return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, subst(x)]));
     return v;
@@ -51,6 +52,9 @@ try {
       rec.structured = res.structuredContent ?? null;
       if (c.name === "sandbox_create" && res.structuredContent && res.structuredContent.id) {
         sandbox = res.structuredContent.id;
+      }
+      if (c.name === "sandbox_fork" && res.structuredContent && Array.isArray(res.structuredContent.sandboxes)) {
+        forks = res.structuredContent.sandboxes;
       }
     } catch (e) {
       rec.protocolError = String(e && e.message ? e.message : e);
